@@ -1,0 +1,203 @@
+// stagehand-bench: measured checkpoint save figures on a synthetic sharded state.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "bench/synthetic_state.hpp"
+#include "core/device.hpp"
+#include "core/host_buffer.hpp"
+#include "strategy/local_save.hpp"
+#include "strategy/storage.hpp"
+
+using namespace stagehand;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+/// Writes and fsyncs files of the given sizes in parallel, one thread each, from one buffer.
+Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::uint64_t>& sizes) {
+  std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  HostBuffer source(std::max<std::uint64_t>(largest, 1), false, nullptr);
+  if (!source.valid()) return Status{ErrorCode::no_space, "cannot allocate the baseline buffer"};
+  for (std::uint64_t i = 0; i < source.size(); ++i) source.data()[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  std::vector<Status> results(sizes.size());
+  auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto file = local_storage()->open_for_write(dir + "/raw_" + std::to_string(i) + ".bin");
+      if (!file.is_ok()) {
+        results[i] = file.status();
+        return;
+      }
+      Status st = (*file)->append(source.data(), sizes[i]);
+      if (st.is_ok()) st = (*file)->sync();
+      if (st.is_ok()) st = (*file)->close();
+      results[i] = st;
+    });
+  }
+  for (auto& t : threads) t.join();
+  double elapsed = seconds_since(start);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    std::filesystem::remove(dir + "/raw_" + std::to_string(i) + ".bin");
+    SH_RETURN_IF_ERROR(results[i]);
+  }
+  return elapsed;
+}
+
+std::uint64_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  double value = std::stod(text, &pos);
+  std::string unit = text.substr(pos);
+  double scale = 1;
+  if (unit == "K" || unit == "KiB") scale = 1024.0;
+  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) throw CLI::ValidationError("--bytes-per-rank", "unknown unit '" + unit + "'");
+  return static_cast<std::uint64_t>(value * scale);
+}
+
+struct SaveArgs {
+  std::string out;
+  int ranks = 2;
+  std::string bytes_per_rank = "64M";
+  int tensors = 16;
+  int thread_count = 2;
+  int staging_buckets = 0;
+  std::uint64_t seed = 1;
+  int repeat = 1;
+  bool baseline = false;
+};
+
+int run_save(const SaveArgs& args) {
+  SyntheticStateSpec spec{args.ranks, parse_size(args.bytes_per_rank), args.tensors, args.seed};
+  std::error_code ec;
+  std::filesystem::create_directories(args.out, ec);
+  if (ec) {
+    std::cerr << "stagehand-bench: cannot create --out '" << args.out << "': " << ec.message() << "\n";
+    return 2;
+  }
+  std::vector<StateDict> states;
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  for (int r = 0; r < args.ranks; ++r) {
+    Device device = default_device(r);
+    auto state = make_synthetic_state(spec, r, device);
+    SaveEngineOptions options{args.thread_count, args.staging_buckets, device.is_cuda(), {}};
+    auto engine = SaveEngine::create(r, options);
+    if (!state.is_ok() || !engine.is_ok()) {
+      std::cerr << "stagehand-bench: " << (state.is_ok() ? engine.status() : state.status()).to_string() << "\n";
+      return 2;
+    }
+    states.push_back(std::move(*state));
+    engines.push_back(std::move(*engine));
+  }
+  std::vector<SaveEngine*> engine_ptrs;
+  std::vector<const StateDict*> state_ptrs;
+  std::vector<std::uint64_t> file_sizes;
+  for (int r = 0; r < args.ranks; ++r) {
+    engine_ptrs.push_back(engines[static_cast<std::size_t>(r)].get());
+    state_ptrs.push_back(&states[static_cast<std::size_t>(r)]);
+    auto plan = engines[static_cast<std::size_t>(r)]->plan_for(states[static_cast<std::size_t>(r)]);
+    for (const auto& b : (*plan)->buckets) file_sizes.push_back(b.file_size());
+  }
+  std::vector<double> save_times;
+  std::vector<double> raw_times;
+  std::uint64_t bytes = 0;
+  for (int k = 0; k < args.repeat; ++k) {
+    nlohmann::json line;
+    if (args.baseline) {
+      auto raw = raw_write_seconds(args.out, file_sizes);
+      if (!raw.is_ok()) {
+        std::cerr << "stagehand-bench: baseline: " << raw.status().to_string() << "\n";
+        return 1;
+      }
+      raw_times.push_back(*raw);
+    }
+    staging_memory().reset_peak();
+    auto start = Clock::now();
+    auto reports = save_checkpoint_in_process(args.out, 1, engine_ptrs, state_ptrs);
+    double elapsed = seconds_since(start);
+    if (!reports.is_ok()) {
+      std::cerr << "stagehand-bench: save failed: " << reports.status().to_string() << "\n";
+      return 1;
+    }
+    bytes = 0;
+    for (const auto& r : *reports) bytes += r.bytes_written();
+    save_times.push_back(elapsed);
+    line["mode"] = "sync";
+    line["repeat"] = k;
+    line["device"] = default_device(0).to_string();
+    line["ranks"] = args.ranks;
+    line["thread_count"] = args.thread_count;
+    line["staging_buckets"] = args.staging_buckets;
+    line["bytes"] = bytes;
+    line["save_s"] = elapsed;
+    line["throughput_gbps"] = static_cast<double>(bytes) / elapsed / 1e9;
+    line["host_staging_peak_bytes"] = staging_memory().peak();
+    line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
+    if (args.baseline) {
+      line["raw_write_s"] = raw_times.back();
+      line["raw_write_gbps"] = static_cast<double>(bytes) / raw_times.back() / 1e9;
+    }
+    std::cout << line.dump() << std::endl;
+  }
+  nlohmann::json summary;
+  summary["summary"] = true;
+  summary["repeats"] = args.repeat;
+  summary["median_save_s"] = median(save_times);
+  summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(save_times) / 1e9;
+  if (args.baseline) {
+    summary["median_raw_write_s"] = median(raw_times);
+    summary["median_raw_write_gbps"] = static_cast<double>(bytes) / median(raw_times) / 1e9;
+    summary["throughput_vs_raw"] = median(raw_times) / median(save_times);
+  }
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stagehand-bench: checkpoint save figures on a synthetic sharded state"};
+  app.require_subcommand(1);
+  SaveArgs args;
+  auto* save = app.add_subcommand("save", "save a synthetic state as step 1 under --out");
+  save->add_option("--out", args.out, "checkpoint root")->required();
+  save->add_option("--ranks", args.ranks, "in-process ranks")->check(CLI::Range(1, 1024));
+  save->add_option("--bytes-per-rank", args.bytes_per_rank, "state per rank, e.g. 256M or 1G");
+  save->add_option("--tensors", args.tensors, "tensors per rank")->check(CLI::Range(1, 100000));
+  save->add_option("--thread-count", args.thread_count, "ckpt_save_thread_count")->check(CLI::Range(1, 256));
+  save->add_option("--staging-buckets", args.staging_buckets, "ckpt_save_staging_buckets")
+      ->check(CLI::Range(0, 256));
+  save->add_option("--seed", args.seed, "state seed");
+  save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
+  save->add_flag("--baseline", args.baseline, "also time raw writes of the same bytes");
+  try {
+    app.parse(argc, argv);
+    parse_size(args.bytes_per_rank);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.bytes_per_rank << "'\n";
+    return 2;
+  }
+  return run_save(args);
+}

@@ -1,0 +1,65 @@
+#include "bench/synthetic_state.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/host_buffer.hpp"
+
+namespace stagehand {
+
+namespace {
+
+constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f32, DType::f16, DType::i64, DType::u8};
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Result<StateDict> make_synthetic_state(const SyntheticStateSpec& spec, int rank, Device device) {
+  if (spec.ranks < 1 || rank < 0 || rank >= spec.ranks || spec.tensors < 1) {
+    return Status{ErrorCode::invalid_argument, "synthetic state needs ranks >= 1, 0 <= rank < ranks, tensors >= 1"};
+  }
+  std::vector<double> weights;
+  double weight_sum = 0;
+  for (int i = 0; i < spec.tensors; ++i) {
+    weights.push_back(1.0 + static_cast<double>(splitmix64(spec.seed ^ static_cast<std::uint64_t>(i)) % 8) / 4.0);
+    weight_sum += weights.back();
+  }
+  StateDict state;
+  for (int i = 0; i < spec.tensors; ++i) {
+    DType dtype = kDTypes[static_cast<std::size_t>(i) % std::size(kDTypes)];
+    std::size_t elem = dtype_size(dtype);
+    auto bytes = static_cast<std::uint64_t>(static_cast<double>(spec.bytes_per_rank) * weights[static_cast<std::size_t>(i)] / weight_sum);
+    std::int64_t cols = 1024;
+    std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / elem) / cols);
+    bool replicated = i % 4 == 3;
+    Shape local{rows, cols};
+    Shape global = replicated ? local : Shape{rows * spec.ranks, cols};
+    Shape offset{replicated ? 0 : rows * rank, 0};
+    auto tensor = Tensor::empty(dtype, local, device);
+    if (!tensor.is_ok()) return tensor.status();
+    HostBuffer host(tensor->nbytes(), false, nullptr);
+    if (!host.valid()) return Status{ErrorCode::no_space, "cannot allocate the synthetic state"};
+    // Fill by global element position, 8 bytes of pseudo-random data per position.
+    std::uint64_t tensor_seed = splitmix64(spec.seed * 1000003 + static_cast<std::uint64_t>(i));
+    std::uint64_t first = static_cast<std::uint64_t>(offset[0] * cols);
+    for (std::uint64_t e = 0; e < static_cast<std::uint64_t>(local.numel()); ++e) {
+      std::uint64_t v = splitmix64(tensor_seed + first + e);
+      std::copy_n(reinterpret_cast<const std::uint8_t*>(&v), elem, host.data() + e * elem);
+    }
+    SH_RETURN_IF_ERROR(tensor->copy_from_host(host.data()));
+    std::int32_t replica = replicated ? (rank - i % spec.ranks + spec.ranks) % spec.ranks : 0;
+    state.add("layer" + std::to_string(i / 4) + ".param" + std::to_string(i % 4), std::move(*tensor),
+              global, offset, replica);
+  }
+  state.objects["rng_state.rank" + std::to_string(rank)] =
+      "{\"seed\": " + std::to_string(spec.seed) + ", \"rank\": " + std::to_string(rank) + "}";
+  return state;
+}
+
+}  // namespace stagehand

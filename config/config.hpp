@@ -1,0 +1,86 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace stagehand {
+
+enum class TrainerKind { sync, fully_async, sft };
+enum class ResumeMode { none, latest, from_path };
+
+const char* to_string(TrainerKind kind);
+const char* to_string(ResumeMode mode);
+
+/// `trainer:` keys.
+struct TrainerConfig {
+  TrainerKind kind = TrainerKind::sync;
+  std::int64_t total_steps = 100;
+  std::string ckpt_path = "checkpoints";
+  /// Steps between saves; 0 saves only at the last step.
+  std::int64_t ckpt_interval = 0;
+  /// Committed checkpoints to keep; 0 keeps all.
+  std::int64_t max_ckpts_to_keep = 0;
+  ResumeMode resume_mode = ResumeMode::none;
+  std::string resume_path;
+  std::uint64_t seed = 1234;
+};
+
+/// `megatron_config:` keys.
+struct MegatronConfig {
+  bool async_dist_ckpt_save = false;
+  /// Buckets staged at a time; 0 stages every bucket at once.
+  std::int64_t ckpt_save_staging_buckets = 0;
+  /// Buckets (and writer threads) per rank.
+  std::int64_t ckpt_save_thread_count = 2;
+  /// Where saves to an object store are written before upload.
+  std::string local_work_dir = "/tmp/stagehand-work";
+};
+
+/// `parallel:` keys.
+struct ParallelConfig {
+  std::int64_t tensor_parallel = 1;
+  std::int64_t data_parallel = 1;
+};
+
+/// `fully_async:` keys.
+struct FullyAsyncConfig {
+  std::int64_t max_staleness_steps = 1;
+  std::int64_t num_generators = 2;
+};
+
+/// `storage.s3:` keys; credentials come from the AWS environment variables.
+struct S3Config {
+  std::string endpoint;
+  std::string region = "us-east-1";
+  bool path_style = true;
+};
+
+struct StorageConfig {
+  S3Config s3;
+};
+
+/// The whole YAML configuration with its defaults.
+struct Config {
+  TrainerConfig trainer;
+  MegatronConfig megatron_config;
+  ParallelConfig parallel;
+  FullyAsyncConfig fully_async;
+  StorageConfig storage;
+};
+
+/// Parses YAML text. Errors name `source`, the line and the key path.
+/// @param overrides "dotted.key=value" pairs applied on top of the text, as `--set` does.
+Result<Config> load_config_string(const std::string& text, const std::string& source = "<config>",
+                                  const std::vector<std::string>& overrides = {});
+
+/// Reads and parses a YAML file; see load_config_string.
+Result<Config> load_config_file(const std::string& path,
+                                const std::vector<std::string>& overrides = {});
+
+/// Checks the rules that span several keys (also applied by the loaders).
+Status validate_config(const Config& config);
+
+}  // namespace stagehand

@@ -1,0 +1,42 @@
+#include "core/shape.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+namespace stagehand {
+
+Shape::Shape(std::initializer_list<std::int64_t> dims)
+    : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const std::int64_t> dims) : rank_(dims.size()) {
+  assert(dims.size() <= kMaxRank);
+  std::copy(dims.begin(), dims.end(), dims_.begin());
+}
+
+Shape Shape::zeros(std::size_t rank) {
+  Shape s;
+  s.rank_ = rank;
+  return s;
+}
+
+std::int64_t Shape::numel() const {
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i < rank_; ++i) n *= dims_[i];
+  return n;
+}
+
+std::string Shape::to_string() const {
+  std::string out = "[";
+  for (std::size_t i = 0; i < rank_; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(dims_[i]);
+  }
+  return out + "]";
+}
+
+bool operator<(const Shape& a, const Shape& b) {
+  return std::lexicographical_compare(a.dims().begin(), a.dims().end(), b.dims().begin(),
+                                      b.dims().end());
+}
+
+}  // namespace stagehand

@@ -1,0 +1,38 @@
+#include "core/tensor.hpp"
+
+namespace stagehand {
+
+Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
+  for (std::int64_t d : shape.dims()) {
+    if (d < 0) return Status{ErrorCode::invalid_argument, "negative dimension in " + shape.to_string()};
+  }
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.device_ = device;
+  void* ptr = device_alloc(device, t.nbytes());
+  if (ptr == nullptr) {
+    return Status{ErrorCode::no_space, "cannot allocate " + std::to_string(t.nbytes()) +
+                                           " bytes on " + device.to_string()};
+  }
+  t.storage_ = std::shared_ptr<void>(ptr, [device](void* p) { device_free(device, p); });
+  return t;
+}
+
+Status Tensor::copy_to_host(void* dst) const {
+  if (!stagehand::copy_to_host(device_, data(), dst, nbytes())) {
+    return {ErrorCode::io_error, "device-to-host copy of " + std::to_string(nbytes()) +
+                                     " bytes from " + device_.to_string() + " failed"};
+  }
+  return Status::ok();
+}
+
+Status Tensor::copy_from_host(const void* src) {
+  if (!stagehand::copy_from_host(device_, src, data(), nbytes())) {
+    return {ErrorCode::io_error, "host-to-device copy of " + std::to_string(nbytes()) +
+                                     " bytes to " + device_.to_string() + " failed"};
+  }
+  return Status::ok();
+}
+
+}  // namespace stagehand

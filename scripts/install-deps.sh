@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages and Python test peers that Stagehand builds and tests with.
+# Idempotent: skips apt when every package is already installed.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config
+  libcaf-dev libyaml-cpp-dev libboost-test-dev libxxhash-dev nlohmann-json3-dev
+  libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev
+  python3 python3-pip time
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# Independent readers of our files for the interop tests.
+python3 -c 'import safetensors, numpy' 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/sharded_tensor.hpp"
+
+namespace stagehand {
+
+/// One chunk placed in a bucket file.
+struct PlannedItem {
+  /// Index of the tensor in the state dict the plan was made from.
+  std::size_t tensor_index = 0;
+  ShardedTensorDesc desc;
+  std::string key;
+  std::uint64_t nbytes = 0;
+  /// Offset in the bucket's data section.
+  std::uint64_t data_offset = 0;
+};
+
+/// One bucket: one file, written by one writer thread.
+struct PlannedBucket {
+  int index = 0;
+  std::string file_name;
+  std::vector<PlannedItem> items;
+  std::uint64_t data_bytes = 0;
+  /// The safetensors length prefix and padded JSON header.
+  std::string header;
+
+  std::uint64_t file_size() const { return header.size() + data_bytes; }
+};
+
+/// Where every chunk of one rank goes. Deterministic for the same descriptors and thread count.
+struct SavePlan {
+  int rank = 0;
+  std::vector<PlannedBucket> buckets;
+  /// Identifies the state's structure; a plan is reused while it does not change.
+  std::uint64_t signature = 0;
+
+  std::uint64_t data_bytes() const;
+  std::uint64_t file_bytes() const;
+};
+
+/// A hash of names, dtypes, shapes, offsets and replica ids.
+std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs);
+
+/// Drops replicas (replica_id != 0) and splits the rest into `bucket_count` buckets: largest
+/// chunk first, each into the bucket with the fewest bytes (lowest index on ties); chunks of
+/// equal size go in key order.
+/// @pre bucket_count >= 1 and every descriptor is valid.
+SavePlan plan_save(int rank, const std::vector<ShardedTensorDesc>& descs, int bucket_count);
+
+}  // namespace stagehand

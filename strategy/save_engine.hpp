@@ -1,0 +1,69 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/sharded_tensor.hpp"
+#include "strategy/planner.hpp"
+#include "strategy/report.hpp"
+#include "strategy/stager.hpp"
+#include "strategy/storage.hpp"
+#include "strategy/thread_pool.hpp"
+
+namespace stagehand {
+
+struct SaveEngineOptions {
+  /// Buckets per rank, and writer threads.
+  int thread_count = 2;
+  /// Buckets staged per wave; 0 stages all buckets in one wave.
+  int staging_buckets = 0;
+  /// Pin the staging buffers (when the state lives on a GPU).
+  bool pinned = false;
+  /// Runs once in every writer thread before its first task.
+  std::function<void()> writer_thread_start;
+};
+
+/// One rank's synchronous checkpoint writer: plans, stages in waves and writes bucket files.
+/// Its writer threads and staging buffers are created once and reused by every save.
+///
+/// Thread-safety: one save at a time (the owner serializes calls).
+class SaveEngine {
+ public:
+  /// Checks the options; errors name the bad option.
+  static Result<std::unique_ptr<SaveEngine>> create(int rank, SaveEngineOptions options,
+                                                    std::shared_ptr<StorageBackend> storage = local_storage());
+
+  // -- properties --
+
+  int rank() const { return rank_; }
+  const SaveEngineOptions& options() const { return options_; }
+  /// Bytes of host staging buffers held now.
+  std::size_t staging_bytes() const { return staging_.bytes(); }
+
+  // -- saving --
+
+  /// The plan for `state`, made anew only when its structure changed.
+  Result<const SavePlan*> plan_for(const StateDict& state);
+
+  /// Stages and writes every bucket of `state` into `policy_dir`, in waves of
+  /// `staging_buckets`. The first error stops the waves after it.
+  /// @post report.buckets holds one result per bucket attempted, in bucket order.
+  RankSaveReport save(const StateDict& state, const std::string& policy_dir, std::int64_t step);
+
+ private:
+  SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage);
+
+  int wave_size() const;
+
+  int rank_;
+  SaveEngineOptions options_;
+  std::shared_ptr<StorageBackend> storage_;
+  std::optional<SavePlan> plan_;
+  StagingPool staging_;
+  ThreadPool writers_;
+};
+
+}  // namespace stagehand

@@ -1,0 +1,40 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/host_buffer.hpp"
+#include "core/sharded_tensor.hpp"
+#include "strategy/planner.hpp"
+
+namespace stagehand {
+
+/// Host buffers that hold staged buckets: one slot per bucket of a wave, each allocated at the
+/// exact size of the largest bucket it holds, charged to staging_memory(), and kept across saves
+/// while the sizes stay the same.
+///
+/// Thread-safety: reserve() from one thread; distinct slots may then be filled concurrently.
+class StagingPool {
+ public:
+  explicit StagingPool(bool pinned) : pinned_(pinned) {}
+
+  /// Makes slot j fit bucket w * wave_size + j for every wave w.
+  /// @pre wave_size >= 1
+  Status reserve(const SavePlan& plan, int wave_size);
+
+  std::uint8_t* slot(std::size_t j) { return slots_[j].data(); }
+  std::size_t slot_count() const { return slots_.size(); }
+  /// Bytes held by all slots.
+  std::size_t bytes() const;
+
+ private:
+  bool pinned_;
+  std::vector<HostBuffer> slots_;
+};
+
+/// Copies every chunk of `bucket` from `state` (device or host memory) into `dst`, laid out
+/// exactly as the bucket file's data section.
+Status stage_bucket(const PlannedBucket& bucket, const StateDict& state, std::uint8_t* dst);
+
+}  // namespace stagehand

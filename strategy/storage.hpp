@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace stagehand {
+
+/// A file being written from start to end.
+///
+/// Thread-safety: one thread at a time.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  /// Appends all `bytes`; an error names the file and the errno.
+  virtual Status append(const void* data, std::size_t bytes) = 0;
+  /// Makes everything appended so far durable (fsync).
+  virtual Status sync() = 0;
+  virtual Status close() = 0;
+};
+
+/// Where checkpoint data files are written. The local file system is the default; tests wrap it
+/// to slow writes down or inject errors.
+///
+/// Thread-safety: open_for_write may be called from several writer threads at once.
+class StorageBackend {
+ public:
+  virtual ~StorageBackend() = default;
+  /// Creates (or truncates) `path` for writing.
+  virtual Result<std::unique_ptr<WritableFile>> open_for_write(const std::string& path) = 0;
+};
+
+/// The local file system backend, shared by every engine of the process.
+std::shared_ptr<StorageBackend> local_storage();
+
+// -- local file system helpers used by commit, load and the tools --
+
+/// fsyncs a directory so that renames and creations inside it are durable.
+Status fsync_dir(const std::string& dir);
+
+/// Writes `content` to `path` atomically: temp file beside it, fsync, rename, fsync of the folder.
+Status write_file_atomic(const std::string& path, const std::string& content);
+
+/// Reads a whole (small) file.
+Result<std::string> read_small_file(const std::string& path);
+
+/// Reads exactly `bytes` at `offset` from an open descriptor; a short read is corruption.
+Status pread_exact(int fd, std::uint64_t offset, void* dst, std::size_t bytes,
+                   const std::string& path);
+
+/// Size of a file in bytes.
+Result<std::uint64_t> file_size(const std::string& path);
+
+/// An open read-only file descriptor, closed on destruction.
+class ReadOnlyFile {
+ public:
+  static Result<ReadOnlyFile> open(const std::string& path);
+  ReadOnlyFile(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile& operator=(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  ~ReadOnlyFile();
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  ReadOnlyFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
+}  // namespace stagehand
