@@ -21,5 +21,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # Independent readers of our files for the interop tests.
-python3 -c 'import safetensors, numpy' 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy
+if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors numpy
+fi

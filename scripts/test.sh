@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds Stagehand and runs its whole test suite (ctest over the Boost.Test executables).
+# Sets up a fresh machine first: Debian packages and the Python test peers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v python3)"
+cmake --build build -j"$(nproc)"
+cd build
+ctest --output-on-failure --timeout 600 -j2

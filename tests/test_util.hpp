@@ -1,0 +1,127 @@
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/sharded_tensor.hpp"
+#include "strategy/storage.hpp"
+
+namespace stagehand::test {
+
+/// A fresh folder under /tmp, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "stagehand-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, ec);
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// A host tensor of `shape` filled with random bytes from `seed`.
+inline Tensor random_tensor(DType dtype, const Shape& shape, std::uint32_t seed) {
+  Tensor t = *Tensor::empty(dtype, shape, Device::host());
+  std::mt19937 rng(seed);
+  auto* bytes = t.host_data<std::uint8_t>();
+  for (std::size_t i = 0; i < t.nbytes(); ++i) bytes[i] = static_cast<std::uint8_t>(rng());
+  return t;
+}
+
+inline Tensor zero_tensor(DType dtype, const Shape& shape) {
+  Tensor t = *Tensor::empty(dtype, shape, Device::host());
+  std::fill_n(t.host_data<std::uint8_t>(), t.nbytes(), 0);
+  return t;
+}
+
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() &&
+         std::equal(static_cast<const std::uint8_t*>(a.data()),
+                    static_cast<const std::uint8_t*>(a.data()) + a.nbytes(),
+                    static_cast<const std::uint8_t*>(b.data()));
+}
+
+/// A copy of `state` with the same descriptors and zeroed data, to load into.
+inline StateDict zeroed_like(const StateDict& state) {
+  StateDict out;
+  for (const auto& t : state.tensors) {
+    out.tensors.push_back({t.desc, zero_tensor(t.desc.dtype, t.desc.local_shape)});
+  }
+  return out;
+}
+
+/// Wraps the local file system: slows appends, fails a chosen file with an errno, and records
+/// which files were created.
+class FaultStorage final : public StorageBackend {
+ public:
+  /// Files whose name contains this fail their first append with `fail_errno`.
+  std::string fail_file;
+  int fail_errno = EIO;
+  /// Sleep before each append.
+  std::chrono::milliseconds append_delay{0};
+
+  Result<std::unique_ptr<WritableFile>> open_for_write(const std::string& path) override {
+    {
+      std::lock_guard lock(mutex_);
+      created_.insert(std::filesystem::path(path).filename().string());
+    }
+    SH_ASSIGN_OR_RETURN(auto inner, local_storage()->open_for_write(path));
+    bool fail = !fail_file.empty() && path.find(fail_file) != std::string::npos;
+    return std::unique_ptr<WritableFile>(
+        std::make_unique<File>(std::move(inner), fail ? fail_errno : 0, append_delay, path));
+  }
+
+  std::set<std::string> created() {
+    std::lock_guard lock(mutex_);
+    return created_;
+  }
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> inner, int fail_errno, std::chrono::milliseconds delay,
+         std::string path)
+        : inner_(std::move(inner)), fail_errno_(fail_errno), delay_(delay), path_(std::move(path)) {}
+    Status append(const void* data, std::size_t bytes) override {
+      if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+      if (fail_errno_ != 0) return Status::from_errno(fail_errno_, "write to '" + path_ + "'");
+      return inner_->append(data, bytes);
+    }
+    Status sync() override { return inner_->sync(); }
+    Status close() override { return inner_->close(); }
+
+   private:
+    std::unique_ptr<WritableFile> inner_;
+    int fail_errno_;
+    std::chrono::milliseconds delay_;
+    std::string path_;
+  };
+
+  std::mutex mutex_;
+  std::set<std::string> created_;
+};
+
+}  // namespace stagehand::test
