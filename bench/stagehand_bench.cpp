@@ -1,11 +1,13 @@
 // stagehand-bench: measured checkpoint save figures on a synthetic sharded state.
 #include <CLI/CLI.hpp>
+#include <caf/all.hpp>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,7 +16,11 @@
 #include "bench/synthetic_state.hpp"
 #include "core/device.hpp"
 #include "core/host_buffer.hpp"
+#include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/local_checkpoint_driver.hpp"
 #include "strategy/local_save.hpp"
+#include "strategy/megatron_strategy.hpp"
+#include "strategy/messages.hpp"
 #include "strategy/storage.hpp"
 
 using namespace stagehand;
@@ -63,6 +69,15 @@ Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::
   return elapsed;
 }
 
+/// Resident set size of this process now (VmRSS).
+std::uint64_t current_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
 std::uint64_t parse_size(const std::string& text) {
   std::size_t pos = 0;
   double value = std::stod(text, &pos);
@@ -85,7 +100,75 @@ struct SaveArgs {
   std::uint64_t seed = 1;
   int repeat = 1;
   bool baseline = false;
+  bool async = false;
+  bool via_actors = false;
 };
+
+/// Saves through MegatronStrategy actors, a coordinator and the driver, as a trainer would:
+/// `stall_s` is how long the caller was blocked, `save_s` the time until the commit.
+int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
+  caf::actor_system_config cfg;
+  register_stagehand_errors(cfg);
+  caf::actor_system system{cfg};
+  auto coordinator = spawn_checkpoint_coordinator(system, {args.out, "/tmp/stagehand-work", args.ranks});
+  std::vector<caf::actor> strategies;
+  for (int r = 0; r < args.ranks; ++r) {
+    auto state = std::make_shared<StateDict>(std::move(states[static_cast<std::size_t>(r)]));
+    StrategyOptions options{r, args.thread_count, args.staging_buckets, args.async, true, local_storage()};
+    auto strategy = spawn_megatron_strategy(system, options, state, coordinator);
+    if (!strategy.is_ok()) {
+      std::cerr << "stagehand-bench: " << strategy.status().to_string() << "\n";
+      anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+      for (auto& s : strategies) anon_send_exit(s, caf::exit_reason::user_shutdown);
+      return 2;
+    }
+    strategies.push_back(*strategy);
+  }
+  LocalCheckpointDriver driver(system, args.out, coordinator, strategies);
+  std::vector<double> stalls;
+  std::vector<double> totals;
+  for (int k = 0; k < args.repeat; ++k) {
+    staging_memory().reset_peak();
+    auto start = Clock::now();
+    auto timing = driver.save(1);
+    Status committed = timing.is_ok() ? driver.finalize() : timing.status();
+    double total = seconds_since(start);
+    if (!committed.is_ok()) {
+      std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
+      return 1;
+    }
+    auto metadata_bytes = std::filesystem::file_size(args.out + "/global_step_1/policy/metadata.json");
+    std::uint64_t bytes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(args.out + "/global_step_1/policy")) {
+      bytes += std::filesystem::file_size(e.path());
+    }
+    bytes -= metadata_bytes;
+    stalls.push_back(timing->stall_s);
+    totals.push_back(total);
+    nlohmann::json line;
+    line["mode"] = timing->async ? "async" : "sync";
+    line["repeat"] = k;
+    line["device"] = default_device(0).to_string();
+    line["ranks"] = args.ranks;
+    line["thread_count"] = args.thread_count;
+    line["staging_buckets"] = args.staging_buckets;
+    line["bytes"] = bytes;
+    line["stall_s"] = timing->stall_s;
+    line["save_s"] = total;
+    line["throughput_gbps"] = static_cast<double>(bytes) / total / 1e9;
+    line["host_staging_peak_bytes"] = staging_memory().peak();
+    line["rss_bytes"] = current_rss_bytes();
+    std::cout << line.dump() << std::endl;
+  }
+  nlohmann::json summary;
+  summary["summary"] = true;
+  summary["mode"] = args.async ? "async" : "sync";
+  summary["repeats"] = args.repeat;
+  summary["median_stall_s"] = median(stalls);
+  summary["median_save_s"] = median(totals);
+  std::cout << summary.dump() << std::endl;
+  return driver.shutdown().is_ok() ? 0 : 1;
+}
 
 int run_save(const SaveArgs& args) {
   SyntheticStateSpec spec{args.ranks, parse_size(args.bytes_per_rank), args.tensors, args.seed};
@@ -96,17 +179,23 @@ int run_save(const SaveArgs& args) {
     return 2;
   }
   std::vector<StateDict> states;
-  std::vector<std::unique_ptr<SaveEngine>> engines;
   for (int r = 0; r < args.ranks; ++r) {
-    Device device = default_device(r);
-    auto state = make_synthetic_state(spec, r, device);
-    SaveEngineOptions options{args.thread_count, args.staging_buckets, device.is_cuda(), {}};
-    auto engine = SaveEngine::create(r, options);
-    if (!state.is_ok() || !engine.is_ok()) {
-      std::cerr << "stagehand-bench: " << (state.is_ok() ? engine.status() : state.status()).to_string() << "\n";
+    auto state = make_synthetic_state(spec, r, default_device(r));
+    if (!state.is_ok()) {
+      std::cerr << "stagehand-bench: " << state.status().to_string() << "\n";
       return 2;
     }
     states.push_back(std::move(*state));
+  }
+  if (args.async || args.via_actors) return run_save_via_actors(args, states);
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  for (int r = 0; r < args.ranks; ++r) {
+    SaveEngineOptions options{args.thread_count, args.staging_buckets, default_device(r).is_cuda(), {}};
+    auto engine = SaveEngine::create(r, options);
+    if (!engine.is_ok()) {
+      std::cerr << "stagehand-bench: " << engine.status().to_string() << "\n";
+      return 2;
+    }
     engines.push_back(std::move(*engine));
   }
   std::vector<SaveEngine*> engine_ptrs;
@@ -190,6 +279,8 @@ int main(int argc, char** argv) {
   save->add_option("--seed", args.seed, "state seed");
   save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
   save->add_flag("--baseline", args.baseline, "also time raw writes of the same bytes");
+  save->add_flag("--async", args.async, "async_dist_ckpt_save through the strategy actors; prints stall_s");
+  save->add_flag("--via-actors", args.via_actors, "a sync save through the strategy actors; prints stall_s");
   try {
     app.parse(argc, argv);
     parse_size(args.bytes_per_rank);

@@ -222,6 +222,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},
       {"ckpt_save_staging_buckets", r.integer(&c.megatron_config.ckpt_save_staging_buckets, 0)},
       {"ckpt_save_thread_count", r.integer(&c.megatron_config.ckpt_save_thread_count, 1, 256)},
+      {"ckpt_writer_low_priority", r.boolean(&c.megatron_config.ckpt_writer_low_priority)},
       {"local_work_dir", r.string(&c.megatron_config.local_work_dir, false)},
   };
   ConfigReader::Fields parallel{

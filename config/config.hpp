@@ -35,6 +35,8 @@ struct MegatronConfig {
   std::int64_t ckpt_save_staging_buckets = 0;
   /// Buckets (and writer threads) per rank.
   std::int64_t ckpt_save_thread_count = 2;
+  /// Writer threads run at lowered CPU and I/O priority (nice 10, best-effort I/O level 7).
+  bool ckpt_writer_low_priority = true;
   /// Where saves to an object store are written before upload.
   std::string local_work_dir = "/tmp/stagehand-work";
 };

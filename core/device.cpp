@@ -1,5 +1,7 @@
 #include "core/device.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -13,6 +15,9 @@ namespace stagehand {
 namespace {
 
 constexpr std::size_t kHostAlignment = 4096;
+/// Large host buffers are aligned to and advised as transparent huge pages: first-touch page
+/// faults are what makes a fresh staging buffer slow to fill.
+constexpr std::size_t kHugePage = 2u << 20;
 
 DeviceInfo detect() {
   DeviceInfo info;
@@ -70,6 +75,12 @@ void* host_alloc(std::size_t bytes, bool pinned) {
 #else
   (void)pinned;
 #endif
+  if (rounded >= 2 * kHugePage) {
+    rounded = (rounded + kHugePage - 1) / kHugePage * kHugePage;
+    void* ptr = std::aligned_alloc(kHugePage, rounded);
+    if (ptr != nullptr) ::madvise(ptr, rounded, MADV_HUGEPAGE);
+    return ptr;
+  }
   return std::aligned_alloc(kHostAlignment, rounded);
 }
 

@@ -43,50 +43,90 @@ Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
   return &*plan_;
 }
 
-RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir,
-                                std::int64_t step) {
+RankSaveReport SaveEngine::make_report(std::int64_t step) const {
   RankSaveReport report;
   report.rank = rank_;
   report.step = step;
+  return report;
+}
+
+BucketWriteResult SaveEngine::stage_result(const PlannedBucket& bucket, const Status& staged) const {
+  BucketWriteResult result;
+  result.bucket = bucket.index;
+  result.file = bucket.file_name;
+  result.status = staged.with_context("rank " + std::to_string(rank_) + " bucket " +
+                                      std::to_string(bucket.index) + " (" + bucket.file_name + ")");
+  return result;
+}
+
+std::vector<BucketWriteResult> SaveEngine::run_wave(
+    int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task) {
+  std::vector<BucketWriteResult> results(static_cast<std::size_t>(last - first));
+  std::vector<std::future<void>> done;
+  for (int b = first; b < last; ++b) {
+    done.push_back(writers_.submit([&, b] {
+      results[static_cast<std::size_t>(b - first)] =
+          task(plan_->buckets[static_cast<std::size_t>(b)], staging_.slot(static_cast<std::size_t>(b - first)));
+    }));
+  }
+  for (auto& f : done) f.get();
+  return results;
+}
+
+RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir,
+                                std::int64_t step) {
+  RankSaveReport report = make_report(step);
   report.objects = state.objects;
   auto planned = plan_for(state);
-  if (!planned.is_ok()) {
-    report.status = planned.status().with_context("rank " + std::to_string(rank_));
+  Status st = planned.is_ok() ? staging_.reserve(**planned, wave_size()) : planned.status();
+  if (!st.is_ok()) {
+    report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
-  const SavePlan& plan = **planned;
-  const int wave = wave_size();
-  Status reserved = staging_.reserve(plan, wave);
-  if (!reserved.is_ok()) {
-    report.status = reserved.with_context("rank " + std::to_string(rank_));
-    return report;
-  }
-
-  const int buckets = static_cast<int>(plan.buckets.size());
-  for (int first = 0; first < buckets && report.status.is_ok(); first += wave) {
-    int last = std::min(buckets, first + wave);
-    std::vector<BucketWriteResult> results(static_cast<std::size_t>(last - first));
-    std::vector<std::future<void>> done;
-    for (int b = first; b < last; ++b) {
-      done.push_back(writers_.submit([&, b] {
-        const PlannedBucket& bucket = plan.buckets[static_cast<std::size_t>(b)];
-        std::uint8_t* buffer = staging_.slot(static_cast<std::size_t>(b - first));
-        auto& result = results[static_cast<std::size_t>(b - first)];
-        Status staged = stage_bucket(bucket, state, buffer);
-        if (!staged.is_ok()) {
-          result.bucket = b;
-          result.file = bucket.file_name;
-          result.status = staged.with_context("rank " + std::to_string(rank_) + " bucket " +
-                                              std::to_string(b) + " (" + bucket.file_name + ")");
-          return;
-        }
-        result = write_bucket(*storage_, policy_dir, rank_, bucket, buffer);
-      }));
-    }
-    for (auto& f : done) f.get();
+  const int buckets = static_cast<int>(plan_->buckets.size());
+  for (int first = 0; first < buckets && report.status.is_ok(); first += wave_size()) {
+    auto results = run_wave(first, std::min(buckets, first + wave_size()),
+                            [&](const PlannedBucket& bucket, std::uint8_t* slot) {
+                              Status staged = stage_bucket(bucket, state, slot);
+                              if (!staged.is_ok()) return stage_result(bucket, staged);
+                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot);
+                            });
     for (auto& r : results) {
       if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
       report.buckets.push_back(std::move(r));
+    }
+  }
+  return report;
+}
+
+Status SaveEngine::stage_all(const StateDict& state) {
+  if (wave_size() < options_.thread_count) {
+    return {ErrorCode::invalid_argument,
+            "an async save stages every bucket at once; ckpt_save_staging_buckets must be 0"};
+  }
+  auto planned = plan_for(state);
+  if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
+  SH_RETURN_IF_ERROR(staging_.reserve(**planned, wave_size()));
+  auto results = run_wave(0, static_cast<int>(plan_->buckets.size()),
+                          [&](const PlannedBucket& bucket, std::uint8_t* slot) {
+                            return stage_result(bucket, stage_bucket(bucket, state, slot));
+                          });
+  for (const auto& r : results) SH_RETURN_IF_ERROR(r.status);
+  staged_objects_ = state.objects;
+  return Status::ok();
+}
+
+RankSaveReport SaveEngine::write_staged(const std::string& policy_dir, std::int64_t step) {
+  RankSaveReport report = make_report(step);
+  report.objects = staged_objects_;
+  report.buckets = run_wave(0, static_cast<int>(plan_->buckets.size()),
+                            [&](const PlannedBucket& bucket, std::uint8_t* slot) {
+                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot);
+                            });
+  for (const auto& r : report.buckets) {
+    if (!r.status.is_ok()) {
+      report.status = r.status;
+      break;
     }
   }
   return report;

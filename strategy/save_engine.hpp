@@ -53,15 +53,32 @@ class SaveEngine {
   /// @post report.buckets holds one result per bucket attempted, in bucket order.
   RankSaveReport save(const StateDict& state, const std::string& policy_dir, std::int64_t step);
 
+  /// Stages every bucket of `state` at once (the device-to-host copy of an async save).
+  /// The staged bytes stay in the engine's buffers until write_staged().
+  /// @pre options().staging_buckets == 0 or == thread_count (a single wave)
+  Status stage_all(const StateDict& state);
+
+  /// Writes what stage_all() staged into `policy_dir`. May run on another thread than stage_all,
+  /// but never concurrently with another call on this engine.
+  /// @pre the last stage_all() succeeded and nothing else was staged since
+  RankSaveReport write_staged(const std::string& policy_dir, std::int64_t step);
+
  private:
   SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage);
 
   int wave_size() const;
+  RankSaveReport make_report(std::int64_t step) const;
+  /// Runs `task(bucket, slot)` for buckets [first, last) on the writer threads, one each.
+  std::vector<BucketWriteResult> run_wave(
+      int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task);
+  BucketWriteResult stage_result(const PlannedBucket& bucket, const Status& staged) const;
 
   int rank_;
   SaveEngineOptions options_;
   std::shared_ptr<StorageBackend> storage_;
   std::optional<SavePlan> plan_;
+  /// Objects of the state that stage_all() staged.
+  std::map<std::string, std::string> staged_objects_;
   StagingPool staging_;
   ThreadPool writers_;
 };

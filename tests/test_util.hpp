@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -82,8 +83,11 @@ class FaultStorage final : public StorageBackend {
   int fail_errno = EIO;
   /// Sleep before each append.
   std::chrono::milliseconds append_delay{0};
+  /// Called on the writer thread before a file is created.
+  std::function<void(const std::string& path)> on_open;
 
   Result<std::unique_ptr<WritableFile>> open_for_write(const std::string& path) override {
+    if (on_open) on_open(path);
     {
       std::lock_guard lock(mutex_);
       created_.insert(std::filesystem::path(path).filename().string());

@@ -13,6 +13,7 @@ BOOST_AUTO_TEST_CASE(defaults_when_empty) {
   BOOST_TEST(!c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_staging_buckets == 0);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 2);
+  BOOST_TEST(c->megatron_config.ckpt_writer_low_priority);
   BOOST_TEST((c->trainer.kind == TrainerKind::sync));
   BOOST_TEST(c->parallel.tensor_parallel == 1);
 }
@@ -32,6 +33,7 @@ megatron_config:
   async_dist_ckpt_save: true
   ckpt_save_staging_buckets: 0
   ckpt_save_thread_count: 8
+  ckpt_writer_low_priority: false
   local_work_dir: /tmp/work
 parallel:
   tensor_parallel: 2
@@ -57,6 +59,7 @@ storage:
   BOOST_TEST(c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 8);
   BOOST_TEST(c->megatron_config.local_work_dir == "/tmp/work");
+  BOOST_TEST(!c->megatron_config.ckpt_writer_low_priority);
   BOOST_TEST(c->parallel.tensor_parallel == 2);
   BOOST_TEST(c->parallel.data_parallel == 4);
   BOOST_TEST(c->fully_async.max_staleness_steps == 2);

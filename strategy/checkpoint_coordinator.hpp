@@ -1,0 +1,30 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <string>
+
+namespace stagehand {
+
+struct CoordinatorOptions {
+  /// trainer.ckpt_path: a local folder or an object-store URL.
+  std::string destination;
+  /// megatron_config.local_work_dir: where files for an object store are written first.
+  std::string local_work_dir = "/tmp/stagehand-work";
+  int world_size = 1;
+};
+
+/// Spawns the coordinator that commits checkpoints: it prepares `global_step_N.tmp`, gathers
+/// the report every rank's strategy pushes when its write ends, and commits the moment the last
+/// one arrives (metadata, rename, tracker), or aborts when any rank failed.
+///
+/// Protocol:
+/// - (begin_atom, step, trainer_state_json) -> string policy_dir: prepares the step's folder and
+///   writes trainer_state.json into it; an error while an earlier step is still open.
+/// - (rank_saved_atom, encoded report): from the strategies.
+/// - (await_atom, step) -> void: answers once that step committed, or with why it did not.
+///
+/// An object-store destination is written under `local_work_dir`, and its commit fails with
+/// "not supported yet" until uploads exist: it is never silently kept only locally.
+caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
+
+}  // namespace stagehand

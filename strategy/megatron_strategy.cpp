@@ -1,0 +1,168 @@
+#include "strategy/megatron_strategy.hpp"
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "core/log.hpp"
+#include "strategy/async_calls_queue.hpp"
+#include "strategy/destination.hpp"
+#include "strategy/loader.hpp"
+#include "strategy/messages.hpp"
+#include "strategy/priority.hpp"
+#include "strategy/report_codec.hpp"
+#include "strategy/save_engine.hpp"
+
+namespace stagehand {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class MegatronStrategy : public caf::event_based_actor {
+ public:
+  MegatronStrategy(caf::actor_config& cfg, StrategyOptions options, std::unique_ptr<SaveEngine> engine,
+                   std::shared_ptr<StateDict> state, caf::actor listener)
+      : caf::event_based_actor(cfg),
+        options_(std::move(options)),
+        engine_(std::move(engine)),
+        state_(std::move(state)),
+        listener_(std::move(listener)) {
+    caf::actor_addr self_addr = address();
+    queue_ = std::make_unique<AsyncCallsQueue>([self_addr](std::int64_t id) {
+      if (auto self = caf::actor_cast<caf::actor>(self_addr)) caf::anon_send(self, write_done_atom::value, id);
+    });
+  }
+
+  caf::behavior make_behavior() override {
+    return {
+        [this](save_atom, std::int64_t step, const std::string& destination,
+               const std::string& policy_dir) -> caf::result<double, bool> {
+          return save(step, destination, policy_dir);
+        },
+        [this](finalize_atom) -> caf::result<bool> {
+          bool drained = queue_->pending() > 0;
+          Status st = drain();
+          if (!st.is_ok()) return to_caf_error(st);
+          return drained;
+        },
+        [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
+          Status st = drain();
+          if (st.is_ok()) st = load_checkpoint(checkpoint_dir, *state_);
+          if (!st.is_ok()) return to_caf_error(st.with_context("rank " + std::to_string(options_.rank) + " load"));
+          return caf::unit;
+        },
+        [this](write_done_atom, std::int64_t) { accept_background(queue_->take_finished()); },
+        [this](stats_atom) -> caf::result<std::uint64_t, std::int32_t, std::int64_t> {
+          return {static_cast<std::uint64_t>(engine_->staging_bytes()), static_cast<std::int32_t>(queue_->pending()),
+                  saves_};
+        },
+    };
+  }
+
+  void on_exit() override {
+    if (queue_) {
+      accept_background(queue_->drain());
+      queue_.reset();
+    }
+    engine_.reset();
+    listener_ = nullptr;
+  }
+
+ private:
+  caf::result<double, bool> save(std::int64_t step, const std::string& destination, const std::string& policy_dir) {
+    auto start = Clock::now();
+    Status prior = drain();
+    if (!prior.is_ok()) return to_caf_error(prior.with_context("an earlier checkpoint save failed"));
+    ++saves_;
+    bool async = options_.async_save;
+    if (async && is_cloud(destination)) {
+      if (!warned_cloud_ && options_.rank == 0) {
+        logger()->warn("rank {}: ckpt_path '{}' is an object store: async_dist_ckpt_save is ignored and saves "
+                       "run synchronously, because the upload must finish before the commit",
+                       options_.rank, destination);
+        warned_cloud_ = true;
+      }
+      async = false;
+    }
+    if (!async) {
+      RankSaveReport report = engine_->save(*state_, policy_dir, step);
+      Status st = report.status;
+      push(report);
+      if (!st.is_ok()) return to_caf_error(st);
+      return caf::result<double, bool>(seconds_since(start), false);
+    }
+    Status staged = engine_->stage_all(*state_);
+    if (!staged.is_ok()) {
+      RankSaveReport failed;
+      failed.rank = options_.rank;
+      failed.step = step;
+      failed.status = staged;
+      push(failed);
+      return to_caf_error(staged);
+    }
+    SaveEngine* engine = engine_.get();
+    queue_->schedule([engine, policy_dir, step] { return engine->write_staged(policy_dir, step); });
+    return caf::result<double, bool>(seconds_since(start), true);
+  }
+
+  /// Waits for every background write, pushes the results, and returns (once) the first error
+  /// of a background write not reported yet.
+  Status drain() {
+    accept_background(queue_->drain());
+    return std::exchange(kept_error_, Status::ok());
+  }
+
+  void accept_background(std::vector<RankSaveReport> reports) {
+    for (auto& report : reports) {
+      if (!report.status.is_ok() && kept_error_.is_ok()) {
+        kept_error_ = report.status.with_context("background write of step " + std::to_string(report.step));
+        logger()->error("rank {}: {}", options_.rank, kept_error_.message());
+      }
+      push(report);
+    }
+  }
+
+  void push(const RankSaveReport& report) {
+    if (listener_) send(listener_, rank_saved_atom::value, encode_report(report));
+  }
+
+  static double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  StrategyOptions options_;
+  std::unique_ptr<SaveEngine> engine_;
+  std::unique_ptr<AsyncCallsQueue> queue_;
+  std::shared_ptr<StateDict> state_;
+  caf::actor listener_;
+  Status kept_error_;
+  bool warned_cloud_ = false;
+  std::int64_t saves_ = 0;
+};
+
+}  // namespace
+
+Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
+                                           std::shared_ptr<StateDict> state, caf::actor listener) {
+  if (options.async_save && options.staging_buckets > 0) {
+    return Status{ErrorCode::config_error,
+                  "ckpt_save_staging_buckets must be 0 when async_dist_ckpt_save is true: an async save "
+                  "must finish staging before training resumes, so waves would only lengthen the stall"};
+  }
+  if (!state) return Status{ErrorCode::invalid_argument, "a strategy needs the rank's state"};
+  SaveEngineOptions engine_options{options.thread_count, options.staging_buckets, false, {}};
+  for (const auto& t : state->tensors) engine_options.pinned |= t.tensor.device().is_cuda();
+  if (options.low_priority_writers) {
+    engine_options.writer_thread_start = [] {
+      Status st = lower_current_thread_priority();
+      if (!st.is_ok()) logger()->warn("cannot lower a writer thread's priority: {}", st.message());
+    };
+  }
+  SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(options.rank, engine_options, options.storage));
+  return system.spawn<MegatronStrategy, caf::detached>(std::move(options), std::move(engine), std::move(state),
+                                                       std::move(listener));
+}
+
+}  // namespace stagehand

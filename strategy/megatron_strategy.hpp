@@ -1,0 +1,47 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <memory>
+
+#include "core/sharded_tensor.hpp"
+#include "strategy/storage.hpp"
+
+namespace stagehand {
+
+struct StrategyOptions {
+  int rank = 0;
+  /// megatron_config.ckpt_save_thread_count.
+  int thread_count = 2;
+  /// megatron_config.ckpt_save_staging_buckets; must be 0 with async_save.
+  int staging_buckets = 0;
+  /// megatron_config.async_dist_ckpt_save.
+  bool async_save = false;
+  /// megatron_config.ckpt_writer_low_priority: writer threads at lowered CPU and I/O priority.
+  bool low_priority_writers = true;
+  /// Where bucket files go; tests pass a slowed or failing backend.
+  std::shared_ptr<StorageBackend> storage = local_storage();
+};
+
+/// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
+/// AsyncCallsQueue (writer threads and host staging buffers created once, reused by every save,
+/// kept until the actor exits). `state` is the rank's live state; tensor bytes never travel in
+/// messages. When a rank's write ends, the strategy pushes the encoded RankSaveReport to
+/// `listener` at once as (rank_saved_atom, string).
+///
+/// Protocol (all replies are errors as values, never exceptions):
+/// - (save_atom, step, destination, policy_dir) -> (double stall_s, bool async): first waits for a
+///   pending save; with async on (and a local destination), stages and returns while the write
+///   runs in the background; otherwise writes and returns. A cloud destination turns an async
+///   save into a sync one, with one warning (from rank 0, the first time).
+/// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
+///   background write is returned (once) here, or by the next save or load.
+/// - (load_atom, checkpoint_dir) -> void: drains first, then loads into the live state.
+/// - (stats_atom) -> (uint64 staging bytes, int32 pending writes, int64 saves started).
+/// On exit, a pending write is finished and pushed before the actor goes away.
+///
+/// The actor is detached (its own thread): draining blocks it, never a scheduler thread.
+/// @return an error naming the bad option (e.g. async with staging buckets).
+Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
+                                           std::shared_ptr<StateDict> state, caf::actor listener);
+
+}  // namespace stagehand

@@ -1,0 +1,390 @@
+#define BOOST_TEST_MODULE async_save
+#include <boost/test/unit_test.hpp>
+
+#include <caf/all.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <sstream>
+
+#include "bench/synthetic_state.hpp"
+#include "core/host_buffer.hpp"
+#include "core/log.hpp"
+#include "strategy/async_calls_queue.hpp"
+#include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/commit.hpp"
+#include "strategy/destination.hpp"
+#include "strategy/loader.hpp"
+#include "strategy/local_checkpoint_driver.hpp"
+#include "strategy/megatron_strategy.hpp"
+#include "strategy/messages.hpp"
+#include "strategy/priority.hpp"
+#include "strategy/thread_pool.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
+
+caf::actor_system_config& system_config() {
+  static caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_stagehand_errors(c);
+    return c;
+  }();
+  return cfg;
+}
+
+/// Ranks' states, their strategies, a coordinator and a driver, all in this process.
+struct Cluster {
+  caf::actor_system system{system_config()};
+  std::vector<std::shared_ptr<StateDict>> states;
+  std::unique_ptr<LocalCheckpointDriver> driver;
+
+  Cluster(const std::string& destination, bool async, int threads = 4,
+          std::shared_ptr<StorageBackend> storage = local_storage(), const std::string& work_dir = "/tmp/stagehand-work",
+          bool low_priority = true) {
+    auto coordinator = spawn_checkpoint_coordinator(system, {destination, work_dir, kSpec.ranks});
+    std::vector<caf::actor> strategies;
+    for (int r = 0; r < kSpec.ranks; ++r) {
+      states.push_back(std::make_shared<StateDict>(*make_synthetic_state(kSpec, r, Device::host())));
+      StrategyOptions options{r, threads, 0, async, low_priority, storage};
+      auto strategy = spawn_megatron_strategy(system, options, states.back(), coordinator);
+      BOOST_REQUIRE_MESSAGE(strategy.is_ok(), strategy.status().to_string());
+      strategies.push_back(*strategy);
+    }
+    driver = std::make_unique<LocalCheckpointDriver>(system, destination, coordinator, strategies,
+                                                     std::chrono::seconds(120));
+  }
+  ~Cluster() { (void)driver->shutdown(); }
+};
+
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) out[fs::relative(entry.path(), dir).string()] = test::read_file(entry.path().string());
+  }
+  return out;
+}
+
+void expect_loads_synthetic(const std::string& checkpoint_dir, const SyntheticStateSpec& spec) {
+  for (int r = 0; r < spec.ranks; ++r) {
+    auto expected = *make_synthetic_state(spec, r, Device::host());
+    StateDict loaded = test::zeroed_like(expected);
+    Status st = load_checkpoint(checkpoint_dir, loaded);
+    BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+    for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+      BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor));
+    }
+  }
+}
+
+std::shared_ptr<test::FaultStorage> slow_storage(int ms) {
+  auto storage = std::make_shared<test::FaultStorage>();
+  storage->append_delay = std::chrono::milliseconds(ms);
+  return storage;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(async_and_sync_saves_are_byte_identical) {
+  TempDir sync_dir;
+  TempDir async_dir;
+  {
+    Cluster sync(sync_dir.path(), false);
+    auto timing = sync.driver->save(1, R"({"step": 1})");
+    BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+    BOOST_TEST(!timing->async);
+  }
+  {
+    Cluster async(async_dir.path(), true);
+    auto timing = async.driver->save(1, R"({"step": 1})");
+    BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+    BOOST_TEST(timing->async);
+    BOOST_REQUIRE(async.driver->finalize().is_ok());
+  }
+  auto a = files_of(sync_dir.path());
+  auto b = files_of(async_dir.path());
+  BOOST_TEST(a.size() == b.size());
+  BOOST_TEST(a.count("global_step_1/trainer_state.json") == 1u);
+  for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs");
+}
+
+BOOST_AUTO_TEST_CASE(the_save_returns_before_the_data_is_on_disk) {
+  TempDir dir;
+  Cluster cluster(dir.path(), true, 4, slow_storage(100));
+  auto timing = cluster.driver->save(1);
+  BOOST_REQUIRE(timing.is_ok());
+  BOOST_TEST(timing->async);
+  // The reply came back while the writes are still running: nothing is committed yet.
+  BOOST_TEST(fs::exists(dir / "global_step_1.tmp"));
+  BOOST_TEST(!fs::exists(dir / "global_step_1"));
+  BOOST_TEST(!read_tracker(dir.path())->has_value());
+  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  expect_loads_synthetic(dir / "global_step_1", kSpec);
+}
+
+BOOST_AUTO_TEST_CASE(completion_is_pushed_and_commits_without_a_finalize) {
+  TempDir dir;
+  Cluster cluster(dir.path(), true, 4, slow_storage(20));
+  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
+  BOOST_TEST(!fs::exists(dir / "global_step_1"));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "latest_ckpt_global_step.txt") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  BOOST_TEST(fs::exists(dir / "global_step_1/policy/metadata.json"));
+  BOOST_TEST(**read_tracker(dir.path()) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
+  TempDir dir;
+  auto storage = slow_storage(30);
+  std::atomic<int> step2_files{0};
+  std::atomic<int> step2_files_before_commit{0};
+  storage->on_open = [&](const std::string& path) {
+    if (path.find("global_step_2.tmp") == std::string::npos) return;
+    ++step2_files;
+    if (!fs::exists(dir / "global_step_1/policy/metadata.json")) ++step2_files_before_commit;
+  };
+  Cluster cluster(dir.path(), true, 4, storage);
+  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
+  BOOST_REQUIRE(cluster.driver->save(2).is_ok());
+  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_TEST(step2_files.load() == 8);
+  BOOST_TEST(step2_files_before_commit.load() == 0);
+  expect_loads_synthetic(dir / "global_step_1", kSpec);
+  expect_loads_synthetic(dir / "global_step_2", kSpec);
+  BOOST_TEST(**read_tracker(dir.path()) == 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
+  TempDir dir;
+  auto storage = slow_storage(30);
+  std::atomic<int> open_writes_of_step1{0};
+  std::atomic<std::uint64_t> step1_bytes_when_step2_began{0};
+  auto step1_bytes = [&] {
+    std::uint64_t sum = 0;
+    for (const auto& e : fs::directory_iterator(dir / "s1")) sum += fs::file_size(e.path());
+    return sum;
+  };
+  storage->on_open = [&](const std::string& path) {
+    if (path.find("/s1/") != std::string::npos) ++open_writes_of_step1;
+    if (path.find("/s2/") != std::string::npos && step1_bytes_when_step2_began == 0) {
+      step1_bytes_when_step2_began = step1_bytes();
+    }
+  };
+  caf::actor_system system{system_config()};
+  auto state = std::make_shared<StateDict>(*make_synthetic_state({1, 1u << 20, 8, 3}, 0, Device::host()));
+  auto strategy = *spawn_megatron_strategy(system, {0, 2, 0, true, true, storage}, state, caf::actor{});
+  fs::create_directories(dir / "s1");
+  fs::create_directories(dir / "s2");
+  caf::scoped_actor self{system};
+  bool async = false;
+  self->request(strategy, std::chrono::seconds(60), save_atom::value, std::int64_t{1}, dir.path(), dir / "s1")
+      .receive([&](double, bool a) { async = a; }, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
+  BOOST_TEST(async);
+  std::int32_t pending = -1;
+  self->request(strategy, std::chrono::seconds(60), stats_atom::value)
+      .receive([&](std::uint64_t, std::int32_t p, std::int64_t) { pending = p; }, [&](caf::error&) {});
+  BOOST_TEST(pending == 1);
+  self->request(strategy, std::chrono::seconds(60), save_atom::value, std::int64_t{2}, dir.path(), dir / "s2")
+      .receive([&](double, bool) {}, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
+  // Step 1's background write ended before step 2 was staged: nothing was pending in between.
+  self->request(strategy, std::chrono::seconds(60), stats_atom::value)
+      .receive([&](std::uint64_t, std::int32_t p, std::int64_t saves) {
+        BOOST_TEST(p <= 1);
+        BOOST_TEST(saves == 2);
+      }, [&](caf::error&) {});
+  BOOST_TEST(open_writes_of_step1.load() == 2);
+  self->request(strategy, std::chrono::seconds(60), finalize_atom::value).receive([](bool) {}, [](caf::error&) {});
+  // When step 2's first file was created, step 1's files already had all their bytes.
+  BOOST_TEST(step1_bytes_when_step2_began.load() == step1_bytes());
+  BOOST_TEST(step1_bytes() > 0u);
+  BOOST_TEST(files_of(dir / "s1") == files_of(dir / "s2"));
+  self->send_exit(strategy, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(load_while_a_save_is_pending_drains_first) {
+  TempDir dir;
+  Cluster cluster(dir.path(), true, 4, slow_storage(50));
+  BOOST_REQUIRE(cluster.driver->save(3).is_ok());
+  // Training goes on and changes the live state after the async save returned.
+  for (auto& state : cluster.states) {
+    for (auto& t : state->tensors) std::fill_n(t.tensor.host_data<std::uint8_t>(), t.tensor.nbytes(), 0);
+  }
+  Status st = cluster.driver->load(dir / "global_step_3");
+  BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+  for (int r = 0; r < kSpec.ranks; ++r) {
+    auto expected = *make_synthetic_state(kSpec, r, Device::host());
+    for (std::size_t i = 0; i < expected.tensors.size(); ++i) {
+      BOOST_TEST(test::same_bytes(cluster.states[static_cast<std::size_t>(r)]->tensors[i].tensor,
+                                  expected.tensors[i].tensor));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(teardown_with_a_pending_save_leaves_a_committed_checkpoint) {
+  TempDir dir;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    {
+      Cluster cluster(dir.path(), true, 4, slow_storage(50));
+      auto timing = cluster.driver->save(5);
+      if (!timing.is_ok() || !timing->async || fs::exists(dir / "global_step_5")) code = 3;
+      // Leaving the scope is the teardown: the driver finalizes, the actors exit.
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  BOOST_REQUIRE(WIFEXITED(status));
+  BOOST_REQUIRE(WEXITSTATUS(status) == 0);
+  // This process never saw the save: it loads what the exited one left.
+  BOOST_TEST(**read_tracker(dir.path()) == 5);
+  BOOST_TEST(!fs::exists(dir / "global_step_5.tmp"));
+  expect_loads_synthetic(*resolve_checkpoint(dir.path()), kSpec);
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
+  TempDir dir;
+  auto storage = std::make_shared<test::FaultStorage>();
+  Cluster cluster(dir.path(), true, 4, storage);
+  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
+  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  storage->fail_file = "__1_2.safetensors";
+  storage->fail_errno = EIO;
+  auto timing = cluster.driver->save(2);
+  BOOST_REQUIRE(timing.is_ok());  // The failure happens in the background.
+  Status st = cluster.driver->finalize();
+  BOOST_TEST(!st.is_ok());
+  BOOST_TEST(st.message().find("__1_2.safetensors") != std::string::npos, st.message());
+  BOOST_TEST(st.message().find("errno 5") != std::string::npos, st.message());
+  BOOST_TEST(!fs::exists(dir / "global_step_2"));
+  BOOST_TEST(!fs::exists(dir / "global_step_2.tmp"));
+  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  expect_loads_synthetic(dir / "global_step_1", kSpec);
+  // Reported once: the next finalize is clean, and a later save works again.
+  BOOST_TEST(cluster.driver->finalize().is_ok());
+  storage->fail_file.clear();
+  BOOST_REQUIRE(cluster.driver->save(3).is_ok());
+  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_TEST(**read_tracker(dir.path()) == 3);
+}
+
+BOOST_AUTO_TEST_CASE(async_with_staging_buckets_is_refused) {
+  caf::actor_system system{system_config()};
+  auto state = std::make_shared<StateDict>();
+  auto strategy = spawn_megatron_strategy(system, {0, 4, 2, true, true, local_storage()}, state, caf::actor{});
+  BOOST_REQUIRE(!strategy.is_ok());
+  BOOST_TEST(strategy.status().message().find("ckpt_save_staging_buckets must be 0") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(cloud_paths_are_classified) {
+  BOOST_TEST((classify_destination("s3://b/p") == DestinationKind::s3));
+  BOOST_TEST((classify_destination("gs://b/p") == DestinationKind::gcs));
+  BOOST_TEST((classify_destination("gcs://b/p") == DestinationKind::gcs));
+  BOOST_TEST((classify_destination("/data/s3://x") == DestinationKind::local));
+  BOOST_TEST(local_staging_root("s3://bucket/run/ckpt/", "/w") == "/w/s3/bucket/run/ckpt");
+  BOOST_TEST(local_staging_root("/data/ckpt", "/w") == "/data/ckpt");
+}
+
+BOOST_AUTO_TEST_CASE(a_cloud_destination_turns_async_into_sync_with_one_warning) {
+  TempDir work;
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  logger()->sinks().push_back(sink);
+  auto storage = std::make_shared<test::FaultStorage>();
+  std::vector<std::string> opened;
+  std::mutex opened_mutex;
+  storage->on_open = [&](const std::string& path) {
+    std::lock_guard lock(opened_mutex);
+    opened.push_back(path);
+  };
+  {
+    Cluster cluster("s3://bucket/run", true, 2, storage, work.path());
+    for (std::int64_t step : {1, 2}) {
+      auto timing = cluster.driver->save(step);
+      BOOST_REQUIRE(!timing.is_ok());
+      BOOST_TEST(timing.status().message().find("not supported yet") != std::string::npos, timing.status().message());
+      BOOST_TEST(timing.status().message().find("s3://bucket/run") != std::string::npos);
+    }
+  }
+  logger()->sinks().pop_back();
+  // Written synchronously (every file before the reply) into the local work dir, never committed.
+  BOOST_TEST(opened.size() == 8u);
+  for (const auto& path : opened) BOOST_TEST(path.rfind(work / "s3/bucket/run/global_step_", 0) == 0u, path);
+  BOOST_TEST(!fs::exists(work / "s3/bucket/run/global_step_1"));
+  BOOST_TEST(!fs::exists(work / "s3/bucket/run/latest_ckpt_global_step.txt"));
+  std::string text = log.str();
+  std::size_t warnings = 0;
+  for (auto pos = text.find("is an object store"); pos != std::string::npos; pos = text.find("is an object store", pos + 1)) {
+    ++warnings;
+  }
+  BOOST_TEST(warnings == 1u, text);
+}
+
+BOOST_AUTO_TEST_CASE(writer_threads_run_at_lowered_priority_unless_turned_off) {
+  for (bool low : {true, false}) {
+    TempDir dir;
+    auto storage = std::make_shared<test::FaultStorage>();
+    std::atomic<int> lowered{0};
+    std::atomic<int> normal{0};
+    storage->on_open = [&](const std::string&) {
+      if (current_thread_nice() == kWriterNice && current_thread_io_priority() == (2 << 13 | kWriterIoPriorityLevel)) {
+        ++lowered;
+      } else {
+        ++normal;
+      }
+    };
+    Cluster cluster(dir.path(), true, 2, storage, "/tmp/stagehand-work", low);
+    BOOST_REQUIRE(cluster.driver->save(1).is_ok());
+    BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+    BOOST_TEST(lowered.load() == (low ? 4 : 0));
+    BOOST_TEST(normal.load() == (low ? 0 : 4));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(queue_and_buffers_persist_across_saves) {
+  TempDir dir;
+  Cluster cluster(dir.path(), true, 4);
+  caf::scoped_actor self{cluster.system};
+  std::vector<std::uint64_t> staging;
+  for (std::int64_t step = 1; step <= 4; ++step) {
+    BOOST_REQUIRE(cluster.driver->save(step).is_ok());
+    BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+    staging.push_back(staging_memory().current());
+  }
+  for (auto s : staging) BOOST_TEST(s == staging.front());
+  BOOST_TEST(staging.front() > 0u);
+  BOOST_TEST((committed_steps(dir.path()) == std::vector<std::int64_t>{1, 2, 3, 4}));
+}
+
+BOOST_AUTO_TEST_CASE(async_calls_queue_hands_each_result_out_once) {
+  std::atomic<int> finished{0};
+  AsyncCallsQueue queue([&](std::int64_t) { ++finished; });
+  for (int i = 0; i < 3; ++i) {
+    queue.schedule([i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      RankSaveReport r;
+      r.step = i;
+      return r;
+    });
+  }
+  auto results = queue.drain();
+  BOOST_TEST(results.size() == 3u);
+  BOOST_TEST(results[2].step == 2);
+  BOOST_TEST(queue.take_finished().empty());
+  BOOST_TEST(queue.pending() == 0);
+  BOOST_TEST(finished.load() >= 2);
+}
