@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Async against sync save stall on the same state, and resident memory over many async saves.
+
+Runs `stagehand-bench save --async` and `--via-actors` (sync through the same actors) on the same
+synthetic state, alternating round by round, and reports the ratio of median stalls (the time the
+caller was blocked). The first save of each process allocates and first-touches the staging
+buffers; medians are over every save. Then one process makes --rss-saves consecutive async saves
+and reports how its resident set size moves after the first save.
+
+  bench/compare_async.py --bench build/bin/stagehand-bench --out /tmp/stagehand-async \
+      --ranks 2 --bytes-per-rank 512M --rounds 3 --repeat 3 --rss-saves 20
+"""
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+
+
+def run(args, mode_flag, repeat):
+    cmd = [args.bench, "save", "--out", args.out, "--ranks", str(args.ranks), "--bytes-per-rank",
+           args.bytes_per_rank, "--tensors", str(args.tensors), "--thread-count", str(args.thread_count),
+           "--repeat", str(repeat), mode_flag]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    shutil.rmtree(args.out, ignore_errors=True)
+    return [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{") and "summary" not in l]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--bytes-per-rank", default="512M")
+    p.add_argument("--tensors", type=int, default=32)
+    p.add_argument("--thread-count", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rss-saves", type=int, default=20)
+    args = p.parse_args()
+    saves = {"async": [], "sync": []}
+    for r in range(args.rounds):
+        for mode, flag in (("sync", "--via-actors"), ("async", "--async")):
+            for line in run(args, flag, args.repeat):
+                saves[mode].append(line)
+                print(json.dumps({"round": r, **line}), flush=True)
+    med = lambda mode, key: statistics.median(x[key] for x in saves[mode])
+    print(json.dumps({"summary": "stall", "median_sync_stall_s": med("sync", "stall_s"),
+                      "median_async_stall_s": med("async", "stall_s"),
+                      "async_stall_vs_sync_stall": med("async", "stall_s") / med("sync", "stall_s"),
+                      "median_async_time_to_commit_s": med("async", "save_s"),
+                      "median_sync_save_s": med("sync", "save_s")}), flush=True)
+    if args.rss_saves > 0:
+        lines = run(args, "--async", args.rss_saves)
+        rss = [l["rss_bytes"] for l in lines]
+        after_first = rss[1:]
+        print(json.dumps({"summary": "rss", "saves": len(rss), "rss_first_save": rss[0],
+                          "rss_min_after_first": min(after_first), "rss_max_after_first": max(after_first),
+                          "rss_growth_after_first_bytes": max(after_first) - rss[1],
+                          "rss_growth_after_first_fraction": (max(after_first) - rss[1]) / rss[1]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
