@@ -2,12 +2,13 @@
 """Staging waves against staging everything: host memory peak, save time and throughput.
 
 Runs `stagehand-bench save` with the same state and thread count for each staging value,
-interleaved round by round (so that machine noise hits every configuration alike), each run under
-`/usr/bin/time -v` for the maximum resident set size seen from outside. Prints one JSON line per
+interleaved round by round (so that machine noise hits every configuration alike), each process
+making --repeat saves (the first allocates the staging buffers, the others reuse them, as in
+training), each process under `/usr/bin/time -v` for the maximum resident set size seen from outside. Prints one JSON line per
 run, then medians and ratios against staging 0.
 
   bench/compare_staging.py --bench build/bin/stagehand-bench --out /tmp/stagehand-bench \
-      --ranks 2 --bytes-per-rank 1G --thread-count 8 --staging 0,1,2 --rounds 5
+      --ranks 2 --bytes-per-rank 1G --thread-count 8 --staging 0,1,2 --rounds 5 --repeat 3
 """
 import argparse
 import json
@@ -21,14 +22,15 @@ import sys
 def run_once(args, staging):
     cmd = ["/usr/bin/time", "-v", args.bench, "save", "--out", args.out, "--ranks", str(args.ranks),
            "--bytes-per-rank", args.bytes_per_rank, "--tensors", str(args.tensors),
-           "--thread-count", str(args.thread_count), "--staging-buckets", str(staging), "--baseline"]
+           "--thread-count", str(args.thread_count), "--staging-buckets", str(staging), "--baseline",
+           "--repeat", str(args.repeat)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
-    save = next(l for l in lines if l.get("mode") == "sync")
+    saves = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{") and "summary" not in l]
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    save["max_rss_bytes"] = rss_kb * 1024
+    for save in saves:
+        save["max_rss_bytes"] = rss_kb * 1024
     shutil.rmtree(args.out, ignore_errors=True)
-    return save
+    return saves
 
 
 def main():
@@ -41,14 +43,16 @@ def main():
     p.add_argument("--thread-count", type=int, default=8)
     p.add_argument("--staging", default="0,1,2")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="saves per process; the first allocates the staging buffers, later ones reuse them")
     args = p.parse_args()
     stagings = [int(s) for s in args.staging.split(",")]
     runs = {s: [] for s in stagings}
     for r in range(args.rounds):
         for s in stagings:
-            result = run_once(args, s)
-            runs[s].append(result)
-            print(json.dumps({"round": r, **result}), flush=True)
+            for result in run_once(args, s):
+                runs[s].append(result)
+                print(json.dumps({"round": r, **result}), flush=True)
     base = stagings[0]
     med = lambda s, k: statistics.median(x[k] for x in runs[s])
     summary = {}
