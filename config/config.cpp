@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -85,6 +86,22 @@ class ConfigReader {
                                              : "between " + std::to_string(min) + " and " +
                                                    std::to_string(max);
         return error_at(node.Mark(), path, "must be " + range + ", got " + text);
+      }
+      *out = value;
+      return Status::ok();
+    };
+  }
+
+  Field real(double* out, double min_exclusive) {
+    return [this, out, min_exclusive](const YAML::Node& node, const std::string& path) -> Status {
+      SH_ASSIGN_OR_RETURN(std::string text, scalar(node, path, "a number"));
+      char* end = nullptr;
+      double value = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) {
+        return error_at(node.Mark(), path, "expected a number, got '" + text + "'");
+      }
+      if (!(value > min_exclusive)) {
+        return error_at(node.Mark(), path, "must be greater than " + std::to_string(min_exclusive) + ", got " + text);
       }
       *out = value;
       return Status::ok();
@@ -239,10 +256,19 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
       {"path_style", r.boolean(&c.storage.s3.path_style)},
   };
   ConfigReader::Fields storage{{"s3", section(s3)}};
+  ConfigReader::Fields model{
+      {"context_dim", r.integer(&c.model.context_dim, 1, 1 << 20)},
+      {"num_arms", r.integer(&c.model.num_arms, 2, 1 << 20)},
+      {"hidden", r.integer(&c.model.hidden, 1, 1 << 24)},
+      {"batch_size", r.integer(&c.model.batch_size, 1, 1 << 24)},
+      {"group_size", r.integer(&c.model.group_size, 1, 1 << 16)},
+      {"learning_rate", r.real(&c.model.learning_rate, 0.0)},
+      {"eval_contexts", r.integer(&c.model.eval_contexts, 1, 1 << 24)},
+  };
   ConfigReader::Fields top{
       {"trainer", section(trainer)},           {"megatron_config", section(megatron)},
       {"parallel", section(parallel)},         {"fully_async", section(fully_async)},
-      {"storage", section(storage)},
+      {"storage", section(storage)},           {"model", section(model)},
   };
   SH_RETURN_IF_ERROR(r.read_section(root, "", top));
 
@@ -259,6 +285,16 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
         "must be 0 when async_dist_ckpt_save is true: waved staging writes each wave inside the "
         "training process before staging the next, while an async save must finish staging "
         "before training resumes, so waves would only make the async stall longer");
+  }
+  if (c.model.hidden % c.parallel.tensor_parallel != 0) {
+    return r.error_at_key("model.hidden", "must be divisible by parallel.tensor_parallel (" +
+                                              std::to_string(c.parallel.tensor_parallel) + "), got " +
+                                              std::to_string(c.model.hidden));
+  }
+  if (c.model.batch_size % c.parallel.data_parallel != 0) {
+    return r.error_at_key("model.batch_size", "must be divisible by parallel.data_parallel (" +
+                                                  std::to_string(c.parallel.data_parallel) + "), got " +
+                                                  std::to_string(c.model.batch_size));
   }
   if (c.trainer.resume_mode == ResumeMode::from_path && c.trainer.resume_path.empty()) {
     return r.error_at_key("trainer.resume_mode", "from_path needs trainer.resume_path");

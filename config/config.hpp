@@ -64,6 +64,20 @@ struct StorageConfig {
   S3Config s3;
 };
 
+/// `model:` keys of the reference workload (an MLP policy on a contextual bandit).
+struct ModelConfig {
+  std::int64_t context_dim = 16;
+  std::int64_t num_arms = 8;
+  /// Hidden width; scales the state from kilobytes to gigabytes. Divisible by tensor_parallel.
+  std::int64_t hidden = 64;
+  /// Contexts per step across all data-parallel ranks; divisible by data_parallel.
+  std::int64_t batch_size = 64;
+  /// Actions sampled per context (GRPO group).
+  std::int64_t group_size = 8;
+  double learning_rate = 0.01;
+  std::int64_t eval_contexts = 512;
+};
+
 /// The whole YAML configuration with its defaults.
 struct Config {
   TrainerConfig trainer;
@@ -71,6 +85,7 @@ struct Config {
   ParallelConfig parallel;
   FullyAsyncConfig fully_async;
   StorageConfig storage;
+  ModelConfig model;
 };
 
 /// Parses YAML text. Errors name `source`, the line and the key path.

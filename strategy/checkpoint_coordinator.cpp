@@ -33,6 +33,9 @@ class CheckpointCoordinator : public caf::event_based_actor {
           return *dir;
         },
         [this](rank_saved_atom, const std::string& encoded) { on_rank_saved(encoded); },
+        [this](abort_atom, std::int64_t step, const std::string& reason) {
+          if (open_step_ == step) finish(step, {ErrorCode::aborted, reason});
+        },
         [this](await_atom, std::int64_t step) -> caf::result<void> {
           auto outcome = outcomes_.find(step);
           if (outcome != outcomes_.end()) {

@@ -22,6 +22,7 @@ struct CoordinatorOptions {
 ///   writes trainer_state.json into it; an error while an earlier step is still open.
 /// - (rank_saved_atom, encoded report): from the strategies.
 /// - (await_atom, step) -> void: answers once that step committed, or with why it did not.
+/// - (abort_atom, step, reason): gives up the open step (nothing is committed).
 ///
 /// An object-store destination is written under `local_work_dir`, and its commit fails with
 /// "not supported yet" until uploads exist: it is never silently kept only locally.

@@ -23,6 +23,8 @@ using rank_saved_atom = caf::atom_constant<caf::atom("ranksaved")>;
 using begin_atom = caf::atom_constant<caf::atom("begin")>;
 /// await_atom, step -> void once that step committed (or its error)
 using await_atom = caf::atom_constant<caf::atom("await")>;
+/// abort_atom, step, reason: the coordinator gives up an open step (a rank died).
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
 /// stats_atom -> (staging bytes, pending writes, saves)
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 

@@ -1,0 +1,90 @@
+#include "actors/worker.hpp"
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+
+namespace stagehand {
+
+namespace {
+
+class Worker : public caf::event_based_actor {
+ public:
+  Worker(caf::actor_config& cfg, std::unique_ptr<Model> model, caf::actor coordinator)
+      : caf::event_based_actor(cfg), model_(std::move(model)), coordinator_(std::move(coordinator)) {}
+
+  caf::behavior make_behavior() override {
+    return {
+        [this](attach_atom, caf::actor strategy) {
+          strategy_ = std::move(strategy);
+          link_to(strategy_);
+        },
+        [this](train_atom, std::int64_t step, std::int32_t objective) -> caf::result<double, double> {
+          auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl);
+          if (!metrics.is_ok()) return to_caf_error(metrics.status());
+          return caf::result<double, double>(metrics->reward, metrics->loss);
+        },
+        [this](eval_atom) -> caf::result<double> {
+          auto accuracy = model_->evaluate();
+          if (!accuracy.is_ok()) return to_caf_error(accuracy.status());
+          return *accuracy;
+        },
+        [this](save_atom, std::int64_t step, const std::string& destination,
+               const std::string& policy_dir) -> caf::result<double, bool> {
+          auto rp = make_response_promise<double, bool>();
+          request(strategy_, caf::infinite, save_atom::value, step, destination, policy_dir)
+              .then([rp](double stall, bool async) mutable { rp.deliver(stall, async); },
+                    [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          return rp;
+        },
+        [this](finalize_atom) -> caf::result<bool> {
+          auto rp = make_response_promise<bool>();
+          request(strategy_, caf::infinite, finalize_atom::value)
+              .then([rp](bool drained) mutable { rp.deliver(drained); },
+                    [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          return rp;
+        },
+        [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
+          auto rp = make_response_promise();
+          request(strategy_, caf::infinite, load_atom::value, checkpoint_dir)
+              .then(
+                  [this, rp]() mutable {
+                    Status st = model_->on_loaded();
+                    if (st.is_ok()) {
+                      rp.deliver(caf::unit);
+                    } else {
+                      rp.deliver(to_caf_error(st));
+                    }
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          return rp;
+        },
+        [this](rank_saved_atom, const std::string& report) {
+          if (coordinator_) send(coordinator_, rank_saved_atom::value, report);
+        },
+    };
+  }
+
+ private:
+  std::unique_ptr<Model> model_;
+  caf::actor coordinator_;
+  caf::actor strategy_;
+};
+
+}  // namespace
+
+Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Model> model,
+                                StrategyOptions strategy_options, caf::actor coordinator) {
+  if (!model) return Status{ErrorCode::invalid_argument, "a Worker needs a model"};
+  auto state = model->state();
+  auto worker = system.spawn<Worker, caf::detached>(std::move(model), std::move(coordinator));
+  auto strategy = spawn_megatron_strategy(system, std::move(strategy_options), state, worker);
+  if (!strategy.is_ok()) {
+    caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
+    return strategy.status();
+  }
+  caf::anon_send(worker, attach_atom::value, *strategy);
+  return worker;
+}
+
+}  // namespace stagehand

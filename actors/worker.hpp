@@ -1,0 +1,25 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <memory>
+
+#include "models/model.hpp"
+#include "strategy/megatron_strategy.hpp"
+
+namespace stagehand {
+
+/// Spawns the Worker of one rank: it owns the rank's Model (its shard of model and optimizer
+/// state) and that rank's MegatronStrategy (linked: neither outlives the other). Detached: a
+/// training step blocks in collectives with the other ranks' Workers.
+///
+/// Protocol (errors as values):
+/// - (train_atom, step, objective) -> (reward, loss); (eval_atom) -> accuracy.
+/// - (save_atom, step, destination, policy_dir) -> (stall_s, async); (finalize_atom) -> bool;
+///   (load_atom, checkpoint_dir) -> void: passed to the strategy; after a load the model
+///   refreshes what it derives from its state.
+/// - The strategy's pushed (rank_saved_atom, report) goes on to `coordinator`; a dead Worker's
+///   reports never arrive, so a save it took part in cannot commit.
+Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Model> model,
+                                StrategyOptions strategy_options, caf::actor coordinator);
+
+}  // namespace stagehand

@@ -1,0 +1,224 @@
+#include "actors/worker_dispatch.hpp"
+
+#include <caf/all.hpp>
+
+#include <functional>
+#include <map>
+#include <optional>
+
+#include "actors/messages.hpp"
+#include "core/status.hpp"
+
+namespace stagehand {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Callback = std::function<void(Status)>;
+
+class WorkerDispatch : public caf::event_based_actor {
+ public:
+  WorkerDispatch(caf::actor_config& cfg, std::vector<caf::actor> workers, caf::actor coordinator,
+                 DispatchOptions options)
+      : caf::event_based_actor(cfg),
+        workers_(std::move(workers)),
+        coordinator_(std::move(coordinator)),
+        options_(std::move(options)) {}
+
+  caf::behavior make_behavior() override {
+    for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
+      monitor(workers_[rank]);
+      rank_of_[workers_[rank].address()] = static_cast<int>(rank);
+    }
+    set_down_handler([this](const caf::down_msg& down) { on_worker_down(down); });
+    return {
+        [this](train_atom, std::int64_t step, std::int32_t objective) -> caf::result<double, double> {
+          auto rp = make_response_promise<double, double>();
+          auto metrics = std::make_shared<std::pair<double, double>>();
+          fan_out<double, double>(
+              caf::make_message(train_atom::value, step, objective),
+              [metrics](int rank, double reward, double loss) {
+                if (rank == 0) *metrics = {reward, loss};
+              },
+              [rp, metrics](Status st) mutable {
+                if (st.is_ok()) {
+                  rp.deliver(metrics->first, metrics->second);
+                } else {
+                  rp.deliver(to_caf_error(st));
+                }
+              });
+          return rp;
+        },
+        [this](eval_atom) -> caf::result<double> {
+          auto rp = make_response_promise<double>();
+          auto accuracy = std::make_shared<double>(0);
+          fan_out<double>(
+              caf::make_message(eval_atom::value), [accuracy](int rank, double a) { if (rank == 0) *accuracy = a; },
+              [rp, accuracy](Status st) mutable {
+                if (st.is_ok()) {
+                  rp.deliver(*accuracy);
+                } else {
+                  rp.deliver(to_caf_error(st));
+                }
+              });
+          return rp;
+        },
+        [this](save_atom, std::int64_t step, const std::string& trainer_state) -> caf::result<double, bool> {
+          auto rp = make_response_promise<double, bool>();
+          save(step, trainer_state, [rp](Status st, double stall, bool async) mutable {
+            if (st.is_ok()) {
+              rp.deliver(stall, async);
+            } else {
+              rp.deliver(to_caf_error(st));
+            }
+          });
+          return rp;
+        },
+        [this](finalize_atom) -> caf::result<bool> {
+          auto rp = make_response_promise<bool>();
+          finalize([rp](Status st) mutable {
+            if (st.is_ok()) {
+              rp.deliver(true);
+            } else {
+              rp.deliver(to_caf_error(st));
+            }
+          });
+          return rp;
+        },
+        [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
+          auto rp = make_response_promise();
+          finalize([this, rp, checkpoint_dir](Status st) mutable {
+            if (!st.is_ok()) {
+              rp.deliver(to_caf_error(st));
+              return;
+            }
+            fan_out<>(caf::make_message(load_atom::value, checkpoint_dir), [](int) {},
+                      [rp](Status loaded) mutable {
+                        if (loaded.is_ok()) {
+                          rp.deliver(caf::unit);
+                        } else {
+                          rp.deliver(to_caf_error(loaded));
+                        }
+                      });
+          });
+          return rp;
+        },
+    };
+  }
+
+ private:
+  struct Gather {
+    std::size_t remaining = 0;
+    bool failed = false;
+  };
+
+  /// Sends `msg` to every Worker at once; `each` sees every reply, `done` runs once with ok
+  /// after all replied, or with the first failure (named by rank) as soon as it happens.
+  template <class... Ts, class Each>
+  void fan_out(const caf::message& msg, Each each, Callback on_done) {
+    for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
+      auto dead = dead_.find(static_cast<int>(rank));
+      if (dead != dead_.end()) {
+        on_done({ErrorCode::aborted, "rank " + std::to_string(rank) + " is dead: " + dead->second});
+        return;
+      }
+    }
+    auto gather = std::make_shared<Gather>();
+    gather->remaining = workers_.size();
+    for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
+      const int r = static_cast<int>(rank);
+      request(workers_[rank], options_.timeout, msg)
+          .then(
+              [gather, each, on_done, r](Ts... xs) {
+                if (gather->failed) return;
+                each(r, xs...);
+                if (--gather->remaining == 0) on_done(Status::ok());
+              },
+              [this, gather, on_done, r](caf::error& err) {
+                if (gather->failed) return;
+                gather->failed = true;
+                Status st = from_caf_error(err);
+                auto dead = dead_.find(r);
+                if (dead != dead_.end()) st = {ErrorCode::aborted, "rank " + std::to_string(r) + " died: " + dead->second};
+                on_done(st.with_context("rank " + std::to_string(r)));
+              });
+    }
+  }
+
+  void finalize(Callback on_done) {
+    fan_out<bool>(caf::make_message(finalize_atom::value), [](int, bool) {}, [this, on_done](Status drained) {
+      if (!pending_step_) {
+        on_done(drained);
+        return;
+      }
+      std::int64_t step = *pending_step_;
+      pending_step_.reset();
+      if (!drained.is_ok()) {
+        send(coordinator_, abort_atom::value, step, drained.message());
+        on_done(drained);
+        return;
+      }
+      request(coordinator_, options_.timeout, await_atom::value, step)
+          .then([on_done]() { on_done(Status::ok()); }, [on_done](caf::error& err) { on_done(from_caf_error(err)); });
+    });
+  }
+
+  void save(std::int64_t step, const std::string& trainer_state, std::function<void(Status, double, bool)> on_done) {
+    auto start = Clock::now();
+    auto elapsed = [start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+    finalize([=, this](Status prior) {
+      if (!prior.is_ok()) {
+        on_done(prior.with_context("an earlier checkpoint save failed"), 0, false);
+        return;
+      }
+      request(coordinator_, options_.timeout, begin_atom::value, step, trainer_state)
+          .then(
+              [=, this](const std::string& policy_dir) {
+                pending_step_ = step;
+                auto async = std::make_shared<bool>(false);
+                fan_out<double, bool>(
+                    caf::make_message(save_atom::value, step, options_.destination, policy_dir),
+                    [async](int, double, bool a) { *async = a; },
+                    [=, this](Status saved) {
+                      if (!saved.is_ok()) {
+                        pending_step_.reset();
+                        send(coordinator_, abort_atom::value, step, saved.message());
+                        on_done(saved, 0, false);
+                      } else if (*async) {
+                        on_done(Status::ok(), elapsed(), true);
+                      } else {
+                        finalize([=](Status committed) { on_done(committed, elapsed(), false); });
+                      }
+                    });
+              },
+              [on_done](caf::error& err) { on_done(from_caf_error(err), 0, false); });
+    });
+  }
+
+  void on_worker_down(const caf::down_msg& down) {
+    auto it = rank_of_.find(down.source);
+    if (it == rank_of_.end()) return;
+    std::string reason = caf::to_string(down.reason);
+    dead_[it->second] = reason;
+    if (pending_step_) {
+      send(coordinator_, abort_atom::value, *pending_step_,
+           "rank " + std::to_string(it->second) + " died during the save: " + reason);
+    }
+  }
+
+  std::vector<caf::actor> workers_;
+  caf::actor coordinator_;
+  DispatchOptions options_;
+  std::map<caf::actor_addr, int> rank_of_;
+  std::map<int, std::string> dead_;
+  std::optional<std::int64_t> pending_step_;
+};
+
+}  // namespace
+
+caf::actor spawn_worker_dispatch(caf::actor_system& system, std::vector<caf::actor> workers, caf::actor coordinator,
+                                 DispatchOptions options) {
+  return system.spawn<WorkerDispatch>(std::move(workers), std::move(coordinator), std::move(options));
+}
+
+}  // namespace stagehand

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace stagehand {
+
+struct DispatchOptions {
+  /// trainer.ckpt_path, passed to the strategies to decide sync or async.
+  std::string destination;
+  /// Limit of every wait on a Worker or the coordinator.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+/// Spawns the WorkerDispatch: it fans every call out to all Workers and gathers the replies. One
+/// failing or dead rank fails the whole call with that rank and its reason; Workers are
+/// monitored, so a rank that died fails every later call at once, and aborts the checkpoint step
+/// being saved (nothing partial is ever committed).
+///
+/// Protocol (errors as values):
+/// - (train_atom, step, objective) -> (reward, loss) as rank 0 reports them (global figures).
+/// - (eval_atom) -> accuracy.
+/// - (save_atom, step, trainer_state_json) -> (stall_s, async): finalizes any pending save first,
+///   begins the step at the coordinator (which writes trainer_state.json), then saves on every
+///   rank; a sync save has committed when the reply comes.
+/// - (finalize_atom) -> bool: drains every rank and waits for the pending step's commit.
+/// - (load_atom, checkpoint_dir) -> void: finalizes, then loads on every rank.
+caf::actor spawn_worker_dispatch(caf::actor_system& system, std::vector<caf::actor> workers,
+                                 caf::actor coordinator, DispatchOptions options);
+
+}  // namespace stagehand

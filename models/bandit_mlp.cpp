@@ -1,0 +1,423 @@
+#include "models/bandit_mlp.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace stagehand {
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// Counter-based randomness: the same (seed, stream, index) always gives the same number, so a
+/// rank's RNG state is its position, and resuming reproduces every draw.
+double uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  std::uint64_t bits = splitmix64(splitmix64(seed ^ (stream * 0xd1b54a32d192ed03ULL)) + index);
+  return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+double gaussian(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  double u1 = uniform(seed, stream, 2 * index);
+  double u2 = uniform(seed, stream, 2 * index + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+enum Stream : std::uint64_t { kRule = 1, kContext = 2, kInit = 3, kSample = 4 };
+constexpr std::uint64_t kEvalContextBase = 1ULL << 40;
+
+std::uint16_t to_bf16(float f) {
+  std::uint32_t x = 0;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffU) > 0x7f800000U) return 0x7fc0;
+  x += 0x7fffU + ((x >> 16) & 1U);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+float from_bf16(std::uint16_t h) {
+  std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+float round_bf16(float f) { return from_bf16(to_bf16(f)); }
+
+void softmax_row(const float* logits, std::size_t k, std::vector<double>& p) {
+  p.resize(k);
+  double max = *std::max_element(logits, logits + k);
+  double sum = 0;
+  for (std::size_t i = 0; i < k; ++i) sum += p[i] = std::exp(static_cast<double>(logits[i]) - max);
+  for (auto& v : p) v /= sum;
+}
+
+}  // namespace
+
+struct BanditMlp::Param {
+  std::string name;
+  /// Split across tensor-parallel ranks (else replicated there).
+  bool tensor_split = true;
+  Shape global_shape;
+  Shape global_offset;
+  Shape local_shape;
+  /// Maps a local element index to its global one, for seeded initialization.
+  std::function<std::uint64_t(std::size_t)> global_index;
+  double init_scale = 0;
+  std::size_t n = 0;
+  /// This data-parallel rank's slice of the optimizer state.
+  std::size_t lo = 0;
+  std::size_t hi = 0;
+  Tensor weight;  // bf16 model weights, local shape
+  Tensor main;    // f32 [1, hi - lo]
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  std::vector<float> value;  // weight as f32
+  std::vector<float> grad;
+};
+
+struct BanditMlp::Activations {
+  std::vector<float> hidden_pre;  // [n, hidden_local]
+  std::vector<float> hidden;      // relu
+  std::vector<float> logits;      // [n, num_arms]
+};
+
+std::vector<RankGroups> make_host_groups(const ParallelLayout& layout) {
+  std::vector<std::shared_ptr<HostGroup>> tensor(static_cast<std::size_t>(layout.data_parallel));
+  std::vector<std::shared_ptr<HostGroup>> data(static_cast<std::size_t>(layout.tensor_parallel));
+  for (auto& g : tensor) g = std::make_shared<HostGroup>(layout.tensor_parallel);
+  for (auto& g : data) g = std::make_shared<HostGroup>(layout.data_parallel);
+  std::vector<RankGroups> out;
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    out.push_back({tensor[static_cast<std::size_t>(layout.data_index(rank))],
+                   data[static_cast<std::size_t>(layout.tensor_index(rank))]});
+  }
+  return out;
+}
+
+Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, std::uint64_t seed,
+                                                     const ParallelLayout& layout, int rank, RankGroups groups) {
+  if (config.hidden % layout.tensor_parallel != 0 || config.batch_size % layout.data_parallel != 0) {
+    return Status{ErrorCode::config_error, "model.hidden must divide by tensor_parallel and model.batch_size by "
+                                           "data_parallel"};
+  }
+  if (rank < 0 || rank >= layout.world_size() || !groups.tensor || !groups.data) {
+    return Status{ErrorCode::invalid_argument, "rank " + std::to_string(rank) + " is outside the world"};
+  }
+  std::unique_ptr<BanditMlp> model(new BanditMlp(config, seed, layout, rank, std::move(groups)));
+  SH_RETURN_IF_ERROR(model->build_state());
+  return model;
+}
+
+BanditMlp::BanditMlp(const ModelConfig& config, std::uint64_t seed, const ParallelLayout& layout, int rank,
+                     RankGroups groups)
+    : config_(config),
+      seed_(seed),
+      layout_(layout),
+      rank_(rank),
+      tp_(layout.tensor_index(rank)),
+      dp_(layout.data_index(rank)),
+      groups_(std::move(groups)),
+      hidden_local_(config.hidden / layout.tensor_parallel) {
+  openblas_set_num_threads(1);
+  const auto k = static_cast<std::size_t>(config_.num_arms);
+  const auto d = static_cast<std::size_t>(config_.context_dim);
+  rule_.resize(k * d);
+  for (std::size_t i = 0; i < rule_.size(); ++i) rule_[i] = static_cast<float>(gaussian(seed_, kRule, i));
+}
+
+BanditMlp::~BanditMlp() = default;
+
+Status BanditMlp::build_state() {
+  const std::int64_t D = config_.context_dim;
+  const std::int64_t K = config_.num_arms;
+  const std::int64_t H = config_.hidden;
+  const std::int64_t Hl = hidden_local_;
+  const std::int64_t t = tp_;
+  auto add = [&](std::string name, bool split, Shape global, Shape offset, Shape local, double scale,
+                 std::function<std::uint64_t(std::size_t)> index) {
+    auto p = std::make_unique<Param>();
+    p->name = std::move(name);
+    p->tensor_split = split;
+    p->global_shape = global;
+    p->global_offset = offset;
+    p->local_shape = local;
+    p->init_scale = scale;
+    p->global_index = std::move(index);
+    params_.push_back(std::move(p));
+  };
+  add("model.fc1.weight", true, Shape{H, D}, Shape{t * Hl, 0}, Shape{Hl, D}, 1.0 / std::sqrt(double(D)),
+      [=](std::size_t i) { return static_cast<std::uint64_t>((t * Hl + std::int64_t(i) / D) * D + std::int64_t(i) % D); });
+  add("model.fc1.bias", true, Shape{H}, Shape{t * Hl}, Shape{Hl}, 0.0,
+      [=](std::size_t i) { return static_cast<std::uint64_t>(t * Hl) + i; });
+  add("model.fc2.weight", true, Shape{K, H}, Shape{0, t * Hl}, Shape{K, Hl}, 1.0 / std::sqrt(double(H)),
+      [=](std::size_t i) { return static_cast<std::uint64_t>((std::int64_t(i) / Hl) * H + t * Hl + std::int64_t(i) % Hl); });
+  add("model.fc2.bias", false, Shape{K}, Shape{0}, Shape{K}, 0.0, [](std::size_t i) { return i; });
+
+  state_ = std::make_shared<StateDict>();
+  const int dp_size = layout_.data_parallel;
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    Param& p = *params_[pi];
+    p.n = static_cast<std::size_t>(p.local_shape.numel());
+    p.lo = p.n * static_cast<std::size_t>(dp_) / static_cast<std::size_t>(dp_size);
+    p.hi = p.n * static_cast<std::size_t>(dp_ + 1) / static_cast<std::size_t>(dp_size);
+    p.value.resize(p.n);
+    p.grad.resize(p.n);
+    SH_ASSIGN_OR_RETURN(p.weight, Tensor::empty(DType::bf16, p.local_shape, Device::host()));
+    auto* w = p.weight.host_data<std::uint16_t>();
+    std::vector<float> main_full(p.n);
+    for (std::size_t i = 0; i < p.n; ++i) {
+      main_full[i] = static_cast<float>(p.init_scale * gaussian(seed_, kInit + pi * 16, p.global_index(i)));
+      w[i] = to_bf16(main_full[i]);
+      p.value[i] = from_bf16(w[i]);
+    }
+    Shape slice{1, static_cast<std::int64_t>(p.hi - p.lo)};
+    SH_ASSIGN_OR_RETURN(p.main, Tensor::empty(DType::f32, slice, Device::host()));
+    SH_ASSIGN_OR_RETURN(p.exp_avg, Tensor::empty(DType::f32, slice, Device::host()));
+    SH_ASSIGN_OR_RETURN(p.exp_avg_sq, Tensor::empty(DType::f32, slice, Device::host()));
+    std::copy(main_full.begin() + static_cast<std::ptrdiff_t>(p.lo), main_full.begin() + static_cast<std::ptrdiff_t>(p.hi),
+              p.main.host_data<float>());
+    std::fill_n(p.exp_avg.host_data<float>(), p.hi - p.lo, 0.0f);
+    std::fill_n(p.exp_avg_sq.host_data<float>(), p.hi - p.lo, 0.0f);
+
+    // Model weights: replicas on data-parallel ranks (and tensor-parallel ranks when not split).
+    std::int32_t weight_replica = p.tensor_split ? dp_ : dp_ * layout_.tensor_parallel + tp_;
+    state_->add(p.name, p.weight, p.global_shape, p.global_offset, weight_replica);
+    // Optimizer state: [tensor-parallel shard, flat element], each data-parallel rank its slice.
+    std::int64_t rows = p.tensor_split ? layout_.tensor_parallel : 1;
+    Shape opt_global{rows, static_cast<std::int64_t>(p.n)};
+    Shape opt_offset{p.tensor_split ? t : 0, static_cast<std::int64_t>(p.lo)};
+    std::int32_t opt_replica = p.tensor_split ? 0 : tp_;
+    state_->add("optimizer.main." + p.name, p.main, opt_global, opt_offset, opt_replica);
+    state_->add("optimizer.exp_avg." + p.name, p.exp_avg, opt_global, opt_offset, opt_replica);
+    state_->add("optimizer.exp_avg_sq." + p.name, p.exp_avg_sq, opt_global, opt_offset, opt_replica);
+  }
+  refresh_objects();
+  return Status::ok();
+}
+
+void BanditMlp::refresh_objects() {
+  state_->objects["scheduler"] = nlohmann::json{{"step", optimizer_step_}}.dump();
+  state_->objects["rng.rank" + std::to_string(rank_)] =
+      nlohmann::json{{"kind", "counter"}, {"seed", seed_}, {"position", optimizer_step_}}.dump();
+}
+
+Status BanditMlp::on_loaded() {
+  auto scheduler = nlohmann::json::parse(state_->objects["scheduler"], nullptr, false);
+  if (scheduler.is_discarded() || !scheduler.contains("step")) {
+    return {ErrorCode::corruption, "the checkpoint's 'scheduler' object has no step"};
+  }
+  optimizer_step_ = scheduler["step"].get<std::int64_t>();
+  auto rng = nlohmann::json::parse(state_->objects["rng.rank" + std::to_string(rank_)], nullptr, false);
+  if (rng.is_discarded() || rng.value("seed", std::uint64_t{0}) != seed_) {
+    return {ErrorCode::invalid_argument, "the checkpoint's RNG of rank " + std::to_string(rank_) +
+                                             " has another seed than trainer.seed"};
+  }
+  for (auto& p : params_) {
+    const auto* w = p->weight.host_data<std::uint16_t>();
+    for (std::size_t i = 0; i < p->n; ++i) p->value[i] = from_bf16(w[i]);
+  }
+  refresh_objects();
+  return Status::ok();
+}
+
+std::vector<float> BanditMlp::contexts(std::uint64_t first_id, std::size_t n) const {
+  const auto d = static_cast<std::size_t>(config_.context_dim);
+  std::vector<float> x(n * d);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < d; ++j) x[i * d + j] = static_cast<float>(gaussian(seed_, kContext, (first_id + i) * d + j));
+  }
+  return x;
+}
+
+int BanditMlp::best_arm(const float* context) const {
+  const auto d = static_cast<std::size_t>(config_.context_dim);
+  int best = 0;
+  double best_score = -1e300;
+  for (int k = 0; k < config_.num_arms; ++k) {
+    double score = 0;
+    for (std::size_t j = 0; j < d; ++j) score += double(rule_[static_cast<std::size_t>(k) * d + j]) * context[j];
+    if (score > best_score) {
+      best_score = score;
+      best = k;
+    }
+  }
+  return best;
+}
+
+void BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations& a) {
+  const int D = static_cast<int>(config_.context_dim);
+  const int K = static_cast<int>(config_.num_arms);
+  const int Hl = static_cast<int>(hidden_local_);
+  const int N = static_cast<int>(n);
+  const auto& w1 = params_[0]->value;
+  const auto& b1 = params_[1]->value;
+  const auto& w2 = params_[2]->value;
+  const auto& b2 = params_[3]->value;
+  a.hidden_pre.assign(n * static_cast<std::size_t>(Hl), 0.0f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Hl, D, 1.0f, x.data(), D, w1.data(), D, 0.0f,
+              a.hidden_pre.data(), Hl);
+  a.hidden.resize(a.hidden_pre.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int h = 0; h < Hl; ++h) {
+      float& v = a.hidden_pre[i * static_cast<std::size_t>(Hl) + static_cast<std::size_t>(h)];
+      v += b1[static_cast<std::size_t>(h)];
+      a.hidden[i * static_cast<std::size_t>(Hl) + static_cast<std::size_t>(h)] = v > 0 ? v : 0;
+    }
+  }
+  a.logits.assign(n * static_cast<std::size_t>(K), 0.0f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, K, Hl, 1.0f, a.hidden.data(), Hl, w2.data(), Hl, 0.0f,
+              a.logits.data(), K);
+  groups_.tensor->all_reduce_sum(tp_, a.logits.data(), a.logits.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int k = 0; k < K; ++k) a.logits[i * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)] += b2[static_cast<std::size_t>(k)];
+  }
+}
+
+void BanditMlp::backward(const std::vector<float>& x, std::size_t n, const Activations& a,
+                         const std::vector<float>& dlogits) {
+  const int D = static_cast<int>(config_.context_dim);
+  const int K = static_cast<int>(config_.num_arms);
+  const int Hl = static_cast<int>(hidden_local_);
+  const int N = static_cast<int>(n);
+  Param& w1 = *params_[0];
+  Param& b1 = *params_[1];
+  Param& w2 = *params_[2];
+  Param& b2 = *params_[3];
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, Hl, N, 1.0f, dlogits.data(), K, a.hidden.data(), Hl, 0.0f,
+              w2.grad.data(), Hl);
+  std::fill(b2.grad.begin(), b2.grad.end(), 0.0f);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int k = 0; k < K; ++k) b2.grad[static_cast<std::size_t>(k)] += dlogits[i * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)];
+  }
+  std::vector<float> dhidden(n * static_cast<std::size_t>(Hl));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Hl, K, 1.0f, dlogits.data(), K, w2.value.data(), Hl, 0.0f,
+              dhidden.data(), Hl);
+  std::fill(b1.grad.begin(), b1.grad.end(), 0.0f);
+  for (std::size_t i = 0; i < dhidden.size(); ++i) {
+    if (a.hidden_pre[i] <= 0) dhidden[i] = 0;
+    b1.grad[i % static_cast<std::size_t>(Hl)] += dhidden[i];
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Hl, D, N, 1.0f, dhidden.data(), Hl, x.data(), D, 0.0f,
+              w1.grad.data(), D);
+}
+
+void BanditMlp::adam_update() {
+  constexpr double kBeta1 = 0.9;
+  constexpr double kBeta2 = 0.999;
+  constexpr double kEps = 1e-8;
+  ++optimizer_step_;
+  const double correction1 = 1.0 - std::pow(kBeta1, double(optimizer_step_));
+  const double correction2 = 1.0 - std::pow(kBeta2, double(optimizer_step_));
+  for (auto& p : params_) {
+    // Gradients summed over data-parallel ranks (each already divided by the global batch).
+    groups_.data->all_reduce_sum(dp_, p->grad.data(), p->n);
+    float* main = p->main.host_data<float>();
+    float* m = p->exp_avg.host_data<float>();
+    float* v = p->exp_avg_sq.host_data<float>();
+    for (std::size_t i = p->lo; i < p->hi; ++i) {
+      const std::size_t s = i - p->lo;
+      const double g = p->grad[i];
+      m[s] = static_cast<float>(kBeta1 * m[s] + (1 - kBeta1) * g);
+      v[s] = static_cast<float>(kBeta2 * v[s] + (1 - kBeta2) * g * g);
+      const double update = config_.learning_rate * (m[s] / correction1) / (std::sqrt(v[s] / correction2) + kEps);
+      main[s] = static_cast<float>(main[s] - update);
+      p->value[i] = round_bf16(main[s]);
+    }
+    groups_.data->all_gather(dp_, p->value.data(), p->lo, p->hi - p->lo);
+    auto* w = p->weight.host_data<std::uint16_t>();
+    for (std::size_t i = 0; i < p->n; ++i) w[i] = to_bf16(p->value[i]);
+  }
+  refresh_objects();
+}
+
+Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective) {
+  const auto K = static_cast<std::size_t>(config_.num_arms);
+  const auto D = static_cast<std::size_t>(config_.context_dim);
+  const auto global_batch = static_cast<std::size_t>(config_.batch_size);
+  const std::size_t n = global_batch / static_cast<std::size_t>(layout_.data_parallel);
+  const std::uint64_t first = static_cast<std::uint64_t>(step) * global_batch + static_cast<std::uint64_t>(dp_) * n;
+  std::vector<float> x = contexts(first, n);
+  Activations a;
+  forward(x, n, a);
+
+  std::vector<float> dlogits(n * K, 0.0f);
+  double sums[2] = {0, 0};  // reward, loss
+  std::vector<double> p;
+  for (std::size_t i = 0; i < n; ++i) {
+    softmax_row(&a.logits[i * K], K, p);
+    const int target = best_arm(&x[i * D]);
+    if (objective == Objective::sft) {
+      sums[1] += -std::log(std::max(p[static_cast<std::size_t>(target)], 1e-30));
+      for (std::size_t k = 0; k < K; ++k) {
+        dlogits[i * K + k] = static_cast<float>((p[k] - (int(k) == target ? 1.0 : 0.0)) / double(global_batch));
+      }
+      continue;
+    }
+    // GRPO: a group of sampled actions, rewards normalized within the group.
+    const auto G = static_cast<std::size_t>(config_.group_size);
+    std::vector<std::size_t> actions(G);
+    std::vector<double> rewards(G);
+    double mean = 0;
+    for (std::size_t j = 0; j < G; ++j) {
+      double u = uniform(seed_, kSample, (first + i) * G + j);
+      std::size_t action = K - 1;
+      for (std::size_t k = 0; k < K; ++k) {
+        u -= p[k];
+        if (u <= 0) {
+          action = k;
+          break;
+        }
+      }
+      actions[j] = action;
+      rewards[j] = int(action) == target ? 1.0 : 0.0;
+      mean += rewards[j] / double(G);
+    }
+    double var = 0;
+    for (double r : rewards) var += (r - mean) * (r - mean) / double(G);
+    const double stddev = std::sqrt(var);
+    const double scale = 1.0 / double(global_batch * G);
+    for (std::size_t j = 0; j < G; ++j) {
+      sums[0] += rewards[j] / double(G);
+      const double advantage = stddev > 0 ? (rewards[j] - mean) / (stddev + 1e-6) : 0.0;
+      sums[1] += -advantage * std::log(std::max(p[actions[j]], 1e-30)) / double(G);
+      for (std::size_t k = 0; k < K; ++k) {
+        dlogits[i * K + k] += static_cast<float>(-advantage * scale * ((k == actions[j] ? 1.0 : 0.0) - p[k]));
+      }
+    }
+  }
+  backward(x, n, a, dlogits);
+  adam_update();
+  float totals[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
+  groups_.data->all_reduce_sum(dp_, totals, 2);
+  return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch)};
+}
+
+Result<double> BanditMlp::evaluate() {
+  const auto K = static_cast<std::size_t>(config_.num_arms);
+  const auto D = static_cast<std::size_t>(config_.context_dim);
+  const auto total = static_cast<std::size_t>(config_.eval_contexts);
+  const auto dps = static_cast<std::size_t>(layout_.data_parallel);
+  const std::size_t lo = total * static_cast<std::size_t>(dp_) / dps;
+  const std::size_t hi = total * static_cast<std::size_t>(dp_ + 1) / dps;
+  std::vector<float> x = contexts(kEvalContextBase + lo, hi - lo);
+  Activations a;
+  forward(x, hi - lo, a);
+  float correct = 0;
+  for (std::size_t i = 0; i < hi - lo; ++i) {
+    const float* row = &a.logits[i * K];
+    auto greedy = static_cast<int>(std::max_element(row, row + K) - row);
+    if (greedy == best_arm(&x[i * D])) correct += 1;
+  }
+  groups_.data->all_reduce_sum(dp_, &correct, 1);
+  return double(correct) / double(total);
+}
+
+}  // namespace stagehand

@@ -1,0 +1,83 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "models/collectives.hpp"
+#include "models/model.hpp"
+
+namespace stagehand {
+
+/// Where a rank sits: rank = data_index * tensor_parallel + tensor_index.
+struct ParallelLayout {
+  int tensor_parallel = 1;
+  int data_parallel = 1;
+
+  int world_size() const { return tensor_parallel * data_parallel; }
+  int tensor_index(int rank) const { return rank % tensor_parallel; }
+  int data_index(int rank) const { return rank / tensor_parallel; }
+};
+
+/// The collectives a rank takes part in: its tensor-parallel and its data-parallel group.
+struct RankGroups {
+  std::shared_ptr<HostGroup> tensor;
+  std::shared_ptr<HostGroup> data;
+};
+
+/// Groups for every rank of an in-process world.
+std::vector<RankGroups> make_host_groups(const ParallelLayout& layout);
+
+/// The reference workload: an MLP policy (context -> hidden ReLU -> one logit per arm) on a seeded
+/// contextual bandit whose rewarding arm is argmax(M c) for a hidden matrix M. Its state looks
+/// like a Megatron model's: the first layer column-parallel and the second row-parallel across
+/// tensor-parallel ranks, bf16 model weights replicated across data-parallel ranks, fp32 main
+/// weights and Adam moments sharded across data-parallel ranks (a distributed optimizer), a
+/// per-rank RNG position and a scheduler step. Math runs on the host with BLAS.
+class BanditMlp final : public Model {
+ public:
+  /// @pre config.hidden % layout.tensor_parallel == 0, config.batch_size % layout.data_parallel == 0
+  static Result<std::unique_ptr<BanditMlp>> create(const ModelConfig& config, std::uint64_t seed,
+                                                   const ParallelLayout& layout, int rank, RankGroups groups);
+
+  ~BanditMlp() override;
+
+  std::shared_ptr<StateDict> state() override { return state_; }
+  Result<StepMetrics> train_step(std::int64_t step, Objective objective) override;
+  Result<double> evaluate() override;
+  Status on_loaded() override;
+
+  /// Optimizer steps taken so far.
+  std::int64_t optimizer_step() const { return optimizer_step_; }
+
+ private:
+  struct Param;
+  struct Activations;
+
+  BanditMlp(const ModelConfig& config, std::uint64_t seed, const ParallelLayout& layout, int rank,
+            RankGroups groups);
+  Status build_state();
+  void forward(const std::vector<float>& x, std::size_t n, Activations& a);
+  void backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
+  void adam_update();
+  void refresh_objects();
+  std::vector<float> contexts(std::uint64_t first_id, std::size_t n) const;
+  int best_arm(const float* context) const;
+
+  ModelConfig config_;
+  std::uint64_t seed_;
+  ParallelLayout layout_;
+  int rank_;
+  int tp_;
+  int dp_;
+  RankGroups groups_;
+  std::int64_t hidden_local_;
+  std::vector<float> rule_;  // [num_arms, context_dim]
+  std::vector<std::unique_ptr<Param>> params_;
+  std::shared_ptr<StateDict> state_;
+  std::int64_t optimizer_step_ = 0;
+};
+
+}  // namespace stagehand

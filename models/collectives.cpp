@@ -1,0 +1,37 @@
+#include "models/collectives.hpp"
+
+#include <algorithm>
+
+namespace stagehand {
+
+HostGroup::HostGroup(int size)
+    : size_(size), slots_(static_cast<std::size_t>(size)), barrier_(size) {}
+
+void HostGroup::all_reduce_sum(int member, float* data, std::size_t count) {
+  if (size_ == 1) return;
+  slots_[static_cast<std::size_t>(member)] = {data, 0, count};
+  barrier_.arrive_and_wait();
+  if (member == 0) {
+    scratch_.assign(count, 0.0f);
+    for (const auto& slot : slots_) {
+      for (std::size_t i = 0; i < count; ++i) scratch_[i] += slot.data[i];
+    }
+  }
+  barrier_.arrive_and_wait();
+  std::copy_n(scratch_.data(), count, data);
+  barrier_.arrive_and_wait();
+}
+
+void HostGroup::all_gather(int member, float* full, std::size_t offset, std::size_t count) {
+  if (size_ == 1) return;
+  slots_[static_cast<std::size_t>(member)] = {full, offset, count};
+  barrier_.arrive_and_wait();
+  for (int other = 0; other < size_; ++other) {
+    if (other == member) continue;
+    const Slot& slot = slots_[static_cast<std::size_t>(other)];
+    std::copy_n(slot.data + slot.offset, slot.count, full + slot.offset);
+  }
+  barrier_.arrive_and_wait();
+}
+
+}  // namespace stagehand

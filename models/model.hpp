@@ -1,0 +1,45 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/sharded_tensor.hpp"
+#include "core/status.hpp"
+
+namespace stagehand {
+
+/// What one training step optimizes.
+enum class Objective { rl, sft };
+
+/// Global (all-rank) figures of one training step.
+struct StepMetrics {
+  /// Mean reward of the sampled actions (RL).
+  double reward = 0;
+  /// Mean loss over the global batch.
+  double loss = 0;
+};
+
+/// One rank's share of a trainable model: what a Worker drives. Stagehand's reference workload
+/// implements it; a user's own model can implement it instead.
+///
+/// Thread-safety: called from its Worker's thread only; collectives inside a step synchronize
+/// with the other ranks' Workers.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  /// The rank's checkpointable state, shared with its MegatronStrategy. Small objects in it
+  /// (RNG position, optimizer step) are kept current after every step.
+  virtual std::shared_ptr<StateDict> state() = 0;
+
+  /// Trains step `step` (1-based) on this rank's part of the global batch.
+  virtual Result<StepMetrics> train_step(std::int64_t step, Objective objective) = 0;
+
+  /// Greedy accuracy on held-out data, the same on every rank.
+  virtual Result<double> evaluate() = 0;
+
+  /// Refreshes whatever is derived from the state after a checkpoint was loaded into it.
+  virtual Status on_loaded() = 0;
+};
+
+}  // namespace stagehand

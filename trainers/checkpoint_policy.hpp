@@ -1,0 +1,50 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/status.hpp"
+
+namespace stagehand {
+
+/// When to save, what resume starts from, and which committed checkpoints to keep: the policy
+/// every trainer shares.
+class CheckpointPolicy {
+ public:
+  explicit CheckpointPolicy(TrainerConfig config) : config_(std::move(config)) {}
+
+  /// Every `ckpt_interval` steps (when > 0) and always at the last step.
+  bool should_save(std::int64_t step) const;
+
+  /// The checkpoint folder to resume from: none for resume_mode none (or latest with nothing
+  /// committed yet); an error when from_path names a missing or uncommitted checkpoint.
+  Result<std::optional<std::string>> resume_dir() const;
+
+  /// Deletes the oldest committed checkpoints beyond max_ckpts_to_keep (0 keeps all). Only
+  /// committed ones are touched, never the one the tracker names. Call only after a commit.
+  /// @return the steps deleted.
+  Result<std::vector<std::int64_t>> apply_retention() const;
+
+  /// Removes `.tmp` folders left by interrupted saves (at start-up, before anything is saved).
+  Status clean_interrupted_saves() const;
+
+ private:
+  TrainerConfig config_;
+};
+
+/// What a checkpoint's trainer_state.json holds.
+struct TrainerState {
+  std::int64_t step = 0;
+  std::string kind;
+  std::uint64_t seed = 0;
+  /// Contexts consumed so far (the data cursor).
+  std::int64_t data_cursor = 0;
+};
+
+std::string trainer_state_to_json(const TrainerState& state);
+Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir);
+
+}  // namespace stagehand
