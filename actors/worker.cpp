@@ -19,10 +19,16 @@ class Worker : public caf::event_based_actor {
           strategy_ = std::move(strategy);
           link_to(strategy_);
         },
-        [this](train_atom, std::int64_t step, std::int32_t objective) -> caf::result<double, double> {
-          auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl);
+        [this](train_atom, std::int64_t step, std::int32_t objective,
+               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double> {
+          auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl, behaviour_actions);
           if (!metrics.is_ok()) return to_caf_error(metrics.status());
           return caf::result<double, double>(metrics->reward, metrics->loss);
+        },
+        [this](export_atom, std::int64_t version) -> caf::result<void> {
+          Status st = model_->export_weights(version);
+          if (!st.is_ok()) return to_caf_error(st);
+          return caf::unit;
         },
         [this](eval_atom) -> caf::result<double> {
           auto accuracy = model_->evaluate();

@@ -32,11 +32,12 @@ class WorkerDispatch : public caf::event_based_actor {
     }
     set_down_handler([this](const caf::down_msg& down) { on_worker_down(down); });
     return {
-        [this](train_atom, std::int64_t step, std::int32_t objective) -> caf::result<double, double> {
+        [this](train_atom, std::int64_t step, std::int32_t objective,
+               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double> {
           auto rp = make_response_promise<double, double>();
           auto metrics = std::make_shared<std::pair<double, double>>();
           fan_out<double, double>(
-              caf::make_message(train_atom::value, step, objective),
+              caf::make_message(train_atom::value, step, objective, behaviour_actions),
               [metrics](int rank, double reward, double loss) {
                 if (rank == 0) *metrics = {reward, loss};
               },
@@ -61,6 +62,17 @@ class WorkerDispatch : public caf::event_based_actor {
                   rp.deliver(to_caf_error(st));
                 }
               });
+          return rp;
+        },
+        [this](export_atom, std::int64_t version) -> caf::result<void> {
+          auto rp = make_response_promise();
+          fan_out<>(caf::make_message(export_atom::value, version), [](int) {}, [rp](Status st) mutable {
+            if (st.is_ok()) {
+              rp.deliver(caf::unit);
+            } else {
+              rp.deliver(to_caf_error(st));
+            }
+          });
           return rp;
         },
         [this](save_atom, std::int64_t step, const std::string& trainer_state) -> caf::result<double, bool> {

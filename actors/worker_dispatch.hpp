@@ -20,8 +20,9 @@ struct DispatchOptions {
 /// being saved (nothing partial is ever committed).
 ///
 /// Protocol (errors as values):
-/// - (train_atom, step, objective) -> (reward, loss) as rank 0 reports them (global figures).
-/// - (eval_atom) -> accuracy.
+/// - (train_atom, step, objective, behaviour_actions) -> (reward, loss) as rank 0 reports them
+///   (global figures).
+/// - (eval_atom) -> accuracy; (export_atom, version) -> void: weight sync for generators.
 /// - (save_atom, step, trainer_state_json) -> (stall_s, async): finalizes any pending save first,
 ///   begins the step at the coordinator (which writes trainer_state.json), then saves on every
 ///   rank; a sync save has committed when the reply comes.

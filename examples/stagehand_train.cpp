@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
   caf::actor_system system{cfg};
   ParallelLayout layout{static_cast<int>(c.parallel.tensor_parallel), static_cast<int>(c.parallel.data_parallel)};
   auto groups = make_host_groups(layout);
+  std::shared_ptr<WeightStore> weights;
+  if (c.trainer.kind == TrainerKind::fully_async) {
+    weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
+                                            c.model.hidden);
+  }
   auto coordinator = spawn_checkpoint_coordinator(
       system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size()});
   std::vector<caf::actor> workers;
@@ -61,7 +66,8 @@ int main(int argc, char** argv) {
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
   };
   for (int rank = 0; rank < layout.world_size(); ++rank) {
-    auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, groups[static_cast<std::size_t>(rank)]);
+    auto model =
+        BanditMlp::create(c.model, c.trainer.seed, layout, rank, groups[static_cast<std::size_t>(rank)], weights);
     StrategyOptions strategy{rank,
                              static_cast<int>(c.megatron_config.ckpt_save_thread_count),
                              static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
@@ -85,7 +91,7 @@ int main(int argc, char** argv) {
                 default_device(0).to_string().c_str(), c.megatron_config.async_dist_ckpt_save ? "async" : "sync",
                 c.trainer.ckpt_path.c_str());
   }
-  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop}, summary);
+  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights}, summary);
   int code = 0;
   {
     caf::scoped_actor self{system};

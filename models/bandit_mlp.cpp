@@ -7,32 +7,11 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "models/bandit_task.hpp"
+
 namespace stagehand {
 
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/// Counter-based randomness: the same (seed, stream, index) always gives the same number, so a
-/// rank's RNG state is its position, and resuming reproduces every draw.
-double uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  std::uint64_t bits = splitmix64(splitmix64(seed ^ (stream * 0xd1b54a32d192ed03ULL)) + index);
-  return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-double gaussian(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  double u1 = uniform(seed, stream, 2 * index);
-  double u2 = uniform(seed, stream, 2 * index + 1);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
-enum Stream : std::uint64_t { kRule = 1, kContext = 2, kInit = 3, kSample = 4 };
-constexpr std::uint64_t kEvalContextBase = 1ULL << 40;
 
 std::uint16_t to_bf16(float f) {
   std::uint32_t x = 0;
@@ -50,14 +29,6 @@ float from_bf16(std::uint16_t h) {
 }
 
 float round_bf16(float f) { return from_bf16(to_bf16(f)); }
-
-void softmax_row(const float* logits, std::size_t k, std::vector<double>& p) {
-  p.resize(k);
-  double max = *std::max_element(logits, logits + k);
-  double sum = 0;
-  for (std::size_t i = 0; i < k; ++i) sum += p[i] = std::exp(static_cast<double>(logits[i]) - max);
-  for (auto& v : p) v /= sum;
-}
 
 }  // namespace
 
@@ -103,7 +74,8 @@ std::vector<RankGroups> make_host_groups(const ParallelLayout& layout) {
 }
 
 Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, std::uint64_t seed,
-                                                     const ParallelLayout& layout, int rank, RankGroups groups) {
+                                                     const ParallelLayout& layout, int rank, RankGroups groups,
+                                                     std::shared_ptr<WeightStore> weights) {
   if (config.hidden % layout.tensor_parallel != 0 || config.batch_size % layout.data_parallel != 0) {
     return Status{ErrorCode::config_error, "model.hidden must divide by tensor_parallel and model.batch_size by "
                                            "data_parallel"};
@@ -112,6 +84,7 @@ Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, 
     return Status{ErrorCode::invalid_argument, "rank " + std::to_string(rank) + " is outside the world"};
   }
   std::unique_ptr<BanditMlp> model(new BanditMlp(config, seed, layout, rank, std::move(groups)));
+  model->weights_ = std::move(weights);
   SH_RETURN_IF_ERROR(model->build_state());
   return model;
 }
@@ -125,12 +98,9 @@ BanditMlp::BanditMlp(const ModelConfig& config, std::uint64_t seed, const Parall
       tp_(layout.tensor_index(rank)),
       dp_(layout.data_index(rank)),
       groups_(std::move(groups)),
-      hidden_local_(config.hidden / layout.tensor_parallel) {
+      hidden_local_(config.hidden / layout.tensor_parallel),
+      task_(seed, config.context_dim, config.num_arms) {
   openblas_set_num_threads(1);
-  const auto k = static_cast<std::size_t>(config_.num_arms);
-  const auto d = static_cast<std::size_t>(config_.context_dim);
-  rule_.resize(k * d);
-  for (std::size_t i = 0; i < rule_.size(); ++i) rule_[i] = static_cast<float>(gaussian(seed_, kRule, i));
 }
 
 BanditMlp::~BanditMlp() = default;
@@ -174,7 +144,7 @@ Status BanditMlp::build_state() {
     auto* w = p.weight.host_data<std::uint16_t>();
     std::vector<float> main_full(p.n);
     for (std::size_t i = 0; i < p.n; ++i) {
-      main_full[i] = static_cast<float>(p.init_scale * gaussian(seed_, kInit + pi * 16, p.global_index(i)));
+      main_full[i] = static_cast<float>(p.init_scale * gaussian(seed_, kInitStream + pi * 16, p.global_index(i)));
       w[i] = to_bf16(main_full[i]);
       p.value[i] = from_bf16(w[i]);
     }
@@ -226,30 +196,6 @@ Status BanditMlp::on_loaded() {
   }
   refresh_objects();
   return Status::ok();
-}
-
-std::vector<float> BanditMlp::contexts(std::uint64_t first_id, std::size_t n) const {
-  const auto d = static_cast<std::size_t>(config_.context_dim);
-  std::vector<float> x(n * d);
-  for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t j = 0; j < d; ++j) x[i * d + j] = static_cast<float>(gaussian(seed_, kContext, (first_id + i) * d + j));
-  }
-  return x;
-}
-
-int BanditMlp::best_arm(const float* context) const {
-  const auto d = static_cast<std::size_t>(config_.context_dim);
-  int best = 0;
-  double best_score = -1e300;
-  for (int k = 0; k < config_.num_arms; ++k) {
-    double score = 0;
-    for (std::size_t j = 0; j < d; ++j) score += double(rule_[static_cast<std::size_t>(k) * d + j]) * context[j];
-    if (score > best_score) {
-      best_score = score;
-      best = k;
-    }
-  }
-  return best;
 }
 
 void BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations& a) {
@@ -338,13 +284,20 @@ void BanditMlp::adam_update() {
   refresh_objects();
 }
 
-Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective) {
+Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective,
+                                          const std::vector<std::int32_t>& behaviour_actions) {
   const auto K = static_cast<std::size_t>(config_.num_arms);
   const auto D = static_cast<std::size_t>(config_.context_dim);
   const auto global_batch = static_cast<std::size_t>(config_.batch_size);
   const std::size_t n = global_batch / static_cast<std::size_t>(layout_.data_parallel);
   const std::uint64_t first = static_cast<std::uint64_t>(step) * global_batch + static_cast<std::uint64_t>(dp_) * n;
-  std::vector<float> x = contexts(first, n);
+  const auto G = static_cast<std::size_t>(config_.group_size);
+  if (!behaviour_actions.empty() && behaviour_actions.size() != global_batch * G) {
+    return Status{ErrorCode::invalid_argument, "step " + std::to_string(step) + " got " +
+                                                   std::to_string(behaviour_actions.size()) + " actions for " +
+                                                   std::to_string(global_batch * G) + " samples"};
+  }
+  std::vector<float> x = task_.contexts(first, n);
   Activations a;
   forward(x, n, a);
 
@@ -353,7 +306,7 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
   std::vector<double> p;
   for (std::size_t i = 0; i < n; ++i) {
     softmax_row(&a.logits[i * K], K, p);
-    const int target = best_arm(&x[i * D]);
+    const int target = task_.best_arm(&x[i * D]);
     if (objective == Objective::sft) {
       sums[1] += -std::log(std::max(p[static_cast<std::size_t>(target)], 1e-30));
       for (std::size_t k = 0; k < K; ++k) {
@@ -361,21 +314,15 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
       }
       continue;
     }
-    // GRPO: a group of sampled actions, rewards normalized within the group.
-    const auto G = static_cast<std::size_t>(config_.group_size);
+    // GRPO: a group of sampled actions (here, or by a generator), rewards normalized in the group.
     std::vector<std::size_t> actions(G);
     std::vector<double> rewards(G);
     double mean = 0;
     for (std::size_t j = 0; j < G; ++j) {
-      double u = uniform(seed_, kSample, (first + i) * G + j);
-      std::size_t action = K - 1;
-      for (std::size_t k = 0; k < K; ++k) {
-        u -= p[k];
-        if (u <= 0) {
-          action = k;
-          break;
-        }
-      }
+      const std::size_t global_i = static_cast<std::size_t>(dp_) * n + i;
+      std::size_t action = behaviour_actions.empty()
+                                ? task_.sample_action(p, first + i, j, G)
+                                : static_cast<std::size_t>(behaviour_actions[global_i * G + j]) % K;
       actions[j] = action;
       rewards[j] = int(action) == target ? 1.0 : 0.0;
       mean += rewards[j] / double(G);
@@ -400,6 +347,25 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
   return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch)};
 }
 
+Status BanditMlp::export_weights(std::int64_t version) {
+  if (!weights_ || dp_ != 0) return Status::ok();
+  const auto D = static_cast<std::size_t>(config_.context_dim);
+  const auto K = static_cast<std::size_t>(config_.num_arms);
+  const auto H = static_cast<std::size_t>(config_.hidden);
+  const auto Hl = static_cast<std::size_t>(hidden_local_);
+  const std::size_t h0 = static_cast<std::size_t>(tp_) * Hl;
+  weights_->publish_shard(version, [&](PolicyWeights& w) {
+    std::copy(params_[0]->value.begin(), params_[0]->value.end(), w.fc1_weight.begin() + static_cast<std::ptrdiff_t>(h0 * D));
+    std::copy(params_[1]->value.begin(), params_[1]->value.end(), w.fc1_bias.begin() + static_cast<std::ptrdiff_t>(h0));
+    for (std::size_t k = 0; k < K; ++k) {
+      std::copy_n(params_[2]->value.begin() + static_cast<std::ptrdiff_t>(k * Hl), Hl,
+                  w.fc2_weight.begin() + static_cast<std::ptrdiff_t>(k * H + h0));
+    }
+    if (tp_ == 0) std::copy(params_[3]->value.begin(), params_[3]->value.end(), w.fc2_bias.begin());
+  });
+  return Status::ok();
+}
+
 Result<double> BanditMlp::evaluate() {
   const auto K = static_cast<std::size_t>(config_.num_arms);
   const auto D = static_cast<std::size_t>(config_.context_dim);
@@ -407,14 +373,14 @@ Result<double> BanditMlp::evaluate() {
   const auto dps = static_cast<std::size_t>(layout_.data_parallel);
   const std::size_t lo = total * static_cast<std::size_t>(dp_) / dps;
   const std::size_t hi = total * static_cast<std::size_t>(dp_ + 1) / dps;
-  std::vector<float> x = contexts(kEvalContextBase + lo, hi - lo);
+  std::vector<float> x = task_.contexts(BanditTask::kEvalContextBase + lo, hi - lo);
   Activations a;
   forward(x, hi - lo, a);
   float correct = 0;
   for (std::size_t i = 0; i < hi - lo; ++i) {
     const float* row = &a.logits[i * K];
     auto greedy = static_cast<int>(std::max_element(row, row + K) - row);
-    if (greedy == best_arm(&x[i * D])) correct += 1;
+    if (greedy == task_.best_arm(&x[i * D])) correct += 1;
   }
   groups_.data->all_reduce_sum(dp_, &correct, 1);
   return double(correct) / double(total);

@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "models/bandit_task.hpp"
 #include "models/collectives.hpp"
 #include "models/model.hpp"
+#include "models/weight_store.hpp"
 
 namespace stagehand {
 
@@ -39,13 +41,17 @@ std::vector<RankGroups> make_host_groups(const ParallelLayout& layout);
 class BanditMlp final : public Model {
  public:
   /// @pre config.hidden % layout.tensor_parallel == 0, config.batch_size % layout.data_parallel == 0
+  /// @param weights where export_weights() publishes for generators (may be null).
   static Result<std::unique_ptr<BanditMlp>> create(const ModelConfig& config, std::uint64_t seed,
-                                                   const ParallelLayout& layout, int rank, RankGroups groups);
+                                                   const ParallelLayout& layout, int rank, RankGroups groups,
+                                                   std::shared_ptr<WeightStore> weights = nullptr);
 
   ~BanditMlp() override;
 
   std::shared_ptr<StateDict> state() override { return state_; }
-  Result<StepMetrics> train_step(std::int64_t step, Objective objective) override;
+  Result<StepMetrics> train_step(std::int64_t step, Objective objective,
+                                 const std::vector<std::int32_t>& behaviour_actions) override;
+  Status export_weights(std::int64_t version) override;
   Result<double> evaluate() override;
   Status on_loaded() override;
 
@@ -63,8 +69,6 @@ class BanditMlp final : public Model {
   void backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
   void adam_update();
   void refresh_objects();
-  std::vector<float> contexts(std::uint64_t first_id, std::size_t n) const;
-  int best_arm(const float* context) const;
 
   ModelConfig config_;
   std::uint64_t seed_;
@@ -74,7 +78,8 @@ class BanditMlp final : public Model {
   int dp_;
   RankGroups groups_;
   std::int64_t hidden_local_;
-  std::vector<float> rule_;  // [num_arms, context_dim]
+  BanditTask task_;
+  std::shared_ptr<WeightStore> weights_;
   std::vector<std::unique_ptr<Param>> params_;
   std::shared_ptr<StateDict> state_;
   std::int64_t optimizer_step_ = 0;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/sharded_tensor.hpp"
 #include "core/status.hpp"
@@ -32,8 +33,14 @@ class Model {
   /// (RNG position, optimizer step) are kept current after every step.
   virtual std::shared_ptr<StateDict> state() = 0;
 
-  /// Trains step `step` (1-based) on this rank's part of the global batch.
-  virtual Result<StepMetrics> train_step(std::int64_t step, Objective objective) = 0;
+  /// Trains step `step` (1-based) on this rank's part of the global batch. For RL,
+  /// `behaviour_actions` holds the actions generators sampled for the whole global batch (group
+  /// after group); empty means sample them here from the current policy.
+  virtual Result<StepMetrics> train_step(std::int64_t step, Objective objective,
+                                         const std::vector<std::int32_t>& behaviour_actions) = 0;
+
+  /// Publishes this rank's part of the current weights as `version` for generators.
+  virtual Status export_weights(std::int64_t version) = 0;
 
   /// Greedy accuracy on held-out data, the same on every rank.
   virtual Result<double> evaluate() = 0;

@@ -66,8 +66,9 @@ Status CheckpointPolicy::clean_interrupted_saves() const {
 }
 
 std::string trainer_state_to_json(const TrainerState& s) {
-  return nlohmann::json{{"step", s.step}, {"kind", s.kind}, {"seed", s.seed}, {"data_cursor", s.data_cursor}}.dump(1) +
-         "\n";
+  nlohmann::json j{{"step", s.step}, {"kind", s.kind}, {"seed", s.seed}, {"data_cursor", s.data_cursor}};
+  if (!s.fully_async.empty()) j["fully_async"] = nlohmann::json::parse(s.fully_async);
+  return j.dump(1) + "\n";
 }
 
 Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir) {
@@ -82,6 +83,7 @@ Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir) {
   s.kind = j.value("kind", "");
   s.seed = j.value("seed", std::uint64_t{0});
   s.data_cursor = j.value("data_cursor", std::int64_t{0});
+  if (j.contains("fully_async")) s.fully_async = j["fully_async"].dump();
   return s;
 }
 

@@ -42,6 +42,9 @@ struct TrainerState {
   std::uint64_t seed = 0;
   /// Contexts consumed so far (the data cursor).
   std::int64_t data_cursor = 0;
+  /// The fully-async trainer's part (generated, unconsumed batches; staleness counters) as a JSON
+  /// object's text; empty for the other trainers.
+  std::string fully_async;
 };
 
 std::string trainer_state_to_json(const TrainerState& state);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "actors/messages.hpp"
@@ -14,6 +15,7 @@
 #include "strategy/format.hpp"
 #include "strategy/loader.hpp"
 #include "trainers/checkpoint_policy.hpp"
+#include "trainers/generator.hpp"
 
 namespace stagehand {
 
@@ -35,6 +37,7 @@ class TrainerBase : public caf::blocking_actor {
 
   void act() override {
     summary_->status = run();
+    on_stop();
     if (!summary_->status.is_ok() && options_.progress) {
       std::fprintf(stderr, "stagehand-train: %s\n", summary_->status.message().c_str());
     }
@@ -43,6 +46,31 @@ class TrainerBase : public caf::blocking_actor {
  protected:
   virtual Objective objective() const = 0;
   virtual const char* name() const = 0;
+
+  // -- hooks for trainers whose samples come from elsewhere --
+
+  /// After resume (or at a fresh start, `state` null), before the first step.
+  virtual Status on_start(std::int64_t, const TrainerState*) { return Status::ok(); }
+  /// The behaviour actions of step `step`'s batch; empty: sampled on-policy by the Workers.
+  virtual Result<std::vector<std::int32_t>> batch_actions(std::int64_t) { return std::vector<std::int32_t>{}; }
+  /// After step `step` trained.
+  virtual Status after_step(std::int64_t) { return Status::ok(); }
+  /// Adds to the trainer state saved with the checkpoint of `step`.
+  virtual Status fill_state(std::int64_t, TrainerState&) { return Status::ok(); }
+  /// Adds to the metrics line of `step`.
+  virtual void fill_metrics(std::int64_t, nlohmann::json&) {}
+  /// Last call, after the final finalize.
+  virtual void on_stop() {}
+
+  const TrainerOptions& options() const { return options_; }
+  caf::actor& dispatch() { return dispatch_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  Status call_void(const caf::message& msg) {
+    Status st;
+    request(dispatch_, timeout_, msg).receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
+    return st;
+  }
 
  private:
   Status run() {
@@ -63,6 +91,9 @@ class TrainerBase : public caf::blocking_actor {
       SH_RETURN_IF_ERROR(call_void(caf::make_message(load_atom::value, *resume)).with_context("resume"));
       step = state.step;
       say("resumed from %s at step %lld\n", resume->c_str(), static_cast<long long>(step));
+      SH_RETURN_IF_ERROR(on_start(step, &state));
+    } else {
+      SH_RETURN_IF_ERROR(on_start(step, nullptr));
     }
     summary_->first_step = step + 1;
     summary_->last_step = step;
@@ -74,17 +105,22 @@ class TrainerBase : public caf::blocking_actor {
         break;
       }
       ++step;
-      auto metrics = train(step);
+      auto actions = batch_actions(step);
+      if (!actions.is_ok()) return actions.status().with_context("step " + std::to_string(step));
+      auto metrics = train(step, *actions);
       if (!metrics.is_ok()) return metrics.status().with_context("step " + std::to_string(step));
+      SH_RETURN_IF_ERROR(after_step(step));
       auto accuracy = evaluate();
       if (!accuracy.is_ok()) return accuracy.status().with_context("evaluation at step " + std::to_string(step));
       summary_->last_step = step;
       summary_->last_accuracy = *accuracy;
       double rate = double(step - summary_->first_step + 1) /
                     std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
-      write_metrics({{"type", "step"}, {"step", step}, {"accuracy", *accuracy},
-                     {objective() == Objective::rl ? "reward" : "loss",
-                      objective() == Objective::rl ? metrics->first : metrics->second}});
+      nlohmann::json line{{"type", "step"}, {"step", step}, {"accuracy", *accuracy},
+                          {objective() == Objective::rl ? "reward" : "loss",
+                           objective() == Objective::rl ? metrics->first : metrics->second}};
+      fill_metrics(step, line);
+      write_metrics(line);
       if (policy_.should_save(step)) {
         SH_RETURN_IF_ERROR(save(step));
         saved_step = step;
@@ -107,10 +143,11 @@ class TrainerBase : public caf::blocking_actor {
     return Status::ok();
   }
 
-  Result<std::pair<double, double>> train(std::int64_t step) {
+  Result<std::pair<double, double>> train(std::int64_t step, const std::vector<std::int32_t>& actions) {
     std::pair<double, double> out;
     Status st;
-    request(dispatch_, timeout_, train_atom::value, step, static_cast<std::int32_t>(objective() == Objective::sft))
+    request(dispatch_, timeout_, train_atom::value, step, static_cast<std::int32_t>(objective() == Objective::sft),
+            actions)
         .receive([&](double reward, double loss) { out = {reward, loss}; },
                  [&](caf::error& err) { st = from_caf_error(err); });
     if (!st.is_ok()) return st;
@@ -126,16 +163,11 @@ class TrainerBase : public caf::blocking_actor {
     return accuracy;
   }
 
-  Status call_void(const caf::message& msg) {
-    Status st;
-    request(dispatch_, timeout_, msg).receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
-    return st;
-  }
-
   Status save(std::int64_t step) {
     SH_RETURN_IF_ERROR(finalize());
     const auto& c = options_.config;
-    TrainerState state{step, name(), c.trainer.seed, step * c.model.batch_size};
+    TrainerState state{step, name(), c.trainer.seed, step * c.model.batch_size, {}};
+    SH_RETURN_IF_ERROR(fill_state(step, state));
     staging_memory().reset_peak();
     Status st;
     double stall = 0;
@@ -244,6 +276,155 @@ class SftTrainer final : public TrainerBase {
   const char* name() const override { return "sft"; }
 };
 
+/// GRPO-style RL whose actions come from generator actors. Batch s is sampled with the weights of
+/// version max(0, s - 1 - L) (L = fully_async.max_staleness_steps), so generation of later
+/// batches runs while the trainer trains and saves, and no sample is more than L versions behind
+/// the weights it trains. The schedule is fixed, so runs (and resumes) are exactly reproducible:
+/// batches generated but not yet consumed are part of the checkpoint.
+class FullyAsyncTrainer final : public TrainerBase {
+ public:
+  using TrainerBase::TrainerBase;
+
+ protected:
+  Objective objective() const override { return Objective::rl; }
+  const char* name() const override { return "fully_async"; }
+
+  Status on_start(std::int64_t step, const TrainerState* state) override {
+    const auto& c = options().config;
+    if (!options().weights) return {ErrorCode::invalid_argument, "the fully-async trainer needs a weight store"};
+    staleness_ = c.fully_async.max_staleness_steps;
+    for (std::int64_t g = 0; g < c.fully_async.num_generators; ++g) {
+      generators_.push_back(spawn_generator(system(), c.model, c.trainer.seed, options().weights, timeout()));
+    }
+    if (state != nullptr) {
+      auto j = nlohmann::json::parse(state->fully_async, nullptr, false);
+      if (j.is_discarded() || !j.contains("pending_batches")) {
+        return {ErrorCode::corruption, "the checkpoint's trainer state has no fully-async part"};
+      }
+      max_seen_ = j.value("max_staleness_seen", std::int64_t{0});
+      for (const auto& b : j["pending_batches"]) {
+        ready_[b.at("step").get<std::int64_t>()] = {b.at("version").get<std::int64_t>(),
+                                                    b.at("actions").get<std::vector<std::int32_t>>()};
+      }
+    }
+    SH_RETURN_IF_ERROR(call_void(caf::make_message(export_atom::value, step)));
+    for (std::int64_t s = step + 1; s <= step + staleness_ + 1; ++s) {
+      if (ready_.count(s) == 0) schedule(s);
+    }
+    return Status::ok();
+  }
+
+  Result<std::vector<std::int32_t>> batch_actions(std::int64_t step) override {
+    SH_RETURN_IF_ERROR(collect(step));
+    auto it = ready_.find(step);
+    if (it == ready_.end()) return Status{ErrorCode::internal, "batch " + std::to_string(step) + " was never generated"};
+    Batch batch = std::move(it->second);
+    ready_.erase(it);
+    last_version_ = batch.version;
+    std::int64_t staleness = (step - 1) - batch.version;
+    if (staleness > staleness_ || staleness < 0) {
+      return Status{ErrorCode::internal, "batch " + std::to_string(step) + " is " + std::to_string(staleness) +
+                                             " versions stale, beyond the bound " + std::to_string(staleness_)};
+    }
+    max_seen_ = std::max(max_seen_, staleness);
+    return std::move(batch.actions);
+  }
+
+  Status after_step(std::int64_t step) override {
+    SH_RETURN_IF_ERROR(call_void(caf::make_message(export_atom::value, step)));
+    options().weights->drop_before(step - staleness_);
+    schedule(step + staleness_ + 1);
+    return Status::ok();
+  }
+
+  Status fill_state(std::int64_t step, TrainerState& state) override {
+    nlohmann::json batches = nlohmann::json::array();
+    for (std::int64_t s = step + 1; s <= step + staleness_; ++s) {
+      schedule(s, true);
+      SH_RETURN_IF_ERROR(collect(s));
+      auto it = ready_.find(s);
+      if (it != ready_.end()) {
+        batches.push_back({{"step", s}, {"version", it->second.version}, {"actions", it->second.actions}});
+      }
+    }
+    state.fully_async = nlohmann::json{{"max_staleness_steps", staleness_},
+                                       {"num_generators", generators_.size()},
+                                       {"next_generation_step", step + staleness_ + 1},
+                                       {"max_staleness_seen", max_seen_},
+                                       {"pending_batches", batches}}
+                            .dump();
+    return Status::ok();
+  }
+
+  void fill_metrics(std::int64_t step, nlohmann::json& line) override {
+    line["behaviour_version"] = last_version_;
+    line["staleness"] = (step - 1) - last_version_;
+  }
+
+  void on_stop() override {
+    in_flight_.clear();
+    for (auto& g : generators_) send_exit(g, caf::exit_reason::user_shutdown);
+  }
+
+ private:
+  struct Batch {
+    std::int64_t version = 0;
+    std::vector<std::int32_t> actions;
+  };
+  using Handle = decltype(std::declval<caf::blocking_actor&>().request(
+      std::declval<caf::actor&>(), std::chrono::milliseconds{}, std::declval<caf::message&>()));
+  struct InFlight {
+    std::int64_t version = 0;
+    std::vector<Handle> parts;
+  };
+
+  /// Asks the generators for batch `step`, each for its share of the contexts. Batches past the
+  /// last step are generated only for a checkpoint (`for_checkpoint`), so that a resumed run
+  /// that trains further finds them exactly as an uninterrupted run would have.
+  void schedule(std::int64_t step, bool for_checkpoint = false) {
+    const auto& c = options().config;
+    if ((step > c.trainer.total_steps && !for_checkpoint) || in_flight_.count(step) != 0 || ready_.count(step) != 0) {
+      return;
+    }
+    const std::int64_t version = std::max<std::int64_t>(0, step - 1 - staleness_);
+    const std::int64_t batch = c.model.batch_size;
+    const auto n = static_cast<std::int64_t>(generators_.size());
+    InFlight flight{version, {}};
+    for (std::int64_t g = 0; g < n; ++g) {
+      std::int64_t lo = batch * g / n;
+      std::int64_t hi = batch * (g + 1) / n;
+      auto msg = caf::make_message(generate_atom::value, step, version, step * batch + lo, hi - lo);
+      flight.parts.push_back(request(generators_[static_cast<std::size_t>(g)], timeout(), msg));
+    }
+    in_flight_.emplace(step, std::move(flight));
+  }
+
+  /// Waits for batch `step` if it is being generated.
+  Status collect(std::int64_t step) {
+    auto it = in_flight_.find(step);
+    if (it == in_flight_.end()) return Status::ok();
+    Batch batch{it->second.version, {}};
+    Status st;
+    for (auto& part : it->second.parts) {
+      part.receive([&](std::vector<std::int32_t>& actions) { batch.actions.insert(batch.actions.end(), actions.begin(), actions.end()); },
+                   [&](caf::error& err) {
+                     if (st.is_ok()) st = from_caf_error(err).with_context("generating batch " + std::to_string(step));
+                   });
+    }
+    in_flight_.erase(it);
+    SH_RETURN_IF_ERROR(st);
+    ready_[step] = std::move(batch);
+    return Status::ok();
+  }
+
+  std::int64_t staleness_ = 1;
+  std::int64_t last_version_ = 0;
+  std::int64_t max_seen_ = 0;
+  std::vector<caf::actor> generators_;
+  std::map<std::int64_t, InFlight> in_flight_;
+  std::map<std::int64_t, Batch> ready_;
+};
+
 }  // namespace
 
 Result<caf::actor> spawn_trainer(caf::actor_system& system, caf::actor dispatch, TrainerOptions options,
@@ -254,11 +435,9 @@ Result<caf::actor> spawn_trainer(caf::actor_system& system, caf::actor dispatch,
     case TrainerKind::sft:
       return system.spawn<SftTrainer>(std::move(dispatch), std::move(options), std::move(summary));
     case TrainerKind::fully_async:
-      break;
+      return system.spawn<FullyAsyncTrainer>(std::move(dispatch), std::move(options), std::move(summary));
   }
-  return Status{ErrorCode::unsupported,
-                "trainer.kind fully_async is not built yet (its generators and staleness bound are the open part "
-                "of issue 4); use sync or sft"};
+  return Status{ErrorCode::invalid_argument, "unknown trainer.kind"};
 }
 
 }  // namespace stagehand

@@ -8,6 +8,7 @@
 
 #include "config/config.hpp"
 #include "core/status.hpp"
+#include "models/weight_store.hpp"
 
 namespace stagehand {
 
@@ -19,6 +20,8 @@ struct TrainerOptions {
   bool progress = true;
   /// Set by SIGTERM/SIGINT: save the last completed step, drain, stop.
   const std::atomic<bool>* stop_requested = nullptr;
+  /// Where the Workers publish weights for the fully-async trainer's generators.
+  std::shared_ptr<WeightStore> weights;
 };
 
 /// What a trainer did, for the summary and the exit code.
@@ -35,7 +38,8 @@ struct TrainerSummary {
 };
 
 /// Spawns the trainer named by `options.config.trainer.kind` (SyncTrainer: GRPO-style RL;
-/// SftTrainer: supervised) as an actor that drives `dispatch`: resume, train, save on the
+/// FullyAsyncTrainer: the same objective with actions sampled by generator actors from weights at
+/// most `fully_async.max_staleness_steps` behind; SftTrainer: supervised) as an actor that drives `dispatch`: resume, train, save on the
 /// checkpoint policy, finalize at the end. It fills `*summary` and exits.
 /// @return an error for a kind that cannot be run.
 Result<caf::actor> spawn_trainer(caf::actor_system& system, caf::actor dispatch, TrainerOptions options,
