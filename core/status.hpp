@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <variant>
@@ -40,6 +41,8 @@ enum class ErrorCode : std::uint8_t {
 /// Returns the stable lowercase name of `code`.
 const char* to_string(ErrorCode code);
 
+inline std::ostream& operator<<(std::ostream& os, ErrorCode code) { return os << to_string(code); }
+
 /// An error as a value: a code, a message that names what failed, and the errno when the
 /// operating system reported one.
 class [[nodiscard]] Status {
@@ -77,6 +80,8 @@ class [[nodiscard]] Status {
   std::string message_;
   int errno_ = 0;
 };
+
+inline std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.to_string(); }
 
 /// A value or the Status that explains why there is none.
 template <class T>

@@ -191,11 +191,16 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state) {
     }
     staged.push_back(std::move(buffer));
   }
+  for (const auto& [name, value] : state.objects) {
+    if (metadata.objects.count(name) == 0) {
+      return Status{ErrorCode::invalid_argument, "object '" + name + "' is not in '" + checkpoint_dir + "'"};
+    }
+  }
   // Everything is read and verified: only now touch the live state.
   for (std::size_t i = 0; i < state.tensors.size(); ++i) {
     SH_RETURN_IF_ERROR(state.tensors[i].tensor.copy_from_host(staged[i].data()));
   }
-  for (const auto& [name, value] : metadata.objects) state.objects[name] = value;
+  for (auto& [name, value] : state.objects) value = metadata.objects.at(name);
   return Status::ok();
 }
 

@@ -16,7 +16,8 @@ Result<std::string> resolve_checkpoint(const std::string& path);
 /// Reads `policy/metadata.json` of a checkpoint folder and checks its format and version.
 Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir);
 
-/// Fills every tensor of `state` from the checkpoint (replicas included) and its objects.
+/// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
+/// `state` names (a rank's own objects, not the other ranks').
 /// Only the byte ranges of chunks that overlap each local block are read, and each is verified
 /// against its XXH3 first; the saved and the live sharding may differ.
 /// @post on error, no tensor of `state` has been modified.

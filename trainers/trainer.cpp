@@ -38,7 +38,7 @@ class TrainerBase : public caf::blocking_actor {
   void act() override {
     summary_->status = run();
     on_stop();
-    if (!summary_->status.is_ok() && options_.progress) {
+    if (!summary_->status.is_ok()) {
       std::fprintf(stderr, "stagehand-train: %s\n", summary_->status.message().c_str());
     }
   }
@@ -79,9 +79,9 @@ class TrainerBase : public caf::blocking_actor {
       metrics_.open(options_.metrics_out, std::ios::trunc);
       if (!metrics_) return Status::from_errno(errno, "cannot write --metrics-out '" + options_.metrics_out + "'");
     }
-    SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
     std::int64_t step = 0;
     SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
+    SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
     if (resume) {
       SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume));
       if (state.kind != name()) {

@@ -67,6 +67,7 @@ BOOST_AUTO_TEST_CASE(round_trip_every_dtype) {
   BOOST_TEST(*ckpt == dir / "global_step_3");
   for (std::size_t r = 0; r < 2; ++r) {
     StateDict loaded = test::zeroed_like(states[r]);
+    loaded.objects["scheduler"] = "";
     Status st = load_checkpoint(*ckpt, loaded);
     BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
     for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
@@ -114,6 +115,9 @@ BOOST_AUTO_TEST_CASE(mismatches_are_named) {
   auto states = every_dtype_state();
   BOOST_REQUIRE(save_states(dir.path(), 1, states).is_ok());
   std::string ckpt = dir / "global_step_1";
+  StateDict no_object;
+  no_object.objects["optimizer_step"] = "1";
+  BOOST_TEST(load_checkpoint(ckpt, no_object).message().find("object 'optimizer_step'") != std::string::npos);
   StateDict missing;
   missing.add_full("nope", test::zero_tensor(DType::f32, Shape{2}));
   BOOST_TEST(load_checkpoint(ckpt, missing).message().find("'nope'") != std::string::npos);

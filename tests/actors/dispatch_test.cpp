@@ -1,0 +1,148 @@
+#define BOOST_TEST_MODULE dispatch
+#include <boost/test/unit_test.hpp>
+
+#include <caf/all.hpp>
+
+#include <filesystem>
+
+#include "actors/messages.hpp"
+#include "actors/worker.hpp"
+#include "actors/worker_dispatch.hpp"
+#include "models/bandit_mlp.hpp"
+#include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/commit.hpp"
+#include "strategy/loader.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+caf::actor_system_config& system_config() {
+  static caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_stagehand_errors(c);
+    return c;
+  }();
+  return cfg;
+}
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.hidden = 64;
+  m.batch_size = 32;
+  return m;
+}
+
+/// Workers of a tensor 2 x data 2 world, their dispatch and coordinator.
+struct World {
+  caf::actor_system system{system_config()};
+  ParallelLayout layout{2, 2};
+  std::vector<caf::actor> workers;
+  caf::actor coordinator;
+  caf::actor dispatch;
+
+  World(const std::string& root, std::shared_ptr<StorageBackend> storage, bool async) {
+    coordinator = spawn_checkpoint_coordinator(system, {root, "/tmp/stagehand-work", layout.world_size()});
+    auto groups = make_host_groups(layout);
+    for (int rank = 0; rank < layout.world_size(); ++rank) {
+      auto model = BanditMlp::create(small_model(), 7, layout, rank, groups[static_cast<std::size_t>(rank)]);
+      BOOST_REQUIRE(model.is_ok());
+      StrategyOptions options{rank, 2, 0, async, true, storage};
+      workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator));
+    }
+    dispatch = spawn_worker_dispatch(system, workers, coordinator, {root, std::chrono::seconds(60)});
+  }
+
+  ~World() {
+    for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(dispatch, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+  }
+
+  Status train(std::int64_t step) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(dispatch, std::chrono::seconds(60), train_atom::value, step, std::int32_t{0},
+                  std::vector<std::int32_t>{})
+        .receive([](double, double) {}, [&](caf::error& e) { st = from_caf_error(e); });
+    return st;
+  }
+
+  Status save(std::int64_t step) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(dispatch, std::chrono::seconds(60), save_atom::value, step, std::string("{\"step\": 1}"))
+        .receive([](double, bool) {}, [&](caf::error& e) { st = from_caf_error(e); });
+    return st;
+  }
+
+  Status finalize() {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(dispatch, std::chrono::seconds(60), finalize_atom::value)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_caf_error(e); });
+    return st;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commits) {
+  TempDir dir;
+  auto storage = std::make_shared<test::FaultStorage>();
+  World world(dir.path(), storage, true);
+  BOOST_REQUIRE(world.train(1).is_ok());
+  BOOST_REQUIRE(world.save(1).is_ok());
+  BOOST_REQUIRE(world.finalize().is_ok());
+  BOOST_TEST(**read_tracker(dir.path()) == 1);
+
+  BOOST_REQUIRE(world.train(2).is_ok());
+  storage->append_delay = std::chrono::milliseconds(300);
+  BOOST_REQUIRE(world.save(2).is_ok());  // async: returns while the writes run
+  caf::anon_send_exit(world.workers[1], caf::exit_reason::kill);
+  Status st = world.finalize();
+  BOOST_TEST(!st.is_ok());
+  BOOST_TEST(st.message().find("rank 1") != std::string::npos, st.message());
+  // Let the killed rank's strategy finish its write: its report must not commit anything.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  BOOST_TEST(!fs::exists(dir / "global_step_2"));
+  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(verify_checkpoint(dir / "global_step_1")->ok());
+
+  // Later calls fail at once, naming the dead rank.
+  Status train = world.train(3);
+  BOOST_TEST(train.message().find("rank 1 is dead") != std::string::npos, train.message());
+
+  // The previous checkpoint still loads, into a fresh world.
+  auto groups = make_host_groups({2, 2});
+  std::vector<std::thread> loaders;
+  std::vector<Status> loaded(4);
+  std::vector<std::unique_ptr<BanditMlp>> models;
+  for (int rank = 0; rank < 4; ++rank) {
+    models.push_back(std::move(*BanditMlp::create(small_model(), 7, {2, 2}, rank, groups[static_cast<std::size_t>(rank)])));
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    auto& model = *models[static_cast<std::size_t>(rank)];
+    Status s = load_checkpoint(dir / "global_step_1", *model.state());
+    loaded[static_cast<std::size_t>(rank)] = s.is_ok() ? model.on_loaded() : s;
+    BOOST_TEST(loaded[static_cast<std::size_t>(rank)].is_ok(), loaded[static_cast<std::size_t>(rank)].to_string());
+    BOOST_TEST(model.optimizer_step() == 1);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_training_fails_the_call_with_its_rank) {
+  TempDir dir;
+  World world(dir.path(), local_storage(), false);
+  BOOST_REQUIRE(world.train(1).is_ok());
+  caf::anon_send_exit(world.workers[2], caf::exit_reason::kill);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Status st = world.train(2);
+  BOOST_TEST(!st.is_ok());
+  BOOST_TEST(st.message().find("rank 2") != std::string::npos, st.message());
+  Status save = world.save(2);
+  BOOST_TEST(save.message().find("rank 2") != std::string::npos, save.message());
+  BOOST_TEST(!fs::exists(dir / "global_step_2"));
+}

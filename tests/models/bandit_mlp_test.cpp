@@ -1,0 +1,132 @@
+#define BOOST_TEST_MODULE bandit_mlp
+#include <boost/test/unit_test.hpp>
+
+#include <thread>
+
+#include "models/bandit_mlp.hpp"
+#include "strategy/commit.hpp"
+#include "strategy/local_save.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.hidden = 32;
+  m.batch_size = 16;
+  return m;
+}
+
+/// A world of models, one per rank, trained in parallel threads (collectives block).
+struct Models {
+  ParallelLayout layout;
+  std::vector<std::unique_ptr<BanditMlp>> ranks;
+
+  explicit Models(ParallelLayout l, std::shared_ptr<WeightStore> weights = nullptr) : layout(l) {
+    auto groups = make_host_groups(layout);
+    for (int r = 0; r < layout.world_size(); ++r) {
+      ranks.push_back(std::move(*BanditMlp::create(small_model(), 3, layout, r, groups[static_cast<std::size_t>(r)], weights)));
+    }
+  }
+
+  std::vector<StepMetrics> step(std::int64_t step, Objective objective) {
+    std::vector<StepMetrics> out(ranks.size());
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      threads.emplace_back([&, r] { out[r] = *ranks[r]->train_step(step, objective, {}); });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  double accuracy() {
+    std::vector<double> out(ranks.size());
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < ranks.size(); ++r) threads.emplace_back([&, r] { out[r] = *ranks[r]->evaluate(); });
+    for (auto& t : threads) t.join();
+    for (double a : out) BOOST_TEST(a == out[0]);
+    return out[0];
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(state_looks_like_a_megatron_model) {
+  Models world({2, 2});
+  const StateDict& rank3 = *world.ranks[3]->state();  // tensor index 1, data index 1
+  std::map<std::string, ShardedTensorDesc> by_name;
+  for (const auto& t : rank3.tensors) by_name[t.desc.name] = t.desc;
+  BOOST_TEST((by_name["model.fc1.weight"].dtype == DType::bf16));
+  BOOST_TEST((by_name["model.fc1.weight"].global_offset == Shape{16, 0}));  // column-parallel
+  BOOST_TEST((by_name["model.fc2.weight"].global_offset == Shape{0, 16}));  // row-parallel
+  BOOST_TEST(by_name["model.fc1.weight"].replica_id == 1);                   // data-parallel replica
+  BOOST_TEST(by_name["model.fc2.bias"].replica_id != 0);
+  BOOST_TEST((by_name["optimizer.main.model.fc1.weight"].dtype == DType::f32));
+  BOOST_TEST(by_name["optimizer.main.model.fc1.weight"].replica_id == 0);     // sharded over data-parallel
+  BOOST_TEST((by_name["optimizer.exp_avg.model.fc1.weight"].local_shape == Shape{1, 16 * 16 / 2}));
+  BOOST_TEST(rank3.objects.count("rng.rank3") == 1u);
+  BOOST_TEST(rank3.objects.count("scheduler") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(every_element_is_saved_once_across_the_world) {
+  Models world({2, 2});
+  world.step(1, Objective::rl);
+  TempDir dir;
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  std::vector<SaveEngine*> e;
+  std::vector<const StateDict*> s;
+  for (int r = 0; r < 4; ++r) {
+    engines.push_back(*SaveEngine::create(r, {2, 0, false, {}}));
+    e.push_back(engines.back().get());
+    s.push_back(world.ranks[static_cast<std::size_t>(r)]->state().get());
+  }
+  // Commit checks that chunks cover every tensor exactly: replicas dropped, nothing missing.
+  auto saved = save_checkpoint_in_process(dir.path(), 1, e, s);
+  BOOST_TEST(saved.is_ok(), saved.status().to_string());
+}
+
+BOOST_AUTO_TEST_CASE(parallel_layouts_agree_and_training_learns) {
+  Models single({1, 1});
+  Models parallel({2, 2});
+  double before = single.accuracy();
+  BOOST_TEST(before == parallel.accuracy());
+  for (std::int64_t step = 1; step <= 60; ++step) {
+    auto a = single.step(step, Objective::sft);
+    auto b = parallel.step(step, Objective::sft);
+    BOOST_TEST(a[0].loss == b[0].loss, boost::test_tools::tolerance(0.05));
+    for (const auto& m : b) BOOST_TEST(m.loss == b[0].loss);
+  }
+  BOOST_TEST(single.accuracy() > before + 0.3);
+  BOOST_TEST(parallel.accuracy() > before + 0.3);
+}
+
+BOOST_AUTO_TEST_CASE(exported_weights_let_generators_sample_like_the_policy) {
+  auto store = std::make_shared<WeightStore>(2, 16, 8, 32);
+  Models world({2, 1}, store);
+  std::vector<std::thread> threads;
+  for (auto& m : world.ranks) threads.emplace_back([&] { BOOST_TEST(m->export_weights(0).is_ok()); });
+  for (auto& t : threads) t.join();
+  auto weights = store->wait_for(0, std::chrono::seconds(5));
+  BOOST_REQUIRE(weights.is_ok());
+  BanditTask task(3, 16, 8);
+  auto actions = generate_actions(task, **weights, 8, 0, 16);
+  BOOST_TEST(actions.size() == 128u);
+  for (auto a : actions) BOOST_TEST((a >= 0 && a < 8));
+  // Training on those actions is the same step as sampling them on-policy at version 0.
+  Models on_policy({2, 1});
+  Models off_policy({2, 1});
+  std::vector<std::int32_t> batch = generate_actions(task, **weights, 8, 16, 16);
+  std::vector<StepMetrics> a(2);
+  std::vector<StepMetrics> b(2);
+  std::vector<std::thread> t2;
+  for (std::size_t r = 0; r < 2; ++r) {
+    t2.emplace_back([&, r] { a[r] = *on_policy.ranks[r]->train_step(1, Objective::rl, {}); });
+    t2.emplace_back([&, r] { b[r] = *off_policy.ranks[r]->train_step(1, Objective::rl, batch); });
+  }
+  for (auto& t : t2) t.join();
+  BOOST_TEST(a[0].reward == b[0].reward);
+  BOOST_TEST(store->wait_for(5, std::chrono::milliseconds(10)).status().code() == ErrorCode::timeout);
+}
