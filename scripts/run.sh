@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs Stagehand's main job on its embedded default (one process, local
-# disk, host memory when no GPU): a sharded save of a synthetic 2-rank state with bounded host
-# staging, then an independent verification and a listing of the checkpoint.
+# Sets up, builds and runs Stagehand's main job: stagehand-train on examples/configs/sync_rl.yaml
+# (GRPO-style RL on the reference bandit, tensor 2 x data 2 in-process Workers, async checkpoint
+# saves) on the embedded default: one process, local disk, host memory when no GPU is visible.
+# Extra arguments go to stagehand-train (e.g. --set trainer.resume_mode=latest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
-cmake --build build -j"$(nproc)" --target stagehand-bench stagehand-ckpt
+cmake --build build -j"$(nproc)" --target stagehand-train stagehand-ckpt
 
-out="${1:-checkpoints/demo}"
-./build/bin/stagehand-bench save --out "$out" --ranks 2 --bytes-per-rank 64M --tensors 16 \
-  --thread-count 8 --staging-buckets 2
-./build/bin/stagehand-ckpt verify "$out"
-./build/bin/stagehand-ckpt inspect "$out"
+./build/bin/stagehand-train --config examples/configs/sync_rl.yaml "$@"
+./build/bin/stagehand-ckpt verify checkpoints/sync_rl
