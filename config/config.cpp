@@ -234,6 +234,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
                                                              ResumeMode::from_path})},
       {"resume_path", r.string(&c.trainer.resume_path, true)},
       {"seed", r.unsigned_integer(&c.trainer.seed)},
+      {"call_timeout_s", r.integer(&c.trainer.call_timeout_s, 1)},
   };
   ConfigReader::Fields megatron{
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},

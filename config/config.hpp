@@ -26,6 +26,8 @@ struct TrainerConfig {
   ResumeMode resume_mode = ResumeMode::none;
   std::string resume_path;
   std::uint64_t seed = 1234;
+  /// Limit of every wait on the dispatch, a Worker or the coordinator, in seconds.
+  std::int64_t call_timeout_s = 600;
 };
 
 /// `megatron_config:` keys.

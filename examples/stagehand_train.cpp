@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     }
     workers.push_back(*worker);
   }
-  auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {c.trainer.ckpt_path});
+  const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
+  auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {c.trainer.ckpt_path, timeout});
   auto summary = std::make_shared<TrainerSummary>();
   if (!quiet) {
     std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) on %s, checkpoints %s in %s\n",
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
       code = 2;
     }
     // Teardown: every pending save is finished, whatever ckpt_interval was.
-    self->request(dispatch, std::chrono::minutes(30), finalize_atom::value)
+    self->request(dispatch, timeout, finalize_atom::value)
         .receive([](bool) {},
                  [&](caf::error& err) {
                    std::fprintf(stderr, "stagehand-train: finalizing at teardown: %s\n",

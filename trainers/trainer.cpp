@@ -33,7 +33,7 @@ class TrainerBase : public caf::blocking_actor {
         options_(std::move(options)),
         summary_(std::move(summary)),
         policy_(options_.config.trainer),
-        timeout_(std::chrono::minutes(30)) {}
+        timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)) {}
 
   void act() override {
     summary_->status = run();

@@ -29,6 +29,7 @@ trainer:
   resume_mode: from_path
   resume_path: /tmp/ck/global_step_5
   seed: 99
+  call_timeout_s: 30
 megatron_config:
   async_dist_ckpt_save: true
   ckpt_save_staging_buckets: 0
@@ -56,6 +57,7 @@ storage:
   BOOST_TEST((c->trainer.resume_mode == ResumeMode::from_path));
   BOOST_TEST(c->trainer.resume_path == "/tmp/ck/global_step_5");
   BOOST_TEST(c->trainer.seed == 99u);
+  BOOST_TEST(c->trainer.call_timeout_s == 30);
   BOOST_TEST(c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 8);
   BOOST_TEST(c->megatron_config.local_work_dir == "/tmp/work");
@@ -112,6 +114,10 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
       {"negative seed", "trainer:\n  seed: -3\n", {"trainer.seed", "non-negative integer"}},
       {"zero generators", "fully_async:\n  num_generators: 0\n", {"fully_async.num_generators"}},
       {"unknown s3 key", "storage:\n  s3:\n    bucket: x\n", {"bad.yaml:3", "storage.s3.bucket", "unknown key"}},
+      {"hidden not divisible", "parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
+       {"bad.yaml:4", "model.hidden", "divisible by parallel.tensor_parallel (3)"}},
+      {"bad learning rate", "model:\n  learning_rate: fast\n", {"model.learning_rate", "expected a number"}},
+      {"zero timeout", "trainer:\n  call_timeout_s: 0\n", {"trainer.call_timeout_s", "at least 1"}},
   };
   for (const auto& c : cases) {
     auto result = load_config_string(c.yaml, "bad.yaml");

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Packs what the GPU check needs into build/devpack.tar.gz: stripped test and tool binaries, the
+# shared libraries they use from this machine (the device machine has no package access), and
+# scripts/device-check.sh. Run after building; carry build/devpack.tar.gz to the device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pack=build/devpack
+rm -rf "$pack" && mkdir -p "$pack/bin" "$pack/lib"
+bins=(core_test load_test save_engine_test async_save_test stagehand-bench stagehand-ckpt)
+for b in "${bins[@]}"; do
+  cp "build/bin/$b" "$pack/bin/" && strip "$pack/bin/$b"
+done
+for b in "${bins[@]}"; do
+  ldd "build/bin/$b" | awk '/=>/ {print $3}'
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt)\.so' | xargs -I{} cp -L {} "$pack/lib/"
+cp scripts/device-check.sh tests/integration/torch_interop_check.py "$pack/"
+tar czf build/devpack.tar.gz -C build devpack
+ls -la build/devpack.tar.gz
