@@ -15,12 +15,12 @@ work=$(mktemp -d)
     echo "== $t"; "$here/bin/$t" --log_level=message 2>&1 | grep -v '\[info\]' | tail -15
   done
   bench="$here/bin/stagehand-bench"
-  echo "== async stall (pinned D2H) vs sync, 2 ranks x 2 GiB on GPU"
-  "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 2G --tensors 64 --thread-count 8 --repeat 3 --async 2>&1 | grep -v info
-  "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 2G --tensors 64 --thread-count 8 --repeat 3 --via-actors 2>&1 | grep -v info
+  echo "== async stall (pinned D2H) vs sync, 2 ranks x 1 GiB on GPU"
+  "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --async 2>&1 | grep -v info
+  "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --via-actors 2>&1 | grep -v info
   echo "== staging 0 / 2 of 8 with raw-write baseline"
   for m in 0 2 0 2; do
-    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 2G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 2 --baseline 2>&1 | grep summary
+    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 2 --baseline 2>&1 | grep summary
     rm -rf "$work/w$m"
   done
   echo "== torch + safetensors read the GPU-saved checkpoint"
