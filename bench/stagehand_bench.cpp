@@ -17,6 +17,7 @@
 #include "core/device.hpp"
 #include "core/host_buffer.hpp"
 #include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/format.hpp"
 #include "strategy/local_checkpoint_driver.hpp"
 #include "strategy/local_save.hpp"
 #include "strategy/megatron_strategy.hpp"
@@ -67,6 +68,14 @@ Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::
     SH_RETURN_IF_ERROR(results[i]);
   }
   return elapsed;
+}
+
+/// Repeated saves go to steps 1, 2, ...; the previous one is removed after the timed save, as
+/// retention would, so that no save pays for deleting an older copy of its step.
+void remove_previous_step(const std::string& root, std::int64_t step) {
+  if (step <= 1) return;
+  std::error_code ec;
+  std::filesystem::remove_all(CheckpointLayout{root}.step_dir(step - 1), ec);
 }
 
 /// Resident set size of this process now (VmRSS).
@@ -129,17 +138,20 @@ int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
   std::vector<double> totals;
   for (int k = 0; k < args.repeat; ++k) {
     staging_memory().reset_peak();
+    const std::int64_t step = k + 1;
     auto start = Clock::now();
-    auto timing = driver.save(1);
+    auto timing = driver.save(step);
     Status committed = timing.is_ok() ? driver.finalize() : timing.status();
     double total = seconds_since(start);
+    remove_previous_step(args.out, step);
     if (!committed.is_ok()) {
       std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
       return 1;
     }
-    auto metadata_bytes = std::filesystem::file_size(args.out + "/global_step_1/policy/metadata.json");
+    const std::string policy = CheckpointLayout::policy_dir(CheckpointLayout{args.out}.step_dir(step));
+    auto metadata_bytes = std::filesystem::file_size(policy + "/metadata.json");
     std::uint64_t bytes = 0;
-    for (const auto& e : std::filesystem::directory_iterator(args.out + "/global_step_1/policy")) {
+    for (const auto& e : std::filesystem::directory_iterator(policy)) {
       bytes += std::filesystem::file_size(e.path());
     }
     bytes -= metadata_bytes;
@@ -221,9 +233,11 @@ int run_save(const SaveArgs& args) {
       raw_times.push_back(*raw);
     }
     staging_memory().reset_peak();
+    const std::int64_t step = k + 1;
     auto start = Clock::now();
-    auto reports = save_checkpoint_in_process(args.out, 1, engine_ptrs, state_ptrs);
+    auto reports = save_checkpoint_in_process(args.out, step, engine_ptrs, state_ptrs);
     double elapsed = seconds_since(start);
+    remove_previous_step(args.out, step);
     if (!reports.is_ok()) {
       std::cerr << "stagehand-bench: save failed: " << reports.status().to_string() << "\n";
       return 1;
@@ -268,7 +282,7 @@ int main(int argc, char** argv) {
   CLI::App app{"stagehand-bench: checkpoint save figures on a synthetic sharded state"};
   app.require_subcommand(1);
   SaveArgs args;
-  auto* save = app.add_subcommand("save", "save a synthetic state as step 1 under --out");
+  auto* save = app.add_subcommand("save", "save a synthetic state as step 1 (then 2, ... with --repeat) under --out");
   save->add_option("--out", args.out, "checkpoint root")->required();
   save->add_option("--ranks", args.ranks, "in-process ranks")->check(CLI::Range(1, 1024));
   save->add_option("--bytes-per-rank", args.bytes_per_rank, "state per rank, e.g. 256M or 1G");

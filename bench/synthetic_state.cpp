@@ -48,7 +48,8 @@ Result<StateDict> make_synthetic_state(const SyntheticStateSpec& spec, int rank,
     // Fill by global element position, 8 bytes of pseudo-random data per position.
     std::uint64_t tensor_seed = splitmix64(spec.seed * 1000003 + static_cast<std::uint64_t>(i));
     std::uint64_t first = static_cast<std::uint64_t>(offset[0] * cols);
-    for (std::uint64_t e = 0; e < static_cast<std::uint64_t>(local.numel()); ++e) {
+    const auto elements = static_cast<std::uint64_t>(local.numel());
+    for (std::uint64_t e = 0; e < elements; ++e) {
       std::uint64_t v = splitmix64(tensor_seed + first + e);
       std::copy_n(reinterpret_cast<const std::uint8_t*>(&v), elem, host.data() + e * elem);
     }

@@ -20,7 +20,7 @@ work=$(mktemp -d)
   "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --via-actors 2>&1 | grep -v info
   echo "== staging 0 / 2 of 8 with raw-write baseline"
   for m in 0 2 0 2; do
-    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 2 --baseline 2>&1 | grep summary
+    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 3 --baseline 2>&1 | grep summary
     rm -rf "$work/w$m"
   done
   echo "== torch + safetensors read the GPU-saved checkpoint"
