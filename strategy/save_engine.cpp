@@ -83,20 +83,38 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
+  // Files are written wave after wave but fsynced together at the end: a slot is free for the
+  // next wave as soon as its bytes are in the page cache, so waves do not wait for the disk.
   const int buckets = static_cast<int>(plan_->buckets.size());
+  std::vector<std::unique_ptr<WritableFile>> unsynced(static_cast<std::size_t>(buckets));
   for (int first = 0; first < buckets && report.status.is_ok(); first += wave_size()) {
     auto results = run_wave(first, std::min(buckets, first + wave_size()),
                             [&](const PlannedBucket& bucket, std::uint8_t* slot) {
                               Status staged = stage_bucket(bucket, state, slot);
                               if (!staged.is_ok()) return stage_result(bucket, staged);
-                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot);
+                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot,
+                                                  &unsynced[static_cast<std::size_t>(bucket.index)]);
                             });
     for (auto& r : results) {
       if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
       report.buckets.push_back(std::move(r));
     }
   }
+  finish_all(report, unsynced);
   return report;
+}
+
+void SaveEngine::finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced) {
+  std::vector<std::future<void>> done;
+  for (auto& result : report.buckets) {
+    auto& file = unsynced[static_cast<std::size_t>(result.bucket)];
+    if (!file) continue;
+    done.push_back(writers_.submit([&] { finish_bucket(rank_, std::move(file), result); }));
+  }
+  for (auto& f : done) f.get();
+  for (const auto& r : report.buckets) {
+    if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
+  }
 }
 
 Status SaveEngine::stage_all(const StateDict& state) {
@@ -119,16 +137,13 @@ Status SaveEngine::stage_all(const StateDict& state) {
 RankSaveReport SaveEngine::write_staged(const std::string& policy_dir, std::int64_t step) {
   RankSaveReport report = make_report(step);
   report.objects = staged_objects_;
+  std::vector<std::unique_ptr<WritableFile>> unsynced(plan_->buckets.size());
   report.buckets = run_wave(0, static_cast<int>(plan_->buckets.size()),
                             [&](const PlannedBucket& bucket, std::uint8_t* slot) {
-                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot);
+                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot,
+                                                  &unsynced[static_cast<std::size_t>(bucket.index)]);
                             });
-  for (const auto& r : report.buckets) {
-    if (!r.status.is_ok()) {
-      report.status = r.status;
-      break;
-    }
-  }
+  finish_all(report, unsynced);
   return report;
 }
 

@@ -72,6 +72,8 @@ class SaveEngine {
   std::vector<BucketWriteResult> run_wave(
       int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task);
   BucketWriteResult stage_result(const PlannedBucket& bucket, const Status& staged) const;
+  /// fsyncs and closes every file still open, in parallel; the first error becomes the report's.
+  void finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced);
 
   int rank_;
   SaveEngineOptions options_;

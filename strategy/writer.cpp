@@ -13,7 +13,8 @@ constexpr std::size_t kWriteSize = 64u << 20;
 }  // namespace
 
 BucketWriteResult write_bucket(StorageBackend& storage, const std::string& dir, int rank,
-                               const PlannedBucket& bucket, const std::uint8_t* data) {
+                               const PlannedBucket& bucket, const std::uint8_t* data,
+                               std::unique_ptr<WritableFile>* unsynced) {
   BucketWriteResult result;
   result.bucket = bucket.index;
   result.file = bucket.file_name;
@@ -43,13 +44,22 @@ BucketWriteResult write_bucket(StorageBackend& storage, const std::string& dir, 
       done += n;
     }
   }
-  st = file->sync();
-  if (!st.is_ok()) return fail(st);
-  st = file->close();
-  if (!st.is_ok()) return fail(st);
   result.size = bucket.file_size();
   result.xxh3 = file_hash.digest();
+  if (unsynced != nullptr) {
+    *unsynced = std::move(file);
+    return result;
+  }
+  finish_bucket(rank, std::move(file), result);
   return result;
+}
+
+void finish_bucket(int rank, std::unique_ptr<WritableFile> file, BucketWriteResult& result) {
+  Status st = file->sync();
+  if (st.is_ok()) st = file->close();
+  if (!st.is_ok() && result.status.is_ok()) {
+    result.status = st.with_context("rank " + std::to_string(rank) + " bucket " + std::to_string(result.bucket));
+  }
 }
 
 }  // namespace stagehand
