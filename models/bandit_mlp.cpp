@@ -1,7 +1,5 @@
 #include "models/bandit_mlp.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -85,6 +83,7 @@ Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, 
   }
   std::unique_ptr<BanditMlp> model(new BanditMlp(config, seed, layout, rank, std::move(groups)));
   model->weights_ = std::move(weights);
+  SH_ASSIGN_OR_RETURN(model->gemm_, Gemm::create(default_device(rank)));
   SH_RETURN_IF_ERROR(model->build_state());
   return model;
 }
@@ -99,9 +98,7 @@ BanditMlp::BanditMlp(const ModelConfig& config, std::uint64_t seed, const Parall
       dp_(layout.data_index(rank)),
       groups_(std::move(groups)),
       hidden_local_(config.hidden / layout.tensor_parallel),
-      task_(seed, config.context_dim, config.num_arms) {
-  openblas_set_num_threads(1);
-}
+      task_(seed, config.context_dim, config.num_arms) {}
 
 BanditMlp::~BanditMlp() = default;
 
@@ -198,7 +195,7 @@ Status BanditMlp::on_loaded() {
   return Status::ok();
 }
 
-void BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations& a) {
+Status BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations& a) {
   const int D = static_cast<int>(config_.context_dim);
   const int K = static_cast<int>(config_.num_arms);
   const int Hl = static_cast<int>(hidden_local_);
@@ -208,8 +205,7 @@ void BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations&
   const auto& w2 = params_[2]->value;
   const auto& b2 = params_[3]->value;
   a.hidden_pre.assign(n * static_cast<std::size_t>(Hl), 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Hl, D, 1.0f, x.data(), D, w1.data(), D, 0.0f,
-              a.hidden_pre.data(), Hl);
+  SH_RETURN_IF_ERROR(gemm_->multiply(false, true, N, Hl, D, x.data(), D, w1.data(), D, a.hidden_pre.data(), Hl));
   a.hidden.resize(a.hidden_pre.size());
   for (std::size_t i = 0; i < n; ++i) {
     for (int h = 0; h < Hl; ++h) {
@@ -219,16 +215,16 @@ void BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activations&
     }
   }
   a.logits.assign(n * static_cast<std::size_t>(K), 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, K, Hl, 1.0f, a.hidden.data(), Hl, w2.data(), Hl, 0.0f,
-              a.logits.data(), K);
+  SH_RETURN_IF_ERROR(gemm_->multiply(false, true, N, K, Hl, a.hidden.data(), Hl, w2.data(), Hl, a.logits.data(), K));
   groups_.tensor->all_reduce_sum(tp_, a.logits.data(), a.logits.size());
   for (std::size_t i = 0; i < n; ++i) {
     for (int k = 0; k < K; ++k) a.logits[i * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)] += b2[static_cast<std::size_t>(k)];
   }
+  return Status::ok();
 }
 
-void BanditMlp::backward(const std::vector<float>& x, std::size_t n, const Activations& a,
-                         const std::vector<float>& dlogits) {
+Status BanditMlp::backward(const std::vector<float>& x, std::size_t n, const Activations& a,
+                           const std::vector<float>& dlogits) {
   const int D = static_cast<int>(config_.context_dim);
   const int K = static_cast<int>(config_.num_arms);
   const int Hl = static_cast<int>(hidden_local_);
@@ -237,22 +233,19 @@ void BanditMlp::backward(const std::vector<float>& x, std::size_t n, const Activ
   Param& b1 = *params_[1];
   Param& w2 = *params_[2];
   Param& b2 = *params_[3];
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, Hl, N, 1.0f, dlogits.data(), K, a.hidden.data(), Hl, 0.0f,
-              w2.grad.data(), Hl);
+  SH_RETURN_IF_ERROR(gemm_->multiply(true, false, K, Hl, N, dlogits.data(), K, a.hidden.data(), Hl, w2.grad.data(), Hl));
   std::fill(b2.grad.begin(), b2.grad.end(), 0.0f);
   for (std::size_t i = 0; i < n; ++i) {
     for (int k = 0; k < K; ++k) b2.grad[static_cast<std::size_t>(k)] += dlogits[i * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)];
   }
   std::vector<float> dhidden(n * static_cast<std::size_t>(Hl));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Hl, K, 1.0f, dlogits.data(), K, w2.value.data(), Hl, 0.0f,
-              dhidden.data(), Hl);
+  SH_RETURN_IF_ERROR(gemm_->multiply(false, false, N, Hl, K, dlogits.data(), K, w2.value.data(), Hl, dhidden.data(), Hl));
   std::fill(b1.grad.begin(), b1.grad.end(), 0.0f);
   for (std::size_t i = 0; i < dhidden.size(); ++i) {
     if (a.hidden_pre[i] <= 0) dhidden[i] = 0;
     b1.grad[i % static_cast<std::size_t>(Hl)] += dhidden[i];
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Hl, D, N, 1.0f, dhidden.data(), Hl, x.data(), D, 0.0f,
-              w1.grad.data(), D);
+  return gemm_->multiply(true, false, Hl, D, N, dhidden.data(), Hl, x.data(), D, w1.grad.data(), D);
 }
 
 void BanditMlp::adam_update() {
@@ -299,7 +292,7 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
   }
   std::vector<float> x = task_.contexts(first, n);
   Activations a;
-  forward(x, n, a);
+  SH_RETURN_IF_ERROR(forward(x, n, a));
 
   std::vector<float> dlogits(n * K, 0.0f);
   double sums[2] = {0, 0};  // reward, loss
@@ -340,7 +333,7 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
       }
     }
   }
-  backward(x, n, a, dlogits);
+  SH_RETURN_IF_ERROR(backward(x, n, a, dlogits));
   adam_update();
   float totals[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
   groups_.data->all_reduce_sum(dp_, totals, 2);
@@ -375,7 +368,7 @@ Result<double> BanditMlp::evaluate() {
   const std::size_t hi = total * static_cast<std::size_t>(dp_ + 1) / dps;
   std::vector<float> x = task_.contexts(BanditTask::kEvalContextBase + lo, hi - lo);
   Activations a;
-  forward(x, hi - lo, a);
+  SH_RETURN_IF_ERROR(forward(x, hi - lo, a));
   float correct = 0;
   for (std::size_t i = 0; i < hi - lo; ++i) {
     const float* row = &a.logits[i * K];

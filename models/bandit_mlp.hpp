@@ -8,6 +8,7 @@
 #include "config/config.hpp"
 #include "models/bandit_task.hpp"
 #include "models/collectives.hpp"
+#include "models/gemm.hpp"
 #include "models/model.hpp"
 #include "models/weight_store.hpp"
 
@@ -37,7 +38,8 @@ std::vector<RankGroups> make_host_groups(const ParallelLayout& layout);
 /// like a Megatron model's: the first layer column-parallel and the second row-parallel across
 /// tensor-parallel ranks, bf16 model weights replicated across data-parallel ranks, fp32 main
 /// weights and Adam moments sharded across data-parallel ranks (a distributed optimizer), a
-/// per-rank RNG position and a scheduler step. Math runs on the host with BLAS.
+/// per-rank RNG position and a scheduler step. Matrix products run on the rank's GPU with cuBLAS
+/// when one is visible, otherwise on the host with OpenBLAS; the state itself is in host memory.
 class BanditMlp final : public Model {
  public:
   /// @pre config.hidden % layout.tensor_parallel == 0, config.batch_size % layout.data_parallel == 0
@@ -65,8 +67,8 @@ class BanditMlp final : public Model {
   BanditMlp(const ModelConfig& config, std::uint64_t seed, const ParallelLayout& layout, int rank,
             RankGroups groups);
   Status build_state();
-  void forward(const std::vector<float>& x, std::size_t n, Activations& a);
-  void backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
+  Status forward(const std::vector<float>& x, std::size_t n, Activations& a);
+  Status backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
   void adam_update();
   void refresh_objects();
 
@@ -80,6 +82,7 @@ class BanditMlp final : public Model {
   std::int64_t hidden_local_;
   BanditTask task_;
   std::shared_ptr<WeightStore> weights_;
+  std::unique_ptr<Gemm> gemm_;
   std::vector<std::unique_ptr<Param>> params_;
   std::shared_ptr<StateDict> state_;
   std::int64_t optimizer_step_ = 0;

@@ -4,16 +4,22 @@
 # safetensors reading a checkpoint saved from GPU memory. Logs go to $OUT.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+# cuBLAS comes from the machine's CUDA toolkit (too large to carry).
+export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 out="${OUT:-/tmp/device-out}"
 mkdir -p "$out"
 work=$(mktemp -d)
 {
   head -2 /etc/os-release; ldd --version | head -1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  for t in core_test load_test save_engine_test async_save_test; do
+  export STAGEHAND_BIN_DIR="$here/bin" STAGEHAND_SOURCE_DIR="$here"
+  for t in core_test load_test save_engine_test async_save_test bandit_mlp_test dispatch_test train_test; do
     echo "== $t"; "$here/bin/$t" --log_level=message 2>&1 | grep -v '\[info\]' | tail -15
   done
+  echo "== stagehand-train on the GPU"
+  "$here/bin/stagehand-train" --config "$here/examples/configs/sync_rl.yaml" --set trainer.ckpt_path="$work/train" 2>&1 |
+    grep -E "stagehand-train:|summary"
+  if [ "${SKIP_BENCH:-0}" = 1 ]; then exit 0; fi
   bench="$here/bin/stagehand-bench"
   echo "== async stall (pinned D2H) vs sync, 2 ranks x 1 GiB on GPU"
   "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --async 2>&1 | grep -v info

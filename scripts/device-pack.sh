@@ -6,13 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=build/devpack
 rm -rf "$pack" && mkdir -p "$pack/bin" "$pack/lib"
-bins=(core_test load_test save_engine_test async_save_test stagehand-bench stagehand-ckpt)
+bins=(core_test load_test save_engine_test async_save_test bandit_mlp_test dispatch_test train_test
+      stagehand-bench stagehand-ckpt stagehand-train)
 for b in "${bins[@]}"; do
   cp "build/bin/$b" "$pack/bin/" && strip "$pack/bin/$b"
 done
 for b in "${bins[@]}"; do
   ldd "build/bin/$b" | awk '/=>/ {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt)\.so' | xargs -I{} cp -L {} "$pack/lib/"
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|libcublas|libcublasLt)\.so' | xargs -I{} cp -L {} "$pack/lib/"
 cp scripts/device-check.sh tests/integration/torch_interop_check.py "$pack/"
+mkdir -p "$pack/examples" && cp -r examples/configs "$pack/examples/"
 tar czf build/devpack.tar.gz -C build devpack
 ls -la build/devpack.tar.gz

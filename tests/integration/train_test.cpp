@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,8 +23,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = STAGEHAND_BIN_DIR;
-const std::string kConfigs = STAGEHAND_SOURCE_DIR "/examples/configs/";
+/// Where the programs are; STAGEHAND_BIN_DIR in the environment overrides the build's folder
+/// (the GPU check runs the tests from an unpacked copy).
+const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
+const std::string kConfigs = std::string(std::getenv("STAGEHAND_SOURCE_DIR") ? std::getenv("STAGEHAND_SOURCE_DIR")
+                                                                             : STAGEHAND_SOURCE_DIR) +
+                             "/examples/configs/";
 
 struct Run {
   int code = -1;

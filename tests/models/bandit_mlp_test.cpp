@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "models/bandit_mlp.hpp"
+#include "models/gemm.hpp"
 #include "strategy/commit.hpp"
 #include "strategy/local_save.hpp"
 #include "tests/test_util.hpp"
@@ -129,4 +130,30 @@ BOOST_AUTO_TEST_CASE(exported_weights_let_generators_sample_like_the_policy) {
   for (auto& t : t2) t.join();
   BOOST_TEST(a[0].reward == b[0].reward);
   BOOST_TEST(store->wait_for(5, std::chrono::milliseconds(10)).status().code() == ErrorCode::timeout);
+}
+
+BOOST_AUTO_TEST_CASE(matrix_products_match_a_reference_on_the_default_device) {
+  // cuBLAS on a machine with a GPU, OpenBLAS otherwise; both against a plain triple loop.
+  auto gemm = *Gemm::create(default_device(0));
+  BOOST_TEST_MESSAGE("products on " << gemm->device().to_string());
+  const int m = 7, n = 5, k = 9;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 37 % 11)) - 5.0f;
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 17 % 7)) - 3.0f;
+      // Stored as op(A) [m, k] and op(B) [k, n] would be read: A is [k, m] when transposed.
+      auto at = [&](int i, int p) { return ta ? a[static_cast<std::size_t>(p * m + i)] : a[static_cast<std::size_t>(i * k + p)]; };
+      auto bt = [&](int p, int j) { return tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)]; };
+      std::vector<float> c(static_cast<std::size_t>(m * n), -1.0f);
+      BOOST_REQUIRE(gemm->multiply(ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, c.data(), n).is_ok());
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          float expected = 0;
+          for (int p = 0; p < k; ++p) expected += at(i, p) * bt(p, j);
+          BOOST_TEST(c[static_cast<std::size_t>(i * n + j)] == expected, "trans " << ta << tb << " at " << i << "," << j);
+        }
+      }
+    }
+  }
 }

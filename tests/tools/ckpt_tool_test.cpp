@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "strategy/loader.hpp"
@@ -29,7 +30,9 @@ Run run(const std::string& command) {
   return r;
 }
 
-const std::string kBin = STAGEHAND_BIN_DIR;
+/// Where the programs are; STAGEHAND_BIN_DIR in the environment overrides the build's folder
+/// (the GPU check runs the tests from an unpacked copy).
+const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
 
 std::string bench_save(const std::string& out) {
   return kBin + "/stagehand-bench save --out " + out +
