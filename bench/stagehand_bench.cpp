@@ -113,6 +113,22 @@ struct SaveArgs {
   bool via_actors = false;
 };
 
+/// The figures every save prints.
+nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std::uint64_t bytes, double save_s) {
+  nlohmann::json line;
+  line["mode"] = mode;
+  line["repeat"] = repeat;
+  line["device"] = default_device(0).to_string();
+  line["ranks"] = args.ranks;
+  line["thread_count"] = args.thread_count;
+  line["staging_buckets"] = args.staging_buckets;
+  line["bytes"] = bytes;
+  line["save_s"] = save_s;
+  line["throughput_gbps"] = static_cast<double>(bytes) / save_s / 1e9;
+  line["host_staging_peak_bytes"] = staging_memory().peak();
+  return line;
+}
+
 /// Saves through MegatronStrategy actors, a coordinator and the driver, as a trainer would:
 /// `stall_s` is how long the caller was blocked, `save_s` the time until the commit.
 int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
@@ -157,18 +173,8 @@ int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
     bytes -= metadata_bytes;
     stalls.push_back(timing->stall_s);
     totals.push_back(total);
-    nlohmann::json line;
-    line["mode"] = timing->async ? "async" : "sync";
-    line["repeat"] = k;
-    line["device"] = default_device(0).to_string();
-    line["ranks"] = args.ranks;
-    line["thread_count"] = args.thread_count;
-    line["staging_buckets"] = args.staging_buckets;
-    line["bytes"] = bytes;
+    nlohmann::json line = save_line(args, timing->async ? "async" : "sync", k, bytes, total);
     line["stall_s"] = timing->stall_s;
-    line["save_s"] = total;
-    line["throughput_gbps"] = static_cast<double>(bytes) / total / 1e9;
-    line["host_staging_peak_bytes"] = staging_memory().peak();
     line["rss_bytes"] = current_rss_bytes();
     std::cout << line.dump() << std::endl;
   }
@@ -245,16 +251,7 @@ int run_save(const SaveArgs& args) {
     bytes = 0;
     for (const auto& r : *reports) bytes += r.bytes_written();
     save_times.push_back(elapsed);
-    line["mode"] = "sync";
-    line["repeat"] = k;
-    line["device"] = default_device(0).to_string();
-    line["ranks"] = args.ranks;
-    line["thread_count"] = args.thread_count;
-    line["staging_buckets"] = args.staging_buckets;
-    line["bytes"] = bytes;
-    line["save_s"] = elapsed;
-    line["throughput_gbps"] = static_cast<double>(bytes) / elapsed / 1e9;
-    line["host_staging_peak_bytes"] = staging_memory().peak();
+    line.update(save_line(args, "sync", k, bytes, elapsed));
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     if (args.baseline) {
       line["raw_write_s"] = raw_times.back();

@@ -4,19 +4,13 @@
 #include <vector>
 
 #include "core/host_buffer.hpp"
+#include "core/random.hpp"
 
 namespace stagehand {
 
 namespace {
 
 constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f32, DType::f16, DType::i64, DType::u8};
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 }  // namespace
 

@@ -3,18 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/random.hpp"
+
 namespace stagehand {
-
-namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 double uniform01(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
   std::uint64_t bits = splitmix64(splitmix64(seed ^ (stream * 0xd1b54a32d192ed03ULL)) + index);

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <filesystem>
 #include <functional>
@@ -41,6 +44,22 @@ class TempDir {
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// What a command printed (stdout and stderr) and its exit code.
+struct CommandRun {
+  int code = -1;
+  std::string output;
+};
+
+inline CommandRun run_command(const std::string& command) {
+  CommandRun r;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), pipe)) r.output.append(buf, n);
+  int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 /// A host tensor of `shape` filled with random bytes from `seed`.

@@ -12,6 +12,7 @@
 #include "strategy/checkpoint_coordinator.hpp"
 #include "strategy/commit.hpp"
 #include "strategy/loader.hpp"
+#include "tests/caf_test_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -20,14 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-caf::actor_system_config& system_config() {
-  static caf::actor_system_config cfg = [] {
-    caf::actor_system_config c;
-    register_stagehand_errors(c);
-    return c;
-  }();
-  return cfg;
-}
 
 ModelConfig small_model() {
   ModelConfig m;
@@ -38,7 +31,7 @@ ModelConfig small_model() {
 
 /// Workers of a tensor 2 x data 2 world, their dispatch and coordinator.
 struct World {
-  caf::actor_system system{system_config()};
+  caf::actor_system system{test::system_config()};
   ParallelLayout layout{2, 2};
   std::vector<caf::actor> workers;
   caf::actor coordinator;

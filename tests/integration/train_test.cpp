@@ -30,22 +30,14 @@ const std::string kConfigs = std::string(std::getenv("STAGEHAND_SOURCE_DIR") ? s
                                                                              : STAGEHAND_SOURCE_DIR) +
                              "/examples/configs/";
 
-struct Run {
-  int code = -1;
-  std::string output;
-};
+
+using Run = test::CommandRun;
 
 Run train(const std::string& config, const std::vector<std::string>& sets, const std::string& metrics = "") {
   std::string cmd = kBin + "/stagehand-train --quiet --config " + kConfigs + config;
   for (const auto& s : sets) cmd += " --set " + s;
   if (!metrics.empty()) cmd += " --metrics-out " + metrics;
-  Run r;
-  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof(buf), pipe)) r.output.append(buf, n);
-  int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_command(cmd);
 }
 
 std::vector<nlohmann::json> lines_of(const std::string& path, const std::string& type) {

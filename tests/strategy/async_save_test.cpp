@@ -24,6 +24,7 @@
 #include "strategy/messages.hpp"
 #include "strategy/priority.hpp"
 #include "strategy/thread_pool.hpp"
+#include "tests/caf_test_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -34,18 +35,10 @@ namespace {
 
 const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
 
-caf::actor_system_config& system_config() {
-  static caf::actor_system_config cfg = [] {
-    caf::actor_system_config c;
-    register_stagehand_errors(c);
-    return c;
-  }();
-  return cfg;
-}
 
 /// Ranks' states, their strategies, a coordinator and a driver, all in this process.
 struct Cluster {
-  caf::actor_system system{system_config()};
+  caf::actor_system system{test::system_config()};
   std::vector<std::shared_ptr<StateDict>> states;
   std::unique_ptr<LocalCheckpointDriver> driver;
 
@@ -183,7 +176,7 @@ BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
       step1_bytes_when_step2_began = step1_bytes();
     }
   };
-  caf::actor_system system{system_config()};
+  caf::actor_system system{test::system_config()};
   auto state = std::make_shared<StateDict>(*make_synthetic_state({1, 1u << 20, 8, 3}, 0, Device::host()));
   auto strategy = *spawn_megatron_strategy(system, {0, 2, 0, true, true, storage}, state, caf::actor{});
   fs::create_directories(dir / "s1");
@@ -283,7 +276,7 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
 }
 
 BOOST_AUTO_TEST_CASE(async_with_staging_buckets_is_refused) {
-  caf::actor_system system{system_config()};
+  caf::actor_system system{test::system_config()};
   auto state = std::make_shared<StateDict>();
   auto strategy = spawn_megatron_strategy(system, {0, 4, 2, true, true, local_storage()}, state, caf::actor{});
   BOOST_REQUIRE(!strategy.is_ok());

@@ -15,20 +15,6 @@ using stagehand::test::TempDir;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string output;
-};
-
-Run run(const std::string& command) {
-  Run r{-1, {}};
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof(buf), pipe)) r.output.append(buf, n);
-  int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 /// Where the programs are; STAGEHAND_BIN_DIR in the environment overrides the build's folder
 /// (the GPU check runs the tests from an unpacked copy).
@@ -43,13 +29,13 @@ std::string bench_save(const std::string& out) {
 
 BOOST_AUTO_TEST_CASE(verify_accepts_a_good_checkpoint_and_inspect_lists_it) {
   TempDir dir;
-  Run save = run(bench_save(dir.path()));
+  test::CommandRun save = test::run_command(bench_save(dir.path()));
   BOOST_REQUIRE_MESSAGE(save.code == 0, save.output);
   BOOST_TEST(save.output.find("\"host_staging_peak_bytes\"") != std::string::npos);
-  Run verify = run(kBin + "/stagehand-ckpt verify " + dir.path());
+  test::CommandRun verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir.path());
   BOOST_TEST(verify.code == 0, verify.output);
   BOOST_TEST(verify.output.find("OK") != std::string::npos);
-  Run inspect = run(kBin + "/stagehand-ckpt inspect " + dir / "global_step_1");
+  test::CommandRun inspect = test::run_command(kBin + "/stagehand-ckpt inspect " + dir / "global_step_1");
   BOOST_TEST(inspect.code == 0);
   BOOST_TEST(inspect.output.find("layer0.param0") != std::string::npos);
   BOOST_TEST(inspect.output.find("__1_2.safetensors") != std::string::npos);
@@ -60,7 +46,7 @@ BOOST_AUTO_TEST_CASE(verify_catches_a_flipped_byte_and_a_truncated_file) {
   for (std::string damage : {"flip", "truncate"}) {
     BOOST_TEST_CONTEXT(damage) {
       TempDir dir;
-      BOOST_REQUIRE(run(bench_save(dir.path())).code == 0);
+      BOOST_REQUIRE(test::run_command(bench_save(dir.path())).code == 0);
       std::string file = dir / "global_step_1/policy/__1_1.safetensors";
       auto size = std::filesystem::file_size(file);
       if (damage == "flip") {
@@ -70,7 +56,7 @@ BOOST_AUTO_TEST_CASE(verify_catches_a_flipped_byte_and_a_truncated_file) {
       } else {
         std::filesystem::resize_file(file, size - 1000);
       }
-      Run verify = run(kBin + "/stagehand-ckpt verify " + dir.path());
+      test::CommandRun verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir.path());
       BOOST_TEST(verify.code == 1, verify.output);
       BOOST_TEST(verify.output.find("__1_1.safetensors") != std::string::npos, verify.output);
       BOOST_TEST(verify.output.find("FAILED") != std::string::npos);
@@ -80,16 +66,16 @@ BOOST_AUTO_TEST_CASE(verify_catches_a_flipped_byte_and_a_truncated_file) {
 
 BOOST_AUTO_TEST_CASE(bad_paths_and_arguments_fail_clearly) {
   TempDir dir;
-  Run missing = run(kBin + "/stagehand-ckpt verify " + dir / "nothing");
+  test::CommandRun missing = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "nothing");
   BOOST_TEST(missing.code == 2);
   BOOST_TEST(missing.output.find("is not a folder") != std::string::npos, missing.output);
-  Run empty = run(kBin + "/stagehand-ckpt inspect " + dir.path());
+  test::CommandRun empty = test::run_command(kBin + "/stagehand-ckpt inspect " + dir.path());
   BOOST_TEST(empty.code == 2);
   BOOST_TEST(empty.output.find("latest_ckpt_global_step.txt") != std::string::npos, empty.output);
-  Run bad_size = run(kBin + "/stagehand-bench save --out " + dir.path() + " --bytes-per-rank 5X");
+  test::CommandRun bad_size = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() + " --bytes-per-rank 5X");
   BOOST_TEST(bad_size.code != 0);
   BOOST_TEST(bad_size.output.find("--bytes-per-rank") != std::string::npos, bad_size.output);
-  Run bad_staging = run(kBin + "/stagehand-bench save --out " + dir.path() + " --thread-count 2 --staging-buckets 3");
+  test::CommandRun bad_staging = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() + " --thread-count 2 --staging-buckets 3");
   BOOST_TEST(bad_staging.code != 0);
   BOOST_TEST(bad_staging.output.find("ckpt_save_staging_buckets") != std::string::npos, bad_staging.output);
 }
