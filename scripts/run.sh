@@ -10,5 +10,6 @@ bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
 cmake --build build -j"$(nproc)" --target stagehand-train stagehand-ckpt
 
+mkdir -p checkpoints  # the configs' ckpt_path is checkpoints/<name>; its parent must exist
 ./build/bin/stagehand-train --config examples/configs/sync_rl.yaml "$@"
 ./build/bin/stagehand-ckpt verify checkpoints/sync_rl

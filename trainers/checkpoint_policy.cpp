@@ -1,5 +1,8 @@
 #include "trainers/checkpoint_policy.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +60,28 @@ Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
     deleted.push_back(steps[i]);
   }
   return deleted;
+}
+
+Status CheckpointPolicy::check_destination() const {
+  const std::string& root = config_.ckpt_path;
+  if (is_cloud(root)) return Status::ok();
+  std::error_code ec;
+  if (fs::exists(root, ec)) {
+    if (!fs::is_directory(root, ec)) {
+      return {ErrorCode::invalid_argument, "trainer.ckpt_path '" + root + "' is not a folder"};
+    }
+    if (::access(root.c_str(), W_OK) != 0) return Status::from_errno(errno, "trainer.ckpt_path '" + root + "'");
+    return Status::ok();
+  }
+  fs::path parent = fs::absolute(root, ec).parent_path();
+  if (!fs::is_directory(parent, ec)) {
+    return {ErrorCode::not_found, "the parent folder '" + parent.string() + "' of trainer.ckpt_path '" + root +
+                                      "' does not exist"};
+  }
+  if (::access(parent.c_str(), W_OK) != 0) {
+    return Status::from_errno(errno, "the parent folder '" + parent.string() + "' of trainer.ckpt_path '" + root + "'");
+  }
+  return Status::ok();
 }
 
 Status CheckpointPolicy::clean_interrupted_saves() const {

@@ -28,6 +28,10 @@ class CheckpointPolicy {
   /// @return the steps deleted.
   Result<std::vector<std::int64_t>> apply_retention() const;
 
+  /// Fails fast, before any training, when `ckpt_path` cannot hold checkpoints: a local path
+  /// that is not a folder, or whose parent folder is missing or not writable.
+  Status check_destination() const;
+
   /// Removes `.tmp` folders left by interrupted saves (at start-up, before anything is saved).
   Status clean_interrupted_saves() const;
 

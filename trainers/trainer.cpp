@@ -80,6 +80,7 @@ class TrainerBase : public caf::blocking_actor {
       if (!metrics_) return Status::from_errno(errno, "cannot write --metrics-out '" + options_.metrics_out + "'");
     }
     std::int64_t step = 0;
+    SH_RETURN_IF_ERROR(policy_.check_destination());
     SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
     SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
     if (resume) {

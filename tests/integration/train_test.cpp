@@ -156,6 +156,10 @@ BOOST_AUTO_TEST_CASE(resume_errors_are_clear) {
                                    "trainer.resume_path=" + dir / "ckpt/global_step_5.tmp"});
   BOOST_TEST(tmp.code != 0);
   BOOST_TEST(tmp.output.find("uncommitted") != std::string::npos, tmp.output);
+  Run no_parent = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "missing/ckpt"}, dir / "m.jsonl");
+  BOOST_TEST(no_parent.code != 0);
+  BOOST_TEST(no_parent.output.find("does not exist") != std::string::npos, no_parent.output);
+  BOOST_TEST(lines_of(dir / "m.jsonl", "step").empty());  // it failed before training
   Run wrong_kind_base = train("sft.yaml", {"trainer.ckpt_path=" + dir / "sft", "trainer.total_steps=5"});
   BOOST_REQUIRE(wrong_kind_base.code == 0);
   Run wrong_kind = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "sft", "trainer.resume_mode=latest"});
