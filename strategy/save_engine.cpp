@@ -54,8 +54,7 @@ BucketWriteResult SaveEngine::stage_result(const PlannedBucket& bucket, const St
   BucketWriteResult result;
   result.bucket = bucket.index;
   result.file = bucket.file_name;
-  result.status = staged.with_context("rank " + std::to_string(rank_) + " bucket " +
-                                      std::to_string(bucket.index) + " (" + bucket.file_name + ")");
+  result.status = staged.with_context(bucket_context(bucket));
   return result;
 }
 
@@ -73,6 +72,72 @@ std::vector<BucketWriteResult> SaveEngine::run_wave(
   return results;
 }
 
+std::vector<BucketWriteResult> SaveEngine::write_wave(int first, int last, int parts, const StateDict* state,
+                                                      const std::string& policy_dir,
+                                                      std::vector<std::unique_ptr<WritableFile>>& unsynced) {
+  const auto n = static_cast<std::size_t>(last - first);
+  std::vector<BucketWriteResult> results(n);
+  std::vector<std::vector<std::size_t>> bounds(n);
+  // Open every file of the wave and write its header.
+  auto opened = run_wave(first, last, [&](const PlannedBucket& bucket, std::uint8_t*) {
+    BucketWriteResult result;
+    result.bucket = bucket.index;
+    result.file = bucket.file_name;
+    result.chunks.resize(bucket.items.size());
+    auto file = open_bucket_file(*storage_, policy_dir, bucket);
+    if (file.is_ok()) {
+      unsynced[static_cast<std::size_t>(bucket.index)] = std::move(*file);
+    } else {
+      result.status = file.status().with_context(bucket_context(bucket));
+    }
+    return result;
+  });
+  // Stage (for a sync save) and write each bucket in `parts` runs of items, one writer thread each.
+  std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (bucket in wave, part)
+  for (std::size_t j = 0; j < n; ++j) {
+    results[j] = std::move(opened[j]);
+    if (!results[j].status.is_ok()) continue;
+    bounds[j] = split_items(plan_->buckets[static_cast<std::size_t>(first) + j], parts);
+    for (std::size_t p = 0; p + 1 < bounds[j].size(); ++p) tasks.emplace_back(j, p);
+  }
+  std::vector<Status> part_status(tasks.size());
+  std::vector<std::future<void>> done;
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    done.push_back(writers_.submit([&, t] {
+      auto [j, p] = tasks[t];
+      const PlannedBucket& bucket = plan_->buckets[static_cast<std::size_t>(first) + j];
+      std::uint8_t* slot = staging_.slot(j);
+      Status st = state ? stage_items(bucket, bounds[j][p], bounds[j][p + 1], *state, slot) : Status::ok();
+      if (st.is_ok()) {
+        st = write_bucket_items(*unsynced[static_cast<std::size_t>(bucket.index)], bucket, bounds[j][p],
+                                bounds[j][p + 1], slot, results[j].chunks);
+      }
+      part_status[t] = st.is_ok() ? st : st.with_context(bucket_context(bucket));
+    }));
+  }
+  for (auto& f : done) f.get();
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    auto& result = results[tasks[t].first];
+    if (!part_status[t].is_ok() && result.status.is_ok()) result.status = part_status[t];
+  }
+  // The whole-file checksum, over the staged bytes.
+  done.clear();
+  for (std::size_t j = 0; j < n; ++j) {
+    if (!results[j].status.is_ok()) continue;
+    done.push_back(writers_.submit([&, j] {
+      const PlannedBucket& bucket = plan_->buckets[static_cast<std::size_t>(first) + j];
+      results[j].size = bucket.file_size();
+      results[j].xxh3 = bucket_file_xxh3(bucket, staging_.slot(j));
+    }));
+  }
+  for (auto& f : done) f.get();
+  return results;
+}
+
+std::string SaveEngine::bucket_context(const PlannedBucket& bucket) const {
+  return "rank " + std::to_string(rank_) + " bucket " + std::to_string(bucket.index) + " (" + bucket.file_name + ")";
+}
+
 RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir,
                                 std::int64_t step) {
   RankSaveReport report = make_report(step);
@@ -83,18 +148,14 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
-  // Files are written wave after wave but fsynced together at the end: a slot is free for the
-  // next wave as soon as its bytes are in the page cache, so waves do not wait for the disk.
+  // A wave of fewer buckets than writer threads splits each bucket among the idle threads, so
+  // waves write as many streams at once as staging everything would. Files are fsynced together
+  // at the end: a slot is free for the next wave once its bytes are written, not yet durable.
   const int buckets = static_cast<int>(plan_->buckets.size());
+  const int parts = std::max(1, options_.thread_count / wave_size());
   std::vector<std::unique_ptr<WritableFile>> unsynced(static_cast<std::size_t>(buckets));
   for (int first = 0; first < buckets && report.status.is_ok(); first += wave_size()) {
-    auto results = run_wave(first, std::min(buckets, first + wave_size()),
-                            [&](const PlannedBucket& bucket, std::uint8_t* slot) {
-                              Status staged = stage_bucket(bucket, state, slot);
-                              if (!staged.is_ok()) return stage_result(bucket, staged);
-                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot,
-                                                  &unsynced[static_cast<std::size_t>(bucket.index)]);
-                            });
+    auto results = write_wave(first, std::min(buckets, first + wave_size()), parts, &state, policy_dir, unsynced);
     for (auto& r : results) {
       if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
       report.buckets.push_back(std::move(r));
@@ -138,11 +199,10 @@ RankSaveReport SaveEngine::write_staged(const std::string& policy_dir, std::int6
   RankSaveReport report = make_report(step);
   report.objects = staged_objects_;
   std::vector<std::unique_ptr<WritableFile>> unsynced(plan_->buckets.size());
-  report.buckets = run_wave(0, static_cast<int>(plan_->buckets.size()),
-                            [&](const PlannedBucket& bucket, std::uint8_t* slot) {
-                              return write_bucket(*storage_, policy_dir, rank_, bucket, slot,
-                                                  &unsynced[static_cast<std::size_t>(bucket.index)]);
-                            });
+  report.buckets = write_wave(0, static_cast<int>(plan_->buckets.size()), 1, nullptr, policy_dir, unsynced);
+  for (const auto& r : report.buckets) {
+    if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
+  }
   finish_all(report, unsynced);
   return report;
 }

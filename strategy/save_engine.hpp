@@ -72,6 +72,13 @@ class SaveEngine {
   std::vector<BucketWriteResult> run_wave(
       int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task);
   BucketWriteResult stage_result(const PlannedBucket& bucket, const Status& staged) const;
+  /// Opens the files of buckets [first, last), stages (when `state` is given) and writes each in
+  /// `parts` runs of items on the writer threads, and takes each file's XXH3. The files stay open
+  /// in `unsynced`.
+  std::vector<BucketWriteResult> write_wave(int first, int last, int parts, const StateDict* state,
+                                            const std::string& policy_dir,
+                                            std::vector<std::unique_ptr<WritableFile>>& unsynced);
+  std::string bucket_context(const PlannedBucket& bucket) const;
   /// fsyncs and closes every file still open, in parallel; the first error becomes the report's.
   void finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced);
 

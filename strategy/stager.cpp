@@ -31,8 +31,10 @@ std::size_t StagingPool::bytes() const {
   return sum;
 }
 
-Status stage_bucket(const PlannedBucket& bucket, const StateDict& state, std::uint8_t* dst) {
-  for (const auto& item : bucket.items) {
+Status stage_items(const PlannedBucket& bucket, std::size_t first, std::size_t last, const StateDict& state,
+                   std::uint8_t* dst) {
+  for (std::size_t i = first; i < last; ++i) {
+    const PlannedItem& item = bucket.items[i];
     const Tensor& tensor = state.tensors[item.tensor_index].tensor;
     Status st = tensor.copy_to_host(dst + item.data_offset);
     if (!st.is_ok()) return st.with_context("staging '" + item.key + "'");

@@ -33,8 +33,14 @@ class StagingPool {
   std::vector<HostBuffer> slots_;
 };
 
-/// Copies every chunk of `bucket` from `state` (device or host memory) into `dst`, laid out
-/// exactly as the bucket file's data section.
-Status stage_bucket(const PlannedBucket& bucket, const StateDict& state, std::uint8_t* dst);
+/// Copies items [first, last) of `bucket` from `state` (device or host memory) into `dst`, laid
+/// out exactly as the bucket file's data section.
+Status stage_items(const PlannedBucket& bucket, std::size_t first, std::size_t last, const StateDict& state,
+                   std::uint8_t* dst);
+
+/// Stages every item of `bucket`.
+inline Status stage_bucket(const PlannedBucket& bucket, const StateDict& state, std::uint8_t* dst) {
+  return stage_items(bucket, 0, bucket.items.size(), state, dst);
+}
 
 }  // namespace stagehand

@@ -33,6 +33,21 @@ class LocalWritableFile final : public WritableFile {
     return Status::ok();
   }
 
+  Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    while (bytes > 0) {
+      ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::from_errno(errno, "write to '" + path_ + "'");
+      }
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::size_t>(n);
+    }
+    return Status::ok();
+  }
+
   Status sync() override {
     if (::fsync(fd_) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");
     return Status::ok();

@@ -12,12 +12,15 @@ namespace stagehand {
 
 /// A file being written from start to end.
 ///
-/// Thread-safety: one thread at a time.
+/// Thread-safety: one thread at a time, except write_at() of disjoint ranges.
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
   /// Appends all `bytes`; an error names the file and the errno.
   virtual Status append(const void* data, std::size_t bytes) = 0;
+  /// Writes all `bytes` at `offset` (the file grows as needed). Several threads may write
+  /// disjoint ranges of one file at once.
+  virtual Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) = 0;
   /// Makes everything appended so far durable (fsync).
   virtual Status sync() = 0;
   virtual Status close() = 0;

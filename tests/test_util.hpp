@@ -93,14 +93,14 @@ inline StateDict zeroed_like(const StateDict& state) {
   return out;
 }
 
-/// Wraps the local file system: slows appends, fails a chosen file with an errno, and records
+/// Wraps the local file system: slows writes, fails a chosen file with an errno, and records
 /// which files were created.
 class FaultStorage final : public StorageBackend {
  public:
-  /// Files whose name contains this fail their first append with `fail_errno`.
+  /// Files whose name contains this fail their first write with `fail_errno`.
   std::string fail_file;
   int fail_errno = EIO;
-  /// Sleep before each append.
+  /// Sleep before each write.
   std::chrono::milliseconds append_delay{0};
   /// Called on the writer thread before a file is created.
   std::function<void(const std::string& path)> on_open;
@@ -132,6 +132,11 @@ class FaultStorage final : public StorageBackend {
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
       if (fail_errno_ != 0) return Status::from_errno(fail_errno_, "write to '" + path_ + "'");
       return inner_->append(data, bytes);
+    }
+    Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+      if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+      if (fail_errno_ != 0) return Status::from_errno(fail_errno_, "write to '" + path_ + "'");
+      return inner_->write_at(offset, data, bytes);
     }
     Status sync() override { return inner_->sync(); }
     Status close() override { return inner_->close(); }
