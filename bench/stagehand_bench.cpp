@@ -210,8 +210,9 @@ int run_save(const SaveArgs& args) {
   for (int r = 0; r < args.ranks; ++r) {
     SaveEngineOptions options{args.thread_count, args.staging_buckets, default_device(r).is_cuda(), {}};
     auto engine = SaveEngine::create(r, options);
-    if (!engine.is_ok()) {
-      std::cerr << "stagehand-bench: " << engine.status().to_string() << "\n";
+    Status prepared = engine.is_ok() ? (*engine)->prepare(states[static_cast<std::size_t>(r)]) : engine.status();
+    if (!prepared.is_ok()) {
+      std::cerr << "stagehand-bench: " << prepared.to_string() << "\n";
       return 2;
     }
     engines.push_back(std::move(*engine));

@@ -161,6 +161,7 @@ Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOp
     };
   }
   SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(options.rank, engine_options, options.storage));
+  SH_RETURN_IF_ERROR(engine->prepare(*state).with_context("rank " + std::to_string(options.rank)));
   return system.spawn<MegatronStrategy, caf::detached>(std::move(options), std::move(engine), std::move(state),
                                                        std::move(listener));
 }

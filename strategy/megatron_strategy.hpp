@@ -23,8 +23,8 @@ struct StrategyOptions {
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
-/// AsyncCallsQueue (writer threads and host staging buffers created once, reused by every save,
-/// kept until the actor exits). `state` is the rank's live state; tensor bytes never travel in
+/// AsyncCallsQueue (writer threads and host staging buffers created here, at spawn, for the
+/// state's current structure; reused by every save; kept until the actor exits). `state` is the rank's live state; tensor bytes never travel in
 /// messages. When a rank's write ends, the strategy pushes the encoded RankSaveReport to
 /// `listener` at once as (rank_saved_atom, string).
 ///

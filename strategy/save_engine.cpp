@@ -43,6 +43,11 @@ Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
   return &*plan_;
 }
 
+Status SaveEngine::prepare(const StateDict& state) {
+  SH_ASSIGN_OR_RETURN(const SavePlan* plan, plan_for(state));
+  return staging_.reserve(*plan, wave_size());
+}
+
 RankSaveReport SaveEngine::make_report(std::int64_t step) const {
   RankSaveReport report;
   report.rank = rank_;

@@ -48,6 +48,10 @@ class SaveEngine {
   /// The plan for `state`, made anew only when its structure changed.
   Result<const SavePlan*> plan_for(const StateDict& state);
 
+  /// Plans `state` and allocates the staging buffers now, so that the first save does not pay
+  /// for them (pinned allocations of gigabytes take about a second).
+  Status prepare(const StateDict& state);
+
   /// Stages and writes every bucket of `state` into `policy_dir`, in waves of
   /// `staging_buckets`. The first error stops the waves after it.
   /// @post report.buckets holds one result per bucket attempted, in bucket order.

@@ -1,6 +1,7 @@
 #include "strategy/stager.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace stagehand {
 
@@ -21,6 +22,8 @@ Status StagingPool::reserve(const SavePlan& plan, int wave_size) {
       return {ErrorCode::no_space, "cannot allocate a host staging buffer of " +
                                        std::to_string(need[j]) + " bytes"};
     }
+    // Touch every page now: first-touch page faults would otherwise land in the first save.
+    std::memset(slots_[j].data(), 0, slots_[j].size());
   }
   return Status::ok();
 }

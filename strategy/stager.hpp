@@ -11,8 +11,8 @@
 namespace stagehand {
 
 /// Host buffers that hold staged buckets: one slot per bucket of a wave, each allocated at the
-/// exact size of the largest bucket it holds, charged to staging_memory(), and kept across saves
-/// while the sizes stay the same.
+/// exact size of the largest bucket it holds (and its pages touched at once), charged to
+/// staging_memory(), and kept across saves while the sizes stay the same.
 ///
 /// Thread-safety: reserve() from one thread; distinct slots may then be filled concurrently.
 class StagingPool {
