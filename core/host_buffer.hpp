@@ -44,7 +44,6 @@ class HostBuffer {
   std::uint8_t* data() { return data_; }
   const std::uint8_t* data() const { return data_; }
   std::size_t size() const { return size_; }
-  bool pinned() const { return pinned_; }
 
  private:
   void release();

@@ -4,11 +4,11 @@
 
 namespace stagehand {
 
-std::string ShardedTensorDesc::chunk_key() const {
+std::string chunk_key(const std::string& name, const Shape& offsets) {
   std::string key = name + "@";
-  for (std::size_t i = 0; i < global_offset.rank(); ++i) {
+  for (std::size_t i = 0; i < offsets.rank(); ++i) {
     if (i > 0) key += ",";
-    key += std::to_string(global_offset[i]);
+    key += std::to_string(offsets[i]);
   }
   return key;
 }

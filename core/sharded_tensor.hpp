@@ -12,6 +12,9 @@
 
 namespace stagehand {
 
+/// The safetensors key of the block of `name` at `offsets`: "<name>@<offset0>,<offset1>,...".
+std::string chunk_key(const std::string& name, const Shape& offsets);
+
 /// Where one rank's piece of a global tensor sits: the global shape, the offset of the local
 /// block in it, the local block's shape, and which replica of that block this rank holds
 /// (0 is the one that is saved; data-parallel copies have replica_id > 0).
@@ -27,8 +30,8 @@ struct ShardedTensorDesc {
     return static_cast<std::size_t>(local_shape.numel()) * dtype_size(dtype);
   }
 
-  /// The safetensors key of this block: "<name>@<offset0>,<offset1>,...".
-  std::string chunk_key() const;
+  /// The safetensors key of this block (see stagehand::chunk_key).
+  std::string chunk_key() const { return stagehand::chunk_key(name, global_offset); }
 
   /// Checks ranks agree and the local block lies inside the global shape.
   Status validate() const;

@@ -52,21 +52,24 @@ std::optional<std::int64_t> parse_step_dir(const std::string& name, bool tmp) {
 
 }  // namespace
 
-Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t step) {
-  if (root.empty()) return Status{ErrorCode::invalid_argument, "ckpt_path is empty"};
-  if (step < 0) return Status{ErrorCode::invalid_argument, "negative step " + std::to_string(step)};
+Status check_checkpoint_root(const std::string& root) {
+  if (root.empty()) return {ErrorCode::invalid_argument, "ckpt_path is empty"};
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    if (fs::exists(root, ec)) {
-      return Status{ErrorCode::invalid_argument, "ckpt_path '" + root + "' is not a folder"};
-    }
-    fs::path parent = fs::absolute(root, ec).parent_path();
-    if (!fs::is_directory(parent, ec)) {
-      return Status{ErrorCode::not_found, "the parent folder '" + parent.string() +
-                                              "' of ckpt_path '" + root + "' does not exist"};
-    }
-    SH_RETURN_IF_ERROR(make_dir(root).with_context("ckpt_path"));
+  if (fs::is_directory(root, ec)) return Status::ok();
+  if (fs::exists(root, ec)) return {ErrorCode::invalid_argument, "ckpt_path '" + root + "' is not a folder"};
+  fs::path parent = fs::absolute(root, ec).parent_path();
+  if (!fs::is_directory(parent, ec)) {
+    return {ErrorCode::not_found,
+            "the parent folder '" + parent.string() + "' of ckpt_path '" + root + "' does not exist"};
   }
+  return Status::ok();
+}
+
+Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t step) {
+  if (step < 0) return Status{ErrorCode::invalid_argument, "negative step " + std::to_string(step)};
+  SH_RETURN_IF_ERROR(check_checkpoint_root(root));
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) SH_RETURN_IF_ERROR(make_dir(root).with_context("ckpt_path"));
   CheckpointLayout layout{root};
   std::string tmp = layout.tmp_dir(step);
   SH_RETURN_IF_ERROR(remove_tree(tmp));
@@ -156,15 +159,12 @@ Status commit_checkpoint(const std::string& root, std::int64_t step,
   CheckpointLayout layout{root};
   std::string tmp = layout.tmp_dir(step);
   std::string final_dir = layout.step_dir(step);
-  auto metadata = build_metadata(step, reports, world_size);
-  if (!metadata.is_ok()) {
-    (void)abort_checkpoint(root, step);
-    return metadata.status().with_context("checkpoint step " + std::to_string(step) + " not committed");
-  }
   auto fail = [&](const Status& st) {
     (void)abort_checkpoint(root, step);
     return st.with_context("checkpoint step " + std::to_string(step) + " not committed");
   };
+  auto metadata = build_metadata(step, reports, world_size);
+  if (!metadata.is_ok()) return fail(metadata.status());
   std::string policy = CheckpointLayout::policy_dir(tmp);
   Status st = write_file_atomic(policy + "/" + kMetadataFile, metadata_to_json(*metadata));
   if (st.is_ok()) st = fsync_dir(tmp);

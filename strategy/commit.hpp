@@ -11,6 +11,10 @@
 
 namespace stagehand {
 
+/// Checks, without creating anything, that `root` is a folder or a missing one whose parent
+/// folder exists.
+Status check_checkpoint_root(const std::string& root);
+
 /// Creates `<root>/global_step_<step>.tmp/policy/` for the ranks to write into, replacing a stale
 /// one of the same step. `root` is created when missing, but its parent must exist.
 /// @return the checkpoint's temporary folder.

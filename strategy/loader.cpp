@@ -227,23 +227,6 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
                                 " bytes, the metadata says " + std::to_string(meta.size));
       continue;
     }
-    Xxh3Stream hash;
-    Status read_status;
-    for (std::uint64_t done = 0; done < meta.size && read_status.is_ok();) {
-      std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - done));
-      read_status = pread_exact(file->fd(), done, buffer.data(), n, path);
-      hash.update(buffer.data(), n);
-      done += n;
-    }
-    if (!read_status.is_ok()) {
-      result.problems.push_back(read_status.message());
-      continue;
-    }
-    result.bytes_checked += meta.size;
-    if (hash.digest() != meta.xxh3) {
-      result.problems.push_back("'" + path + "': file checksum mismatch (XXH3 " + xxh3_hex(hash.digest()) +
-                                ", expected " + xxh3_hex(meta.xxh3) + ")");
-    }
     auto parsed = parse_safetensors_header(path);
     if (!parsed.is_ok()) {
       result.problems.push_back(parsed.status().message());
@@ -251,12 +234,11 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
     }
     std::map<std::string, const SafetensorsEntry*> entries;
     for (const auto& e : parsed->entries) entries[e.key] = &e;
+    // Chunks whose header entry agrees with the metadata get their checksum checked below.
+    std::vector<std::pair<std::string, const ChunkMeta*>> checked;
     for (const auto& [tensor, chunk] : chunks_by_file[name]) {
       ++result.chunks_checked;
-      std::string key = tensor + "@";
-      for (std::size_t i = 0; i < chunk->offsets.rank(); ++i) {
-        key += (i > 0 ? "," : "") + std::to_string(chunk->offsets[i]);
-      }
+      std::string key = chunk_key(tensor, chunk->offsets);
       auto entry = entries.find(key);
       if (entry == entries.end() || entry->second->begin + parsed->data_start != chunk->begin ||
           entry->second->end + parsed->data_start != chunk->end) {
@@ -264,13 +246,37 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
                                   "' is missing or disagrees with the metadata");
         continue;
       }
-      std::vector<std::uint8_t> bytes(chunk->end - chunk->begin);
-      Status st = pread_exact(file->fd(), chunk->begin, bytes.data(), bytes.size(), path);
-      if (!st.is_ok()) {
-        result.problems.push_back(st.message());
-      } else if (xxh3(bytes.data(), bytes.size()) != chunk->xxh3) {
-        result.problems.push_back("'" + path + "': tensor '" + tensor + "' chunk " +
-                                  chunk->offsets.to_string() + " checksum mismatch");
+      checked.emplace_back(tensor, chunk);
+    }
+    // One sequential pass feeds the file's checksum and every chunk's.
+    Xxh3Stream file_hash;
+    std::vector<std::unique_ptr<Xxh3Stream>> chunk_hashes;
+    for (std::size_t i = 0; i < checked.size(); ++i) chunk_hashes.push_back(std::make_unique<Xxh3Stream>());
+    Status read_status;
+    for (std::uint64_t done = 0; done < meta.size && read_status.is_ok();) {
+      std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - done));
+      read_status = pread_exact(file->fd(), done, buffer.data(), n, path);
+      file_hash.update(buffer.data(), n);
+      for (std::size_t i = 0; i < checked.size(); ++i) {
+        std::uint64_t lo = std::max(done, checked[i].second->begin);
+        std::uint64_t hi = std::min(done + n, checked[i].second->end);
+        if (lo < hi) chunk_hashes[i]->update(buffer.data() + (lo - done), hi - lo);
+      }
+      done += n;
+    }
+    if (!read_status.is_ok()) {
+      result.problems.push_back(read_status.message());
+      continue;
+    }
+    result.bytes_checked += meta.size;
+    if (file_hash.digest() != meta.xxh3) {
+      result.problems.push_back("'" + path + "': file checksum mismatch (XXH3 " + xxh3_hex(file_hash.digest()) +
+                                ", expected " + xxh3_hex(meta.xxh3) + ")");
+    }
+    for (std::size_t i = 0; i < checked.size(); ++i) {
+      if (chunk_hashes[i]->digest() != checked[i].second->xxh3) {
+        result.problems.push_back("'" + path + "': tensor '" + checked[i].first + "' chunk " +
+                                  checked[i].second->offsets.to_string() + " checksum mismatch");
       }
     }
   }

@@ -24,7 +24,6 @@ class StagingPool {
   Status reserve(const SavePlan& plan, int wave_size);
 
   std::uint8_t* slot(std::size_t j) { return slots_[j].data(); }
-  std::size_t slot_count() const { return slots_.size(); }
   /// Bytes held by all slots.
   std::size_t bytes() const;
 

@@ -24,7 +24,6 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   std::future<void> submit(std::function<void()> task);
-  int size() const { return static_cast<int>(threads_.size()); }
 
  private:
   void run();

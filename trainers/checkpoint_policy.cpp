@@ -65,21 +65,11 @@ Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
 Status CheckpointPolicy::check_destination() const {
   const std::string& root = config_.ckpt_path;
   if (is_cloud(root)) return Status::ok();
+  SH_RETURN_IF_ERROR(check_checkpoint_root(root).with_context("trainer"));
   std::error_code ec;
-  if (fs::exists(root, ec)) {
-    if (!fs::is_directory(root, ec)) {
-      return {ErrorCode::invalid_argument, "trainer.ckpt_path '" + root + "' is not a folder"};
-    }
-    if (::access(root.c_str(), W_OK) != 0) return Status::from_errno(errno, "trainer.ckpt_path '" + root + "'");
-    return Status::ok();
-  }
-  fs::path parent = fs::absolute(root, ec).parent_path();
-  if (!fs::is_directory(parent, ec)) {
-    return {ErrorCode::not_found, "the parent folder '" + parent.string() + "' of trainer.ckpt_path '" + root +
-                                      "' does not exist"};
-  }
-  if (::access(parent.c_str(), W_OK) != 0) {
-    return Status::from_errno(errno, "the parent folder '" + parent.string() + "' of trainer.ckpt_path '" + root + "'");
+  std::string writable = fs::is_directory(root, ec) ? root : fs::absolute(root, ec).parent_path().string();
+  if (::access(writable.c_str(), W_OK) != 0) {
+    return Status::from_errno(errno, "trainer.ckpt_path '" + root + "': folder '" + writable + "'");
   }
   return Status::ok();
 }
