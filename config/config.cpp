@@ -253,8 +253,12 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
   };
   ConfigReader::Fields s3{
       {"endpoint", r.string(&c.storage.s3.endpoint, true)},
-      {"region", r.string(&c.storage.s3.region, false)},
+      {"region", r.string(&c.storage.s3.region, true)},
       {"path_style", r.boolean(&c.storage.s3.path_style)},
+      {"multipart_threshold_mib", r.integer(&c.storage.s3.multipart_threshold_mib, 5, 1 << 20)},
+      {"part_size_mib", r.integer(&c.storage.s3.part_size_mib, 5, 5 << 10)},
+      {"upload_threads", r.integer(&c.storage.s3.upload_threads, 1, 256)},
+      {"max_attempts", r.integer(&c.storage.s3.max_attempts, 1, 100)},
   };
   ConfigReader::Fields storage{{"s3", section(s3)}};
   ConfigReader::Fields model{
@@ -296,6 +300,11 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
     return r.error_at_key("model.batch_size", "must be divisible by parallel.data_parallel (" +
                                                   std::to_string(c.parallel.data_parallel) + "), got " +
                                                   std::to_string(c.model.batch_size));
+  }
+  if (c.storage.s3.part_size_mib > c.storage.s3.multipart_threshold_mib) {
+    return r.error_at_key("storage.s3.part_size_mib", "must be at most storage.s3.multipart_threshold_mib (" +
+                                                          std::to_string(c.storage.s3.multipart_threshold_mib) +
+                                                          "), got " + std::to_string(c.storage.s3.part_size_mib));
   }
   if (c.trainer.resume_mode == ResumeMode::from_path && c.trainer.resume_path.empty()) {
     return r.error_at_key("trainer.resume_mode", "from_path needs trainer.resume_path");

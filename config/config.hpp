@@ -57,9 +57,20 @@ struct FullyAsyncConfig {
 
 /// `storage.s3:` keys; credentials come from the AWS environment variables.
 struct S3Config {
+  /// Base URL (http:// or https://); empty: AWS_ENDPOINT_URL, else AWS S3 or Cloud Storage.
   std::string endpoint;
-  std::string region = "us-east-1";
+  /// Signing region; empty: AWS_REGION, else us-east-1 (auto for gs://).
+  std::string region;
+  /// `<endpoint>/<bucket>/<key>` (true) or `<bucket>.<host>/<key>` (false).
   bool path_style = true;
+  /// Files of at least this many MiB go up as multipart uploads.
+  std::int64_t multipart_threshold_mib = 64;
+  /// MiB per part; at least 5 and at most multipart_threshold_mib.
+  std::int64_t part_size_mib = 16;
+  /// Parts and files each rank uploads at once.
+  std::int64_t upload_threads = 4;
+  /// Tries per request before giving up (throttling, 5xx, time-outs, broken connections).
+  std::int64_t max_attempts = 5;
 };
 
 struct StorageConfig {

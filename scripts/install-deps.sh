@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config
   libcaf-dev libyaml-cpp-dev libboost-test-dev libxxhash-dev nlohmann-json3-dev
-  libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev
+  libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev libpugixml-dev
   python3 python3-pip time
 )
 
@@ -20,8 +20,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# Independent readers of our files for the interop tests.
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ||
-    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors numpy
+# Independent readers of our files for the interop tests; an S3-compatible server (moto) and an
+# independent S3 client (boto3) for the object-store tests.
+if ! python3 -c 'import safetensors, numpy, moto.server, boto3, flask, flask_cors' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy 'moto[server]' boto3 ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors numpy \
+      'moto[server]' boto3
 fi

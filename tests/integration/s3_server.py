@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""An S3-compatible server on loopback for Stagehand's object-store tests.
+
+Starts moto's server with real request authentication (SigV4 signatures are checked against an
+IAM access key made here), creates the buckets asked for, and, with --proxy, a TCP proxy in front
+of it that the test can take down and bring back to play a server that stops mid-upload.
+
+Prints one JSON line: {"endpoint", "proxy_endpoint", "access_key", "secret_key", "region"}.
+Then reads commands on stdin, one per line, and answers each with one line:
+  down               the proxy drops every connection and refuses new ones
+  up                 the proxy accepts again
+  down_after N       the proxy goes down once N more request bytes have passed through it
+  uploads BUCKET     JSON list of open multipart uploads in BUCKET (straight to the server)
+EOF is the end: the server stops.
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proxy:
+    """Forwards 127.0.0.1:port to the server; can be taken down and brought back on the same port."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.port = free_port()
+        self.lock = threading.Lock()
+        self.listener = None
+        self.conns = set()
+        self.budget = None  # bytes left before going down; None: unlimited
+        self.up()
+
+    def up(self):
+        with self.lock:
+            if self.listener is not None:
+                return
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", self.port))
+            s.listen(64)
+            self.listener = s
+            self.budget = None
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def down(self):
+        with self.lock:
+            listener, self.listener = self.listener, None
+            conns, self.conns = self.conns, set()
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def down_after(self, n):
+        with self.lock:
+            self.budget = n
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                if self.listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self.conns.update((client, server))
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, src, dst, counts):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if counts:
+                    trip = False
+                    with self.lock:
+                        if self.budget is not None:
+                            self.budget -= len(data)
+                            trip = self.budget <= 0
+                    if trip:
+                        self.down()
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bucket", action="append", default=[])
+    ap.add_argument("--proxy", action="store_true")
+    ap.add_argument("--region", default="us-east-1")
+    args = ap.parse_args()
+
+    # Authentication starts after the three IAM calls below that make the test's access key.
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bootstrap")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bootstrap")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name=args.region)
+    iam.create_user(UserName="stagehand")
+    iam.put_user_policy(UserName="stagehand", PolicyName="all",
+                        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+                            {"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="stagehand")["AccessKey"]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=args.region,
+                      aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+    for b in args.bucket:
+        s3.create_bucket(Bucket=b)
+    proxy = Proxy(port) if args.proxy else None
+    print(json.dumps({"endpoint": endpoint,
+                      "proxy_endpoint": f"http://127.0.0.1:{proxy.port}" if proxy else "",
+                      "access_key": key["AccessKeyId"], "secret_key": key["SecretAccessKey"],
+                      "region": args.region}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "down" and proxy:
+            proxy.down()
+            print("ok", flush=True)
+        elif cmd[0] == "up" and proxy:
+            proxy.up()
+            print("ok", flush=True)
+        elif cmd[0] == "down_after" and proxy and len(cmd) == 2:
+            proxy.down_after(int(cmd[1]))
+            print("ok", flush=True)
+        elif cmd[0] == "uploads" and len(cmd) == 2:
+            r = s3.list_multipart_uploads(Bucket=cmd[1])
+            print(json.dumps([{"key": u["Key"], "upload_id": u["UploadId"]} for u in r.get("Uploads", [])]),
+                  flush=True)
+        else:
+            print("error unknown command " + line.strip(), flush=True)
+    if proxy:
+        proxy.down()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()
