@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
     weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
+  const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   auto coordinator = spawn_checkpoint_coordinator(
-      system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size()});
+      system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
   std::vector<caf::actor> workers;
   auto stop_all = [&] {
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
                              static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
                              c.megatron_config.async_dist_ckpt_save,
                              c.megatron_config.ckpt_writer_low_priority,
-                             local_storage()};
+                             local_storage(),
+                             store};
     auto worker = model.is_ok() ? spawn_worker(system, std::move(*model), strategy, coordinator)
                                 : Result<caf::actor>(model.status());
     if (!worker.is_ok()) {

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/log.hpp"
+#include "strategy/cloud_checkpoint.hpp"
 #include "strategy/commit.hpp"
 #include "strategy/destination.hpp"
 #include "strategy/messages.hpp"
@@ -60,6 +61,13 @@ class CheckpointCoordinator : public caf::event_based_actor {
                                             std::to_string(step)};
     }
     if (is_cloud(options_.destination)) {
+      SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
+      SH_ASSIGN_OR_RETURN(bool committed, cloud.is_committed(step));
+      if (committed) {
+        return Status{ErrorCode::already_exists,
+                      "step " + std::to_string(step) + " is already committed at '" + cloud.step_url(step) +
+                          "'; an object store cannot replace it atomically, so it is not overwritten"};
+      }
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(root_).parent_path(), ec);
       if (ec) return Status::from_errno(ec.value(), "cannot create local_work_dir '" + options_.local_work_dir + "'");
@@ -91,20 +99,41 @@ class CheckpointCoordinator : public caf::event_based_actor {
     if (static_cast<int>(reports_.size()) < options_.world_size) return;
     std::int64_t step = *open_step_;
     if (is_cloud(options_.destination)) {
-      finish(step, {ErrorCode::unsupported,
-                    "uploading checkpoints to '" + options_.destination +
-                        "' is not supported yet (object-store uploads are issue 5); step " + std::to_string(step) +
-                        " was written to '" + root_ + "' and is not committed"});
+      finish(step, commit_cloud(step));
       return;
     }
     finish(step, commit_checkpoint(root_, step, reports_, options_.world_size));
   }
 
+  Status commit_cloud(std::int64_t step) {
+    SH_ASSIGN_OR_RETURN(auto metadata, build_metadata(step, reports_, options_.world_size));
+    SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
+    SH_RETURN_IF_ERROR(cloud.commit(step, metadata, CheckpointLayout{root_}.tmp_dir(step)));
+    return abort_checkpoint(root_, step);
+  }
+
+  /// Deletes what the ranks uploaded for a step that will not commit.
+  void remove_uploaded(std::int64_t step) {
+    auto cloud = CloudCheckpoints::open(options_.destination, options_.object_store);
+    if (cloud.is_ok()) {
+      // A tracker write whose answer was lost may still have landed: then the step is committed.
+      auto tracker = cloud->read_tracker();
+      if (tracker.is_ok() && *tracker == step) return;
+    }
+    Status st = cloud.is_ok() ? cloud->remove_step(step) : cloud.status();
+    if (!st.is_ok()) {
+      logger()->warn("cannot delete the objects of uncommitted step {} now ({}); the next start cleans them", step,
+                     st.message());
+    }
+  }
+
   void finish(std::int64_t step, Status outcome) {
+    const std::string where = is_cloud(options_.destination) ? options_.destination : root_;
     if (outcome.is_ok()) {
-      logger()->info("committed checkpoint step {} in '{}'", step, root_);
+      logger()->info("committed checkpoint step {} in '{}'", step, where);
     } else {
       (void)abort_checkpoint(root_, step);
+      if (is_cloud(options_.destination)) remove_uploaded(step);
       outcome = outcome.with_context("checkpoint step " + std::to_string(step) + " not committed");
       logger()->error("{}", outcome.message());
     }
@@ -132,7 +161,7 @@ class CheckpointCoordinator : public caf::event_based_actor {
 }  // namespace
 
 caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options) {
-  return system.spawn<CheckpointCoordinator>(std::move(options));
+  return system.spawn<CheckpointCoordinator, caf::detached>(std::move(options));
 }
 
 }  // namespace stagehand

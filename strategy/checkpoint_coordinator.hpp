@@ -3,6 +3,8 @@
 #include <caf/fwd.hpp>
 #include <string>
 
+#include "strategy/object_store.hpp"
+
 namespace stagehand {
 
 struct CoordinatorOptions {
@@ -11,6 +13,8 @@ struct CoordinatorOptions {
   /// megatron_config.local_work_dir: where files for an object store are written first.
   std::string local_work_dir = "/tmp/stagehand-work";
   int world_size = 1;
+  /// How to reach an object-store destination.
+  ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
 };
 
 /// Spawns the coordinator that commits checkpoints: it prepares `global_step_N.tmp`, gathers
@@ -24,8 +28,13 @@ struct CoordinatorOptions {
 /// - (await_atom, step) -> void: answers once that step committed, or with why it did not.
 /// - (abort_atom, step, reason): gives up the open step (nothing is committed).
 ///
-/// An object-store destination is written under `local_work_dir`, and its commit fails with
-/// "not supported yet" until uploads exist: it is never silently kept only locally.
+/// An object-store destination: the step's folder is prepared under `local_work_dir` (the ranks
+/// write there and upload their own files); begin refuses a step already committed in the store
+/// (objects cannot be swapped atomically); the commit uploads trainer_state.json, the metadata and
+/// then the tracker object, and removes the local folder. A failed step's uploaded objects are
+/// deleted again (what cannot be deleted now is cleaned at the next start).
+///
+/// The actor is detached: uploads block it, never a scheduler thread.
 caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
 
 }  // namespace stagehand

@@ -32,7 +32,9 @@ Status remove_tree(const std::string& path) {
   return Status::ok();
 }
 
-std::optional<std::int64_t> parse_step_dir(const std::string& name, bool tmp) {
+}  // namespace
+
+std::optional<std::int64_t> parse_step_dir_name(const std::string& name, bool tmp) {
   static const std::string kPrefix = "global_step_";
   static const std::string kTmp = ".tmp";
   if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
@@ -50,7 +52,12 @@ std::optional<std::int64_t> parse_step_dir(const std::string& name, bool tmp) {
   return std::stoll(digits);
 }
 
-}  // namespace
+Result<std::int64_t> parse_tracker(std::string text, const std::string& where) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  auto step = parse_step_dir_name("global_step_" + text, false);
+  if (!step) return Status{ErrorCode::corruption, "tracker '" + where + "' does not hold a step number"};
+  return *step;
+}
 
 Status check_checkpoint_root(const std::string& root) {
   if (root.empty()) return {ErrorCode::invalid_argument, "ckpt_path is empty"};
@@ -190,19 +197,15 @@ Result<std::optional<std::int64_t>> read_tracker(const std::string& root) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<std::int64_t>{};
   SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  auto step = parse_step_dir("global_step_" + text, false);
-  if (!step) {
-    return Status{ErrorCode::corruption, "tracker '" + path + "' does not hold a step number"};
-  }
-  return std::optional<std::int64_t>{*step};
+  SH_ASSIGN_OR_RETURN(std::int64_t step, parse_tracker(std::move(text), path));
+  return std::optional<std::int64_t>{step};
 }
 
 std::vector<std::int64_t> committed_steps(const std::string& root) {
   std::vector<std::int64_t> steps;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    auto step = parse_step_dir(entry.path().filename().string(), false);
+    auto step = parse_step_dir_name(entry.path().filename().string(), false);
     if (step && fs::exists(CheckpointLayout::policy_dir(entry.path().string()) + "/" + kMetadataFile, ec)) {
       steps.push_back(*step);
     }
@@ -216,7 +219,7 @@ Result<int> clean_stale_tmp_dirs(const std::string& root) {
   std::error_code ec;
   std::vector<std::string> stale;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (parse_step_dir(entry.path().filename().string(), true)) stale.push_back(entry.path().string());
+    if (parse_step_dir_name(entry.path().filename().string(), true)) stale.push_back(entry.path().string());
   }
   for (const auto& path : stale) {
     SH_RETURN_IF_ERROR(remove_tree(path));

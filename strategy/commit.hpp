@@ -11,6 +11,12 @@
 
 namespace stagehand {
 
+/// The step of a folder (or key segment) named `global_step_<N>` (with `.tmp` when `tmp`).
+std::optional<std::int64_t> parse_step_dir_name(const std::string& name, bool tmp);
+
+/// The step a tracker's text names; `where` names the tracker in the error.
+Result<std::int64_t> parse_tracker(std::string text, const std::string& where);
+
 /// Checks, without creating anything, that `root` is a folder or a missing one whose parent
 /// folder exists.
 Status check_checkpoint_root(const std::string& root);

@@ -106,9 +106,15 @@ std::string make_safetensors_header(const std::vector<SafetensorsEntry>& entries
 Result<ParsedSafetensors> parse_safetensors_header(const std::string& path) {
   SH_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::open(path));
   SH_ASSIGN_OR_RETURN(std::uint64_t size, file_size(path));
+  return parse_safetensors_header(
+      [&](std::uint64_t offset, void* dst, std::size_t bytes) { return pread_exact(file.fd(), offset, dst, bytes, path); },
+      size, path);
+}
+
+Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::uint64_t size, const std::string& path) {
   if (size < 8) return Status{ErrorCode::corruption, "'" + path + "' is too short for safetensors"};
   std::uint8_t len_bytes[8];
-  SH_RETURN_IF_ERROR(pread_exact(file.fd(), 0, len_bytes, 8, path));
+  SH_RETURN_IF_ERROR(read(0, len_bytes, 8));
   std::uint64_t len = 0;
   for (int i = 7; i >= 0; --i) len = len << 8 | len_bytes[i];
   if (len > size - 8 || len > (100u << 20)) {
@@ -117,7 +123,7 @@ Result<ParsedSafetensors> parse_safetensors_header(const std::string& path) {
                       " bytes, beyond its size of " + std::to_string(size)};
   }
   std::string text(len, '\0');
-  SH_RETURN_IF_ERROR(pread_exact(file.fd(), 8, text.data(), len, path));
+  SH_RETURN_IF_ERROR(read(8, text.data(), len));
   json header = json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return Status{ErrorCode::corruption, "'" + path + "' has a header that is not a JSON object"};

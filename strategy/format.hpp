@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -79,6 +80,13 @@ struct ParsedSafetensors {
   std::uint64_t data_start = 0;
 };
 Result<ParsedSafetensors> parse_safetensors_header(const std::string& path);
+
+/// Reads exactly `bytes` at `offset` into `dst`.
+using ByteReader = std::function<Status(std::uint64_t offset, void* dst, std::size_t bytes)>;
+
+/// The same for a file of `size` bytes read through `read` (a local file or an object);
+/// `path` names it in errors.
+Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::uint64_t size, const std::string& path);
 
 // -- metadata.json --
 

@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "core/host_buffer.hpp"
+#include "strategy/cloud_checkpoint.hpp"
 #include "strategy/commit.hpp"
+#include "strategy/destination.hpp"
 #include "strategy/storage.hpp"
 
 namespace fs = std::filesystem;
@@ -72,38 +74,161 @@ bool overlaps(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
   return true;
 }
 
-/// Opens each data file once, checking its size against the metadata.
-class FileCache {
+/// One data file of a checkpoint, local or an object: its size and positional reads.
+class SourceFile {
  public:
-  FileCache(std::string dir, const CheckpointMetadata& m) : dir_(std::move(dir)), metadata_(m) {}
+  virtual ~SourceFile() = default;
+  virtual std::uint64_t size() const = 0;
+  /// Reads exactly `bytes` at `offset`.
+  virtual Status read(std::uint64_t offset, void* dst, std::size_t bytes) = 0;
+};
 
-  Result<const ReadOnlyFile*> get(const std::string& name) {
-    auto it = open_.find(name);
-    if (it != open_.end()) return &it->second;
-    auto meta = metadata_.files.find(name);
-    std::string path = dir_ + "/" + name;
-    if (meta == metadata_.files.end()) {
-      return Status{ErrorCode::corruption, "'" + path + "' is not listed in the metadata"};
-    }
-    SH_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::open(path));
-    SH_ASSIGN_OR_RETURN(std::uint64_t size, file_size(path));
-    if (size != meta->second.size) {
-      return Status{ErrorCode::corruption, "'" + path + "' has " + std::to_string(size) +
-                                               " bytes, the metadata says " +
-                                               std::to_string(meta->second.size) + " (truncated?)"};
-    }
-    return &open_.emplace(name, std::move(file)).first->second;
+/// A checkpoint folder: `global_step_N/` on a local file system or under an object-store prefix.
+class CheckpointSource {
+ public:
+  virtual ~CheckpointSource() = default;
+  /// The full path or URL of `rel`, for messages.
+  virtual std::string where(const std::string& rel) const = 0;
+  /// A small file's content; nullopt when it does not exist.
+  virtual Result<std::optional<std::string>> read_text(const std::string& rel) const = 0;
+  /// Opens a data file; not_found when it does not exist.
+  virtual Result<std::unique_ptr<SourceFile>> open(const std::string& rel) const = 0;
+};
+
+class LocalFile final : public SourceFile {
+ public:
+  LocalFile(ReadOnlyFile file, std::uint64_t size) : file_(std::move(file)), size_(size) {}
+  std::uint64_t size() const override { return size_; }
+  Status read(std::uint64_t offset, void* dst, std::size_t bytes) override {
+    return pread_exact(file_.fd(), offset, dst, bytes, file_.path());
+  }
+
+ private:
+  ReadOnlyFile file_;
+  std::uint64_t size_;
+};
+
+class LocalSource final : public CheckpointSource {
+ public:
+  explicit LocalSource(std::string dir) : dir_(std::move(dir)) {}
+  std::string where(const std::string& rel) const override { return dir_ + "/" + rel; }
+  Result<std::optional<std::string>> read_text(const std::string& rel) const override {
+    std::error_code ec;
+    if (!fs::exists(where(rel), ec)) return std::optional<std::string>{};
+    SH_ASSIGN_OR_RETURN(std::string text, read_small_file(where(rel)));
+    return std::optional<std::string>{std::move(text)};
+  }
+  Result<std::unique_ptr<SourceFile>> open(const std::string& rel) const override {
+    SH_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::open(where(rel)));
+    SH_ASSIGN_OR_RETURN(std::uint64_t size, file_size(where(rel)));
+    return std::unique_ptr<SourceFile>(std::make_unique<LocalFile>(std::move(file), size));
   }
 
  private:
   std::string dir_;
+};
+
+class ObjectFile final : public SourceFile {
+ public:
+  ObjectFile(std::shared_ptr<Bucket> bucket, std::string key, std::uint64_t size)
+      : bucket_(std::move(bucket)), key_(std::move(key)), size_(size) {}
+  std::uint64_t size() const override { return size_; }
+  Status read(std::uint64_t offset, void* dst, std::size_t bytes) override {
+    if (offset + bytes > size_) {
+      return Status{ErrorCode::corruption, "'" + bucket_->url(key_) + "' has " + std::to_string(size_) +
+                                               " bytes, a read of " + std::to_string(bytes) + " at " +
+                                               std::to_string(offset) + " runs past it"};
+    }
+    return bucket_->get_range(key_, offset, bytes, dst);
+  }
+
+ private:
+  std::shared_ptr<Bucket> bucket_;
+  std::string key_;
+  std::uint64_t size_;
+};
+
+class ObjectSource final : public CheckpointSource {
+ public:
+  ObjectSource(std::shared_ptr<Bucket> bucket, std::string key) : bucket_(std::move(bucket)), key_(std::move(key)) {}
+  std::string where(const std::string& rel) const override { return bucket_->url(key(rel)); }
+  Result<std::optional<std::string>> read_text(const std::string& rel) const override { return bucket_->get(key(rel)); }
+  Result<std::unique_ptr<SourceFile>> open(const std::string& rel) const override {
+    SH_ASSIGN_OR_RETURN(auto size, bucket_->size_of(key(rel)));
+    if (!size) return Status{ErrorCode::not_found, "'" + where(rel) + "' does not exist"};
+    return std::unique_ptr<SourceFile>(std::make_unique<ObjectFile>(bucket_, key(rel), *size));
+  }
+
+ private:
+  std::string key(const std::string& rel) const { return key_.empty() ? rel : key_ + "/" + rel; }
+  std::shared_ptr<Bucket> bucket_;
+  std::string key_;
+};
+
+Result<std::unique_ptr<CheckpointSource>> open_source(const std::string& dir, const ObjectStoreOptions& store) {
+  if (!is_cloud(dir)) return std::unique_ptr<CheckpointSource>(std::make_unique<LocalSource>(dir));
+  SH_ASSIGN_OR_RETURN(ObjectUrl url, ObjectUrl::parse(dir));
+  SH_ASSIGN_OR_RETURN(auto bucket, Bucket::open(url.kind, url.bucket, store));
+  return std::unique_ptr<CheckpointSource>(std::make_unique<ObjectSource>(std::move(bucket), url.key));
+}
+
+const std::string kMetadataRel = std::string(kPolicyDir) + "/" + kMetadataFile;
+
+Result<CheckpointMetadata> read_metadata(const CheckpointSource& source) {
+  SH_ASSIGN_OR_RETURN(auto text, source.read_text(kMetadataRel));
+  if (!text) return Status{ErrorCode::not_found, "'" + source.where(kMetadataRel) + "' does not exist"};
+  return metadata_from_json(*text, source.where(kMetadataRel));
+}
+
+/// Opens each data file once, checking its size against the metadata.
+class FileCache {
+ public:
+  FileCache(const CheckpointSource& source, const CheckpointMetadata& m) : source_(source), metadata_(m) {}
+
+  Result<SourceFile*> get(const std::string& name) {
+    auto it = open_.find(name);
+    if (it != open_.end()) return it->second.get();
+    auto meta = metadata_.files.find(name);
+    std::string rel = std::string(kPolicyDir) + "/" + name;
+    std::string path = source_.where(rel);
+    if (meta == metadata_.files.end()) {
+      return Status{ErrorCode::corruption, "'" + path + "' is not listed in the metadata"};
+    }
+    SH_ASSIGN_OR_RETURN(auto file, source_.open(rel));
+    if (file->size() != meta->second.size) {
+      return Status{ErrorCode::corruption, "'" + path + "' has " + std::to_string(file->size()) +
+                                               " bytes, the metadata says " +
+                                               std::to_string(meta->second.size) + " (truncated?)"};
+    }
+    return open_.emplace(name, std::move(file)).first->second.get();
+  }
+
+ private:
+  const CheckpointSource& source_;
   const CheckpointMetadata& metadata_;
-  std::map<std::string, ReadOnlyFile> open_;
+  std::map<std::string, std::unique_ptr<SourceFile>> open_;
 };
 
 }  // namespace
 
-Result<std::string> resolve_checkpoint(const std::string& path) {
+Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStoreOptions& store) {
+  if (is_cloud(path)) {
+    SH_ASSIGN_OR_RETURN(ObjectUrl url, ObjectUrl::parse(path));
+    SH_ASSIGN_OR_RETURN(auto root, CloudCheckpoints::open(url.str(), store));
+    SH_ASSIGN_OR_RETURN(auto metadata, root.bucket().size_of(url.key_of(kMetadataRel)));
+    if (metadata) return url.str();
+    SH_ASSIGN_OR_RETURN(auto step, root.read_tracker());
+    if (!step) {
+      return Status{ErrorCode::not_found, "'" + url.str() + "' holds neither a committed checkpoint nor a " +
+                                              kTrackerFile};
+    }
+    SH_ASSIGN_OR_RETURN(bool committed, root.is_committed(*step));
+    if (!committed) {
+      return Status{ErrorCode::corruption, "the tracker in '" + url.str() + "' names step " + std::to_string(*step) +
+                                               ", but '" + root.step_url(*step) + "' has no metadata"};
+    }
+    return root.step_url(*step);
+  }
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     return Status{ErrorCode::not_found, "checkpoint path '" + path + "' is not a folder"};
@@ -129,17 +254,25 @@ Result<std::string> resolve_checkpoint(const std::string& path) {
   return dir;
 }
 
-Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir) {
-  std::string path = CheckpointLayout::policy_dir(checkpoint_dir) + "/" + kMetadataFile;
-  SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
-  return metadata_from_json(text, path);
+Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  return read_metadata(*source);
 }
 
-Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state) {
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_checkpoint_metadata(checkpoint_dir));
+Result<std::string> read_checkpoint_text(const std::string& checkpoint_dir, const std::string& rel,
+                                         const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  SH_ASSIGN_OR_RETURN(auto text, source->read_text(rel));
+  if (!text) return Status{ErrorCode::not_found, "'" + source->where(rel) + "' does not exist"};
+  return std::move(*text);
+}
+
+Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source));
   SH_RETURN_IF_ERROR(state.validate());
   const std::string policy = CheckpointLayout::policy_dir(checkpoint_dir);
-  FileCache files(policy, metadata);
+  FileCache files(*source, metadata);
   std::vector<HostBuffer> staged;
   std::vector<std::uint8_t> chunk_bytes;
   for (const auto& live : state.tensors) {
@@ -174,8 +307,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state) {
       auto file = files.get(chunk.file);
       if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
       chunk_bytes.resize(chunk.end - chunk.begin);
-      SH_RETURN_IF_ERROR(pread_exact((*file)->fd(), chunk.begin, chunk_bytes.data(), chunk_bytes.size(),
-                                     (*file)->path())
+      SH_RETURN_IF_ERROR((*file)->read(chunk.begin, chunk_bytes.data(), chunk_bytes.size())
                              .with_context("loading tensor '" + block.name + "'"));
       if (xxh3(chunk_bytes.data(), chunk_bytes.size()) != chunk.xxh3) {
         return Status{ErrorCode::corruption, where + ": checksum mismatch (XXH3 " +
@@ -204,9 +336,9 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state) {
   return Status::ok();
 }
 
-Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_checkpoint_metadata(checkpoint_dir));
-  const std::string policy = CheckpointLayout::policy_dir(checkpoint_dir);
+Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source));
   VerifyResult result;
   std::map<std::string, std::vector<std::pair<std::string, const ChunkMeta*>>> chunks_by_file;
   for (const auto& [name, tensor] : metadata.tensors) {
@@ -214,20 +346,23 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
   }
   std::vector<std::uint8_t> buffer(8u << 20);
   for (const auto& [name, meta] : metadata.files) {
-    std::string path = policy + "/" + name;
+    std::string rel = std::string(kPolicyDir) + "/" + name;
+    std::string path = source->where(rel);
     ++result.files_checked;
-    auto file = ReadOnlyFile::open(path);
+    auto file = source->open(rel);
     if (!file.is_ok()) {
       result.problems.push_back(file.status().message());
       continue;
     }
-    auto size = file_size(path);
-    if (!size.is_ok() || *size != meta.size) {
-      result.problems.push_back("'" + path + "' has " + (size.is_ok() ? std::to_string(*size) : "?") +
+    if ((*file)->size() != meta.size) {
+      result.problems.push_back("'" + path + "' has " + std::to_string((*file)->size()) +
                                 " bytes, the metadata says " + std::to_string(meta.size));
       continue;
     }
-    auto parsed = parse_safetensors_header(path);
+    SourceFile& reader = **file;
+    auto parsed = parse_safetensors_header(
+        [&reader](std::uint64_t offset, void* dst, std::size_t bytes) { return reader.read(offset, dst, bytes); },
+        meta.size, path);
     if (!parsed.is_ok()) {
       result.problems.push_back(parsed.status().message());
       continue;
@@ -255,7 +390,7 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir) {
     Status read_status;
     for (std::uint64_t done = 0; done < meta.size && read_status.is_ok();) {
       std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - done));
-      read_status = pread_exact(file->fd(), done, buffer.data(), n, path);
+      read_status = reader.read(done, buffer.data(), n);
       file_hash.update(buffer.data(), n);
       for (std::size_t i = 0; i < checked.size(); ++i) {
         std::uint64_t lo = std::max(done, checked[i].second->begin);

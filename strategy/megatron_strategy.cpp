@@ -4,9 +4,11 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "core/log.hpp"
 #include "strategy/async_calls_queue.hpp"
+#include "strategy/cloud_checkpoint.hpp"
 #include "strategy/destination.hpp"
 #include "strategy/loader.hpp"
 #include "strategy/messages.hpp"
@@ -49,7 +51,7 @@ class MegatronStrategy : public caf::event_based_actor {
         },
         [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
           Status st = drain();
-          if (st.is_ok()) st = load_checkpoint(checkpoint_dir, *state_);
+          if (st.is_ok()) st = load_checkpoint(checkpoint_dir, *state_, options_.object_store);
           if (!st.is_ok()) return to_caf_error(st.with_context("rank " + std::to_string(options_.rank) + " load"));
           return caf::unit;
         },
@@ -88,6 +90,7 @@ class MegatronStrategy : public caf::event_based_actor {
     }
     if (!async) {
       RankSaveReport report = engine_->save(*state_, policy_dir, step);
+      if (report.status.is_ok() && is_cloud(destination)) report.status = upload(step, destination, policy_dir, report);
       Status st = report.status;
       push(report);
       if (!st.is_ok()) return to_caf_error(st);
@@ -105,6 +108,19 @@ class MegatronStrategy : public caf::event_based_actor {
     SaveEngine* engine = engine_.get();
     queue_->schedule([engine, policy_dir, step] { return engine->write_staged(policy_dir, step); });
     return caf::result<double, bool>(seconds_since(start), true);
+  }
+
+  /// Uploads the rank's files of `report` to the object store, then removes the local copies.
+  Status upload(std::int64_t step, const std::string& destination, const std::string& policy_dir,
+                const RankSaveReport& report) {
+    auto root = CloudCheckpoints::open(destination, options_.object_store);
+    if (!root.is_ok()) return root.status().with_context("rank " + std::to_string(options_.rank));
+    std::vector<std::string> files;
+    for (const auto& b : report.buckets) files.push_back(b.file);
+    Status st = root->upload_rank_files(step, policy_dir, files);
+    std::error_code ec;
+    for (const auto& f : files) std::filesystem::remove(policy_dir + "/" + f, ec);
+    return st.with_context("rank " + std::to_string(options_.rank) + " upload of step " + std::to_string(step));
   }
 
   /// Waits for every background write, pushes the results, and returns (once) the first error

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/sharded_tensor.hpp"
+#include "strategy/object_store.hpp"
 #include "strategy/storage.hpp"
 
 namespace stagehand {
@@ -20,6 +21,8 @@ struct StrategyOptions {
   bool low_priority_writers = true;
   /// Where bucket files go; tests pass a slowed or failing backend.
   std::shared_ptr<StorageBackend> storage = local_storage();
+  /// How to reach an object-store destination (storage.s3 and the AWS environment variables).
+  ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
@@ -32,7 +35,9 @@ struct StrategyOptions {
 /// - (save_atom, step, destination, policy_dir) -> (double stall_s, bool async): first waits for a
 ///   pending save; with async on (and a local destination), stages and returns while the write
 ///   runs in the background; otherwise writes and returns. A cloud destination turns an async
-///   save into a sync one, with one warning (from rank 0, the first time).
+///   save into a sync one, with one warning (from rank 0, the first time): the rank writes its
+///   files into `policy_dir` (under local_work_dir), uploads them to the destination's
+///   `global_step_<step>/policy/`, removes the local copies, and only then reports.
 /// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
 ///   background write is returned (once) here, or by the next save or load.
 /// - (load_atom, checkpoint_dir) -> void: drains first, then loads into the live state.

@@ -39,6 +39,23 @@ bool key_char_ok(char c) {
          c == '.' || c == '~' || c == '/';
 }
 
+/// URI-encodes a query parameter value as SigV4 canonicalizes it: every byte but A-Z a-z 0-9
+/// -_.~ as %XX. (libcurl before 8.x signs the query exactly as given, so it must be given in
+/// canonical form: encoded, and parameters sorted by name.)
+std::string query_value(const std::string& value) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (char c : value) {
+    if (key_char_ok(c) && c != '/') {
+      out.push_back(c);
+    } else {
+      auto b = static_cast<unsigned char>(c);
+      out += {'%', kHex[b >> 4], kHex[b & 15]};
+    }
+  }
+  return out;
+}
+
 /// libcurl's process-wide state, set up once before the first handle.
 void init_curl_once() {
   static std::once_flag once;
@@ -440,7 +457,7 @@ Result<Bucket::Response> Bucket::perform(const Request& request, const std::stri
 
 Status Bucket::check_access(const std::string& prefix) {
   Request r;
-  r.query = "list-type=2&max-keys=1&prefix=" + prefix;
+  r.query = "list-type=2&max-keys=1&prefix=" + query_value(prefix);
   return perform(r, "list").status();
 }
 
@@ -493,8 +510,8 @@ Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix) {
   std::string start_after;
   for (;;) {
     Request r;
-    // Paged with start-after (a key we know needs no escaping), not the opaque continuation token.
-    r.query = "list-type=2&prefix=" + prefix + (start_after.empty() ? "" : "&start-after=" + start_after);
+    r.query = "list-type=2&prefix=" + query_value(prefix) +
+              (start_after.empty() ? "" : "&start-after=" + query_value(start_after));
     SH_ASSIGN_OR_RETURN(Response response, perform(r, "list"));
     pugi::xml_document doc;
     if (!doc.load_buffer(response.body.data(), response.body.size())) {
@@ -508,10 +525,6 @@ Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix) {
     bool truncated = std::string(result.child_value("IsTruncated")) == "true";
     if (!truncated || out.size() == before) break;
     start_after = out.back().key;
-    if (!std::all_of(start_after.begin(), start_after.end(), key_char_ok)) {
-      return Status{ErrorCode::unsupported, "list '" + url(prefix) + "': key '" + start_after +
-                                                "' has characters this client does not page past"};
-    }
   }
   std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
   return out;
@@ -527,7 +540,7 @@ Status Bucket::remove(const std::string& key) {
 
 Result<std::vector<MultipartUpload>> Bucket::open_uploads(const std::string& prefix) {
   Request r;
-  r.query = "prefix=" + prefix + "&uploads=";
+  r.query = "prefix=" + query_value(prefix) + "&uploads=";
   SH_ASSIGN_OR_RETURN(Response response, perform(r, "list multipart uploads"));
   pugi::xml_document doc;
   if (!doc.load_buffer(response.body.data(), response.body.size())) {
@@ -545,7 +558,7 @@ Status Bucket::abort_upload(const MultipartUpload& upload) {
   Request r;
   r.method = "DELETE";
   r.key = upload.key;
-  r.query = "uploadId=" + upload.upload_id;
+  r.query = "uploadId=" + query_value(upload.upload_id);
   r.missing_ok = true;
   return perform(r, "abort multipart upload of").status();
 }
@@ -606,7 +619,7 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
     pugi::xml_document doc;
     doc.load_buffer(response->body.data(), response->body.size());
     std::string id = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
-    if (id.empty() || !std::all_of(id.begin(), id.end(), key_char_ok) || id.find('/') != std::string::npos) {
+    if (id.empty()) {
       failed = Status{ErrorCode::io_error, "begin multipart upload of '" + url(files[i].key) +
                                                "': no usable UploadId in the answer"};
       break;
@@ -633,7 +646,9 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
       put.fd = f.file.fd();
       put.file_offset = task.offset;
       put.file_bytes = task.bytes;
-      if (task.part > 0) put.query = "partNumber=" + std::to_string(task.part) + "&uploadId=" + f.multipart->upload_id;
+      if (task.part > 0) {
+        put.query = "partNumber=" + std::to_string(task.part) + "&uploadId=" + query_value(f.multipart->upload_id);
+      }
       auto response = perform(put, task.part > 0 ? "upload part " + std::to_string(task.part) + " of" : "PUT");
       std::lock_guard<std::mutex> lock(mutex);
       if (!response.is_ok()) {
@@ -661,7 +676,7 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
     Request complete;
     complete.method = "POST";
     complete.key = f.multipart->key;
-    complete.query = "uploadId=" + f.multipart->upload_id;
+    complete.query = "uploadId=" + query_value(f.multipart->upload_id);
     complete.body = body;
     complete.headers.push_back("Content-Type: application/xml");
     auto response = perform(complete, "complete multipart upload of");

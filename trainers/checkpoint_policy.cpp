@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "strategy/cloud_checkpoint.hpp"
 #include "strategy/commit.hpp"
 #include "strategy/destination.hpp"
 #include "strategy/format.hpp"
@@ -25,7 +26,11 @@ Result<std::optional<std::string>> CheckpointPolicy::resume_dir() const {
     case ResumeMode::none: return std::optional<std::string>{};
     case ResumeMode::latest: {
       if (is_cloud(config_.ckpt_path)) {
-        return Status{ErrorCode::unsupported, "resuming from '" + config_.ckpt_path + "' is not supported yet"};
+        SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(config_.ckpt_path, store_));
+        SH_ASSIGN_OR_RETURN(auto tracker, cloud.read_tracker());
+        if (!tracker) return std::optional<std::string>{};
+        SH_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(config_.ckpt_path, store_));
+        return std::optional<std::string>{dir};
       }
       std::error_code ec;
       if (!fs::exists(CheckpointLayout{config_.ckpt_path}.tracker(), ec)) return std::optional<std::string>{};
@@ -33,7 +38,7 @@ Result<std::optional<std::string>> CheckpointPolicy::resume_dir() const {
       return std::optional<std::string>{dir};
     }
     case ResumeMode::from_path: {
-      auto dir = resolve_checkpoint(config_.resume_path);
+      auto dir = resolve_checkpoint(config_.resume_path, store_);
       if (!dir.is_ok()) return dir.status().with_context("trainer.resume_path");
       return std::optional<std::string>{*dir};
     }
@@ -43,7 +48,8 @@ Result<std::optional<std::string>> CheckpointPolicy::resume_dir() const {
 
 Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
   std::vector<std::int64_t> deleted;
-  if (config_.max_ckpts_to_keep <= 0 || is_cloud(config_.ckpt_path)) return deleted;
+  if (config_.max_ckpts_to_keep <= 0) return deleted;
+  if (is_cloud(config_.ckpt_path)) return apply_cloud_retention();
   SH_ASSIGN_OR_RETURN(auto newest, read_tracker(config_.ckpt_path));
   auto steps = committed_steps(config_.ckpt_path);
   auto keep = static_cast<std::size_t>(config_.max_ckpts_to_keep);
@@ -62,9 +68,26 @@ Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
   return deleted;
 }
 
+Result<std::vector<std::int64_t>> CheckpointPolicy::apply_cloud_retention() const {
+  std::vector<std::int64_t> deleted;
+  SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(config_.ckpt_path, store_));
+  SH_ASSIGN_OR_RETURN(auto newest, cloud.read_tracker());
+  SH_ASSIGN_OR_RETURN(auto steps, cloud.committed_steps());
+  auto keep = static_cast<std::size_t>(config_.max_ckpts_to_keep);
+  for (std::size_t i = 0; i + keep < steps.size(); ++i) {
+    if (newest && steps[i] == *newest) continue;
+    SH_RETURN_IF_ERROR(cloud.remove_step(steps[i]).with_context("retention"));
+    deleted.push_back(steps[i]);
+  }
+  return deleted;
+}
+
 Status CheckpointPolicy::check_destination() const {
   const std::string& root = config_.ckpt_path;
-  if (is_cloud(root)) return Status::ok();
+  if (is_cloud(root)) {
+    SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(root, store_));
+    return cloud.check_access().with_context("trainer.ckpt_path '" + root + "'");
+  }
   SH_RETURN_IF_ERROR(check_checkpoint_root(root).with_context("trainer"));
   std::error_code ec;
   std::string writable = fs::is_directory(root, ec) ? root : fs::absolute(root, ec).parent_path().string();
@@ -76,7 +99,11 @@ Status CheckpointPolicy::check_destination() const {
 
 Status CheckpointPolicy::clean_interrupted_saves() const {
   std::error_code ec;
-  if (is_cloud(config_.ckpt_path) || !fs::is_directory(config_.ckpt_path, ec)) return Status::ok();
+  if (is_cloud(config_.ckpt_path)) {
+    SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(config_.ckpt_path, store_));
+    return cloud.clean_interrupted().status().with_context("cleaning '" + config_.ckpt_path + "'");
+  }
+  if (!fs::is_directory(config_.ckpt_path, ec)) return Status::ok();
   return clean_stale_tmp_dirs(config_.ckpt_path).status();
 }
 
@@ -86,9 +113,9 @@ std::string trainer_state_to_json(const TrainerState& s) {
   return j.dump(1) + "\n";
 }
 
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir) {
+Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   std::string path = checkpoint_dir + "/" + kTrainerStateFile;
-  SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
+  SH_ASSIGN_OR_RETURN(std::string text, read_checkpoint_text(checkpoint_dir, kTrainerStateFile, store));
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
     return Status{ErrorCode::corruption, "'" + path + "' is not a trainer state with a step"};

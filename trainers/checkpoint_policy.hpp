@@ -7,6 +7,7 @@
 
 #include "config/config.hpp"
 #include "core/status.hpp"
+#include "strategy/object_store.hpp"
 
 namespace stagehand {
 
@@ -14,7 +15,9 @@ namespace stagehand {
 /// every trainer shares.
 class CheckpointPolicy {
  public:
-  explicit CheckpointPolicy(TrainerConfig config) : config_(std::move(config)) {}
+  /// @param store how to reach an object-store `ckpt_path`.
+  explicit CheckpointPolicy(TrainerConfig config, ObjectStoreOptions store = ObjectStoreOptions::from_environment())
+      : config_(std::move(config)), store_(std::move(store)) {}
 
   /// Every `ckpt_interval` steps (when > 0) and always at the last step.
   bool should_save(std::int64_t step) const;
@@ -29,14 +32,20 @@ class CheckpointPolicy {
   Result<std::vector<std::int64_t>> apply_retention() const;
 
   /// Fails fast, before any training, when `ckpt_path` cannot hold checkpoints: a local path
-  /// that is not a folder, or whose parent folder is missing or not writable.
+  /// that is not a folder, or whose parent folder is missing or not writable; an object store
+  /// that cannot be reached, refuses the credentials or lacks the bucket.
   Status check_destination() const;
 
-  /// Removes `.tmp` folders left by interrupted saves (at start-up, before anything is saved).
+  /// Removes what interrupted saves left (at start-up, before anything is saved): `.tmp`
+  /// folders; in an object store, the objects of steps without metadata and open multipart
+  /// uploads below `ckpt_path`.
   Status clean_interrupted_saves() const;
 
  private:
+  Result<std::vector<std::int64_t>> apply_cloud_retention() const;
+
   TrainerConfig config_;
+  ObjectStoreOptions store_;
 };
 
 /// What a checkpoint's trainer_state.json holds.
@@ -52,6 +61,7 @@ struct TrainerState {
 };
 
 std::string trainer_state_to_json(const TrainerState& state);
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir);
+Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir,
+                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 }  // namespace stagehand

@@ -32,7 +32,8 @@ class TrainerBase : public caf::blocking_actor {
         dispatch_(std::move(dispatch)),
         options_(std::move(options)),
         summary_(std::move(summary)),
-        policy_(options_.config.trainer),
+        store_(ObjectStoreOptions::from_config(options_.config.storage.s3)),
+        policy_(options_.config.trainer, store_),
         timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)) {}
 
   void act() override {
@@ -84,7 +85,7 @@ class TrainerBase : public caf::blocking_actor {
     SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
     SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
     if (resume) {
-      SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume));
+      SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume, store_));
       if (state.kind != name()) {
         return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' was written by the " + state.kind +
                                                  " trainer, not " + name()};
@@ -212,7 +213,7 @@ class TrainerBase : public caf::blocking_actor {
     std::string dir = CheckpointLayout{options_.config.trainer.ckpt_path}.step_dir(saved.step);
     summary_->latest_checkpoint = dir;
     std::uint64_t bytes = 0;
-    if (auto metadata = read_checkpoint_metadata(dir); metadata.is_ok()) {
+    if (auto metadata = read_checkpoint_metadata(dir, store_); metadata.is_ok()) {
       for (const auto& [file, meta] : metadata->files) bytes += meta.size;
     }
     write_metrics({{"type", "save"},
@@ -250,6 +251,7 @@ class TrainerBase : public caf::blocking_actor {
   caf::actor dispatch_;
   TrainerOptions options_;
   std::shared_ptr<TrainerSummary> summary_;
+  ObjectStoreOptions store_;
   CheckpointPolicy policy_;
   std::chrono::milliseconds timeout_;
   std::ofstream metrics_;

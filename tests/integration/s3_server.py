@@ -11,6 +11,8 @@ Then reads commands on stdin, one per line, and answers each with one line:
   up                 the proxy accepts again
   down_after N       the proxy goes down once N more request bytes have passed through it
   uploads BUCKET     JSON list of open multipart uploads in BUCKET (straight to the server)
+  stats              JSON {"sent", "received"}: bytes the proxy passed to and from the server
+  reset_stats        zeroes those counters
 EOF is the end: the server stops.
 """
 import argparse
@@ -37,6 +39,8 @@ class Proxy:
         self.listener = None
         self.conns = set()
         self.budget = None  # bytes left before going down; None: unlimited
+        self.sent = 0
+        self.received = 0
         self.up()
 
     def up(self):
@@ -98,6 +102,11 @@ class Proxy:
                 data = src.recv(1 << 16)
                 if not data:
                     break
+                with self.lock:
+                    if counts:
+                        self.sent += len(data)
+                    else:
+                        self.received += len(data)
                 if counts:
                     trip = False
                     with self.lock:
@@ -117,6 +126,32 @@ class Proxy:
                 pass
 
 
+def verify_signatures_like_s3():
+    """Makes moto canonicalize a signed request's query string as S3 does.
+
+    S3 decodes each query parameter and URI-encodes it again (only A-Z a-z 0-9 - _ . ~ stay as they
+    are) before checking the signature. moto's server sees the query already percent-decoded and
+    signs it as it is, so a correctly signed `prefix=a%2Fb` fails there while a wrongly signed
+    `prefix=a/b` passes. With this, both behave as on S3.
+    """
+    from urllib.parse import quote, unquote
+    from moto.iam import access_control
+
+    original = access_control.S3IAMRequest._create_aws_request
+
+    def create_aws_request(self):
+        path, sep, query = self._path.partition("?")
+        if sep:
+            pairs = []
+            for pair in query.split("&"):
+                k, _, v = pair.partition("=")
+                pairs.append(quote(unquote(k), safe="-_.~") + "=" + quote(unquote(v), safe="-_.~"))
+            self._path = path + "?" + "&".join(pairs)
+        return original(self)
+
+    access_control.S3IAMRequest._create_aws_request = create_aws_request
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bucket", action="append", default=[])
@@ -130,6 +165,8 @@ def main():
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bootstrap")
     import boto3
     from moto.server import ThreadedMotoServer
+
+    verify_signatures_like_s3()
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -167,6 +204,13 @@ def main():
             r = s3.list_multipart_uploads(Bucket=cmd[1])
             print(json.dumps([{"key": u["Key"], "upload_id": u["UploadId"]} for u in r.get("Uploads", [])]),
                   flush=True)
+        elif cmd[0] == "stats" and proxy:
+            with proxy.lock:
+                print(json.dumps({"sent": proxy.sent, "received": proxy.received}), flush=True)
+        elif cmd[0] == "reset_stats" and proxy:
+            with proxy.lock:
+                proxy.sent = proxy.received = 0
+            print("ok", flush=True)
         else:
             print("error unknown command " + line.strip(), flush=True)
     if proxy:

@@ -292,41 +292,6 @@ BOOST_AUTO_TEST_CASE(cloud_paths_are_classified) {
   BOOST_TEST(local_staging_root("/data/ckpt", "/w") == "/data/ckpt");
 }
 
-BOOST_AUTO_TEST_CASE(a_cloud_destination_turns_async_into_sync_with_one_warning) {
-  TempDir work;
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  logger()->sinks().push_back(sink);
-  auto storage = std::make_shared<test::FaultStorage>();
-  std::vector<std::string> opened;
-  std::mutex opened_mutex;
-  storage->on_open = [&](const std::string& path) {
-    std::lock_guard lock(opened_mutex);
-    opened.push_back(path);
-  };
-  {
-    Cluster cluster("s3://bucket/run", true, 2, storage, work.path());
-    for (std::int64_t step : {1, 2}) {
-      auto timing = cluster.driver->save(step);
-      BOOST_REQUIRE(!timing.is_ok());
-      BOOST_TEST(timing.status().message().find("not supported yet") != std::string::npos, timing.status().message());
-      BOOST_TEST(timing.status().message().find("s3://bucket/run") != std::string::npos);
-    }
-  }
-  logger()->sinks().pop_back();
-  // Written synchronously (every file before the reply) into the local work dir, never committed.
-  BOOST_TEST(opened.size() == 8u);
-  for (const auto& path : opened) BOOST_TEST(path.rfind(work / "s3/bucket/run/global_step_", 0) == 0u, path);
-  BOOST_TEST(!fs::exists(work / "s3/bucket/run/global_step_1"));
-  BOOST_TEST(!fs::exists(work / "s3/bucket/run/latest_ckpt_global_step.txt"));
-  std::string text = log.str();
-  std::size_t warnings = 0;
-  for (auto pos = text.find("is an object store"); pos != std::string::npos; pos = text.find("is an object store", pos + 1)) {
-    ++warnings;
-  }
-  BOOST_TEST(warnings == 1u, text);
-}
-
 BOOST_AUTO_TEST_CASE(writer_threads_run_at_lowered_priority_unless_turned_off) {
   for (bool low : {true, false}) {
     TempDir dir;

@@ -1,0 +1,304 @@
+#define BOOST_TEST_MODULE object_store_checkpoint
+#include <boost/test/unit_test.hpp>
+#include <caf/all.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "bench/synthetic_state.hpp"
+#include "config/config.hpp"
+#include "core/log.hpp"
+#include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/cloud_checkpoint.hpp"
+#include "strategy/commit.hpp"
+#include "strategy/loader.hpp"
+#include "strategy/local_checkpoint_driver.hpp"
+#include "strategy/megatron_strategy.hpp"
+#include "tests/caf_test_util.hpp"
+#include "tests/s3_test_util.hpp"
+#include "tests/test_util.hpp"
+#include "trainers/checkpoint_policy.hpp"
+
+using namespace stagehand;
+using namespace stagehand::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kBucket = "ckpt-bucket";
+
+/// Two ranks, each with a strategy, behind one coordinator; saves to `destination`.
+struct Cluster {
+  caf::actor_system system{test::system_config()};
+  std::vector<std::shared_ptr<StateDict>> states;
+  std::unique_ptr<LocalCheckpointDriver> driver;
+
+  Cluster(const SyntheticStateSpec& spec, const std::string& destination, bool async, const ObjectStoreOptions& store,
+          const std::string& work_dir) {
+    auto coordinator = spawn_checkpoint_coordinator(system, {destination, work_dir, spec.ranks, store});
+    std::vector<caf::actor> strategies;
+    for (int r = 0; r < spec.ranks; ++r) {
+      states.push_back(std::make_shared<StateDict>(*make_synthetic_state(spec, r, Device::host())));
+      StrategyOptions options{r, 4, 0, async, false, local_storage(), store};
+      auto strategy = spawn_megatron_strategy(system, options, states.back(), coordinator);
+      BOOST_REQUIRE_MESSAGE(strategy.is_ok(), strategy.status().to_string());
+      strategies.push_back(*strategy);
+    }
+    driver = std::make_unique<LocalCheckpointDriver>(system, destination, coordinator, strategies,
+                                                     std::chrono::seconds(120));
+  }
+  ~Cluster() { (void)driver->shutdown(); }
+
+  /// Saves `step` with a trainer state, as the trainers do.
+  Result<SaveTiming> save(std::int64_t step) {
+    return driver->save(step, "{\"step\": " + std::to_string(step) + "}\n");
+  }
+};
+
+void expect_loads(const std::string& path, const SyntheticStateSpec& spec, const ObjectStoreOptions& store) {
+  auto resolved = resolve_checkpoint(path, store);
+  BOOST_REQUIRE_MESSAGE(resolved.is_ok(), resolved.status().to_string());
+  const std::string checkpoint_dir = *resolved;
+  for (int r = 0; r < spec.ranks; ++r) {
+    auto expected = *make_synthetic_state(spec, r, Device::host());
+    StateDict loaded = test::zeroed_like(expected);
+    Status st = load_checkpoint(checkpoint_dir, loaded, store);
+    BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+    for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+      BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor));
+    }
+  }
+}
+
+/// Runs tests/integration/s3_check.py (boto3) on `url`; returns its JSON line.
+nlohmann::json independent_check(const S3Server& server, const std::string& url, const std::string& local = "") {
+  auto run = run_command(server.env() + " python3 " STAGEHAND_SOURCE_DIR "/tests/integration/s3_check.py " + url +
+                         (local.empty() ? "" : " --compare-local " + local));
+  BOOST_TEST(run.code == 0, run.output);
+  auto line = run.output.substr(run.output.rfind('{'));
+  auto j = nlohmann::json::parse(line, nullptr, false);
+  BOOST_REQUIRE_MESSAGE(!j.is_discarded(), run.output);
+  return j;
+}
+
+const SyntheticStateSpec kSmall{2, 2u << 20, 24, 11};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(an_async_request_to_s3_saves_synchronously_uploads_and_commits) {
+  S3Server server({kBucket});
+  TempDir work;
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  logger()->sinks().push_back(sink);
+  const std::string url = std::string("s3://") + kBucket + "/run/a";
+  {
+    Cluster cluster(kSmall, url, /*async=*/true, server.options(), work.path());
+    for (std::int64_t step : {1, 2}) {
+      auto timing = cluster.save(step);
+      BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+      BOOST_TEST(!timing->async);
+      // Committed when save returns: the tracker already names it.
+      auto root = CloudCheckpoints::open(url, server.options());
+      BOOST_REQUIRE(root.is_ok());
+      BOOST_TEST(**root->read_tracker() == step);
+    }
+  }
+  logger()->sinks().pop_back();
+  std::string text = log.str();
+  std::size_t warnings = 0;
+  for (auto p = text.find("is an object store"); p != std::string::npos; p = text.find("is an object store", p + 1)) {
+    ++warnings;
+  }
+  BOOST_TEST(warnings == 1u, text);
+  // The local copies are gone once uploaded.
+  BOOST_TEST(!fs::exists(work / "s3/ckpt-bucket/run/a/global_step_2.tmp"));
+  BOOST_TEST(!fs::exists(work / "s3/ckpt-bucket/run/a/global_step_2"));
+
+  auto resolved = resolve_checkpoint(url, server.options());
+  BOOST_REQUIRE_MESSAGE(resolved.is_ok(), resolved.status().to_string());
+  BOOST_TEST(*resolved == url + "/global_step_2");
+  expect_loads(*resolved, kSmall, server.options());
+  auto verified = verify_checkpoint(*resolved, server.options());
+  BOOST_REQUIRE(verified.is_ok());
+  BOOST_TEST(verified->ok());
+  BOOST_TEST(verified->files_checked == 8u);
+  auto state = read_trainer_state(*resolved, server.options());
+  BOOST_REQUIRE(state.is_ok());
+  BOOST_TEST(state->step == 2);
+
+  auto check = independent_check(server, url);
+  BOOST_TEST(check["step"] == 2);
+  BOOST_TEST(check["files"] == 8);
+  BOOST_TEST(check["problems"].empty());
+}
+
+BOOST_AUTO_TEST_CASE(local_and_cloud_checkpoints_of_the_same_state_hold_identical_data) {
+  S3Server server({kBucket});
+  TempDir work;
+  TempDir local;
+  const std::string url = std::string("s3://") + kBucket + "/same";
+  {
+    Cluster to_cloud(kSmall, url, false, server.options(), work.path());
+    BOOST_REQUIRE(to_cloud.save(5).is_ok());
+  }
+  {
+    Cluster to_disk(kSmall, local / "ckpt", false, server.options(), work.path());
+    BOOST_REQUIRE(to_disk.save(5).is_ok());
+  }
+  auto check = independent_check(server, url, local / "ckpt");
+  BOOST_TEST(check["problems"].empty(), check.dump());
+  // The metadata is the same document too.
+  auto remote = CloudCheckpoints::open(url, server.options());
+  BOOST_REQUIRE(remote.is_ok());
+  auto metadata = remote->bucket().get("same/global_step_5/policy/metadata.json");
+  BOOST_REQUIRE(metadata.is_ok() && metadata->has_value());
+  BOOST_TEST(**metadata == read_file(local / "ckpt/global_step_5/policy/metadata.json"));
+}
+
+BOOST_AUTO_TEST_CASE(large_files_go_up_in_parts_and_come_back_byte_identical) {
+  S3Server server({kBucket});
+  TempDir work;
+  auto store = server.options();
+  store.multipart_threshold = 5 << 20;
+  store.part_size = 5 << 20;
+  // 2 ranks x 40 MiB in 4 buckets: every bucket file is about 10 MiB, two or three parts.
+  const SyntheticStateSpec spec{2, 40u << 20, 16, 3};
+  const std::string url = std::string("s3://") + kBucket + "/big";
+  {
+    Cluster cluster(spec, url, false, store, work.path());
+    BOOST_REQUIRE(cluster.save(1).is_ok());
+  }
+  auto check = independent_check(server, url);
+  BOOST_TEST(check["problems"].empty(), check.dump());
+  BOOST_TEST(check["multipart"].size() == check["files"].get<std::size_t>(), check.dump());
+  expect_loads(url, spec, store);
+}
+
+BOOST_AUTO_TEST_CASE(loads_fetch_only_the_byte_ranges_a_rank_needs) {
+  S3Server server({kBucket}, /*proxy=*/true);
+  TempDir work;
+  const SyntheticStateSpec spec{2, 8u << 20, 16, 5};
+  const std::string url = std::string("s3://") + kBucket + "/ranged";
+  {
+    Cluster cluster(spec, url, false, server.options(), work.path());
+    BOOST_REQUIRE(cluster.save(1).is_ok());
+  }
+  auto metadata = read_checkpoint_metadata(url + "/global_step_1", server.options());
+  BOOST_REQUIRE(metadata.is_ok());
+  std::uint64_t total = 0;
+  for (const auto& [name, f] : metadata->files) total += f.size;
+  BOOST_REQUIRE(server.command("reset_stats") == "ok");
+  auto expected = *make_synthetic_state(spec, 0, Device::host());
+  StateDict loaded = test::zeroed_like(expected);
+  BOOST_REQUIRE(load_checkpoint(url + "/global_step_1", loaded, server.options(true)).is_ok());
+  for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+    BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor));
+  }
+  std::uint64_t needed = 0;
+  for (const auto& t : expected.tensors) needed += t.desc.nbytes();
+  auto stats = nlohmann::json::parse(server.command("stats"));
+  std::uint64_t received = stats["received"];
+  // Rank 0's blocks (its shards and the replicated tensors) plus HTTP overhead, far from every file.
+  BOOST_TEST(received >= needed);
+  BOOST_TEST(received < needed + (needed / 10) + (256u << 10), "received " << received << ", needed " << needed);
+  BOOST_TEST(received < total * 3 / 4, "received " << received << " of " << total);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_that_stops_mid_upload_fails_the_save_and_keeps_the_previous_checkpoint) {
+  S3Server server({kBucket}, /*proxy=*/true);
+  TempDir work;
+  auto store = server.options(/*through_proxy=*/true);
+  store.multipart_threshold = 5 << 20;
+  store.part_size = 5 << 20;
+  store.upload_threads = 2;
+  const SyntheticStateSpec spec{2, 40u << 20, 16, 9};
+  const std::string url = std::string("s3://") + kBucket + "/outage";
+  {
+    Cluster cluster(spec, url, false, store, work.path());
+    BOOST_REQUIRE(cluster.save(1).is_ok());
+    // The server goes away after about 30 MB of the second save and stays away.
+    BOOST_REQUIRE(server.command("down_after 30000000") == "ok");
+    auto second = cluster.save(2);
+    BOOST_REQUIRE(!second.is_ok());
+    const std::string& why = second.status().message();
+    BOOST_TEST(why.find("global_step_2/policy/__") != std::string::npos, why);
+    BOOST_TEST(why.find("gave up after 4 attempts") != std::string::npos, why);
+    BOOST_TEST(why.find("cannot reach the object store") != std::string::npos, why);
+    BOOST_REQUIRE(server.command("up") == "ok");
+  }
+  auto root = CloudCheckpoints::open(url, server.options());
+  BOOST_REQUIRE(root.is_ok());
+  BOOST_TEST(**root->read_tracker() == 1);
+  BOOST_TEST(!*root->is_committed(2));
+  expect_loads(url, spec, server.options());
+  // What the dead server kept (parts, objects of step 2) is cleaned at the next start.
+  TrainerConfig trainer;
+  trainer.ckpt_path = url;
+  CheckpointPolicy policy(trainer, server.options());
+  BOOST_REQUIRE(policy.clean_interrupted_saves().is_ok());
+  BOOST_TEST(root->bucket().open_uploads("outage/")->empty());
+  BOOST_TEST(root->bucket().list("outage/global_step_2")->empty());
+  // Eight data objects, the trainer state and the metadata.
+  BOOST_TEST(root->bucket().list("outage/global_step_1")->size() == 10u);
+  auto check = independent_check(server, url);
+  BOOST_TEST(check["problems"].empty(), check.dump());
+}
+
+BOOST_AUTO_TEST_CASE(retention_deletes_old_steps_objects_after_a_commit) {
+  S3Server server({kBucket});
+  TempDir work;
+  const std::string url = std::string("s3://") + kBucket + "/keep";
+  TrainerConfig trainer;
+  trainer.ckpt_path = url;
+  trainer.max_ckpts_to_keep = 2;
+  CheckpointPolicy policy(trainer, server.options());
+  {
+    Cluster cluster(kSmall, url, false, server.options(), work.path());
+    for (std::int64_t step : {1, 2, 3, 4}) {
+      BOOST_REQUIRE(cluster.save(step).is_ok());
+      BOOST_REQUIRE(policy.apply_retention().is_ok());
+    }
+  }
+  auto root = CloudCheckpoints::open(url, server.options());
+  BOOST_TEST((*root->committed_steps() == std::vector<std::int64_t>{3, 4}));
+  BOOST_TEST(root->bucket().list("keep/global_step_1")->empty());
+  BOOST_TEST(root->bucket().list("keep/global_step_2")->empty());
+  expect_loads(url + "/global_step_3", kSmall, server.options());
+}
+
+BOOST_AUTO_TEST_CASE(a_committed_step_in_the_store_is_never_overwritten) {
+  S3Server server({kBucket});
+  TempDir work;
+  const std::string url = std::string("s3://") + kBucket + "/once";
+  Cluster cluster(kSmall, url, false, server.options(), work.path());
+  BOOST_REQUIRE(cluster.save(3).is_ok());
+  auto again = cluster.save(3);
+  BOOST_REQUIRE(!again.is_ok());
+  BOOST_TEST(again.status().message().find("already committed") != std::string::npos, again.status().message());
+  expect_loads(url, kSmall, server.options());
+}
+
+BOOST_AUTO_TEST_CASE(destination_checks_name_each_failure) {
+  S3Server server({kBucket});
+  auto check = [&](const std::string& url, const ObjectStoreOptions& store) {
+    TrainerConfig trainer;
+    trainer.ckpt_path = url;
+    return CheckpointPolicy(trainer, store).check_destination();
+  };
+  BOOST_TEST(check(std::string("s3://") + kBucket + "/ok", server.options()).is_ok());
+  auto wrong = server.options();
+  wrong.secret_access_key = "wrong";
+  Status st = check(std::string("s3://") + kBucket + "/ok", wrong);
+  BOOST_TEST((st.code() == ErrorCode::permission_denied));
+  BOOST_TEST(st.message().find("trainer.ckpt_path") != std::string::npos, st.message());
+  st = check("s3://missing-bucket/ok", server.options());
+  BOOST_TEST((st.code() == ErrorCode::not_found));
+  BOOST_TEST(st.message().find("bucket 'missing-bucket' does not exist") != std::string::npos, st.message());
+  auto nowhere = server.options();
+  nowhere.endpoint = "http://127.0.0.1:1";
+  st = check(std::string("s3://") + kBucket + "/ok", nowhere);
+  BOOST_TEST(st.message().find("cannot reach the object store") != std::string::npos, st.message());
+}
