@@ -17,8 +17,11 @@
 #include "core/device.hpp"
 #include "core/host_buffer.hpp"
 #include "strategy/checkpoint_coordinator.hpp"
+#include "strategy/cloud_checkpoint.hpp"
+#include "strategy/destination.hpp"
 #include "strategy/format.hpp"
 #include "strategy/local_checkpoint_driver.hpp"
+#include "strategy/loader.hpp"
 #include "strategy/local_save.hpp"
 #include "strategy/megatron_strategy.hpp"
 #include "strategy/messages.hpp"
@@ -74,6 +77,11 @@ Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::
 /// retention would, so that no save pays for deleting an older copy of its step.
 void remove_previous_step(const std::string& root, std::int64_t step) {
   if (step <= 1) return;
+  if (is_cloud(root)) {
+    auto cloud = CloudCheckpoints::open(root, ObjectStoreOptions::from_environment());
+    if (cloud.is_ok()) (void)cloud->remove_step(step - 1);
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(CheckpointLayout{root}.step_dir(step - 1), ec);
 }
@@ -111,6 +119,7 @@ struct SaveArgs {
   bool baseline = false;
   bool async = false;
   bool via_actors = false;
+  std::string work_dir = "/tmp/stagehand-work";
 };
 
 /// The figures every save prints.
@@ -135,7 +144,7 @@ int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
   caf::actor_system_config cfg;
   register_stagehand_errors(cfg);
   caf::actor_system system{cfg};
-  auto coordinator = spawn_checkpoint_coordinator(system, {args.out, "/tmp/stagehand-work", args.ranks});
+  auto coordinator = spawn_checkpoint_coordinator(system, {args.out, args.work_dir, args.ranks});
   std::vector<caf::actor> strategies;
   for (int r = 0; r < args.ranks; ++r) {
     auto state = std::make_shared<StateDict>(std::move(states[static_cast<std::size_t>(r)]));
@@ -164,13 +173,13 @@ int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
       std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
       return 1;
     }
-    const std::string policy = CheckpointLayout::policy_dir(CheckpointLayout{args.out}.step_dir(step));
-    auto metadata_bytes = std::filesystem::file_size(policy + "/metadata.json");
-    std::uint64_t bytes = 0;
-    for (const auto& e : std::filesystem::directory_iterator(policy)) {
-      bytes += std::filesystem::file_size(e.path());
+    auto metadata = read_checkpoint_metadata(CheckpointLayout{args.out}.step_dir(step));
+    if (!metadata.is_ok()) {
+      std::cerr << "stagehand-bench: " << metadata.status().to_string() << "\n";
+      return 1;
     }
-    bytes -= metadata_bytes;
+    std::uint64_t bytes = 0;
+    for (const auto& [name, file] : metadata->files) bytes += file.size;
     stalls.push_back(timing->stall_s);
     totals.push_back(total);
     nlohmann::json line = save_line(args, timing->async ? "async" : "sync", k, bytes, total);
@@ -190,8 +199,12 @@ int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
 
 int run_save(const SaveArgs& args) {
   SyntheticStateSpec spec{args.ranks, parse_size(args.bytes_per_rank), args.tensors, args.seed};
+  if (is_cloud(args.out) && !(args.via_actors || args.async)) {
+    std::cerr << "stagehand-bench: an object-store --out needs --via-actors (or --async)\n";
+    return 2;
+  }
   std::error_code ec;
-  std::filesystem::create_directories(args.out, ec);
+  if (!is_cloud(args.out)) std::filesystem::create_directories(args.out, ec);
   if (ec) {
     std::cerr << "stagehand-bench: cannot create --out '" << args.out << "': " << ec.message() << "\n";
     return 2;
@@ -281,7 +294,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   SaveArgs args;
   auto* save = app.add_subcommand("save", "save a synthetic state as step 1 (then 2, ... with --repeat) under --out");
-  save->add_option("--out", args.out, "checkpoint root")->required();
+  save->add_option("--out", args.out, "checkpoint root: a folder, or s3://bucket/prefix (AWS_* variables)")
+      ->required();
+  save->add_option("--work-dir", args.work_dir, "local_work_dir for object-store saves");
   save->add_option("--ranks", args.ranks, "in-process ranks")->check(CLI::Range(1, 1024));
   save->add_option("--bytes-per-rank", args.bytes_per_rank, "state per rank, e.g. 256M or 1G");
   save->add_option("--tensors", args.tensors, "tensors per rank")->check(CLI::Range(1, 100000));

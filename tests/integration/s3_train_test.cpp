@@ -1,0 +1,110 @@
+#define BOOST_TEST_MODULE s3_train
+#include <boost/test/unit_test.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "strategy/cloud_checkpoint.hpp"
+#include "tests/s3_test_util.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using namespace stagehand::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
+const std::string kConfigs = std::string(STAGEHAND_SOURCE_DIR) + "/examples/configs/";
+
+CommandRun train(const std::string& env, const std::vector<std::string>& sets) {
+  std::string cmd = "env " + env + " " + kBin + "/stagehand-train --quiet --config " + kConfigs + "sync_rl.yaml";
+  for (const auto& s : sets) cmd += " --set " + s;
+  return run_command(cmd);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(train_save_resume_through_s3_is_exact_and_saves_synchronously) {
+  S3Server server({"train-bucket"});
+  TempDir dir;
+  const std::string url = "s3://train-bucket/runs/sync";
+  std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=true", "trainer.ckpt_interval=10",
+                                  "megatron_config.local_work_dir=" + dir / "work"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  CommandRun straight = train(server.env(), with({"trainer.ckpt_path=" + dir / "local", "trainer.total_steps=40"}));
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  CommandRun first = train(server.env(), with({"trainer.ckpt_path=" + url, "trainer.total_steps=20",
+                                               "trainer.max_ckpts_to_keep=1"}));
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST(first.output.find("async_dist_ckpt_save is ignored and saves run synchronously") != std::string::npos,
+             first.output);
+  auto root = CloudCheckpoints::open(url, server.options());
+  BOOST_REQUIRE(root.is_ok());
+  BOOST_TEST(**root->read_tracker() == 20);
+  // Retention ran in the store: only the newest step is left.
+  BOOST_TEST((*root->committed_steps() == std::vector<std::int64_t>{20}));
+  BOOST_TEST(root->bucket().list("runs/sync/global_step_10")->empty());
+
+  CommandRun second = train(server.env(), with({"trainer.ckpt_path=" + url, "trainer.total_steps=40",
+                                                "trainer.resume_mode=latest"}));
+  BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+  BOOST_TEST(**root->read_tracker() == 40);
+  // Every file of the resumed run's last checkpoint equals the uninterrupted local run's.
+  for (const std::string rel : {"trainer_state.json", "policy/metadata.json"}) {
+    auto remote = root->bucket().get("runs/sync/global_step_40/" + rel);
+    BOOST_REQUIRE(remote.is_ok() && remote->has_value());
+    BOOST_TEST((**remote == read_file(dir / "local/global_step_40/" + rel)), rel);
+  }
+  auto check = run_command(server.env() + " python3 " STAGEHAND_SOURCE_DIR "/tests/integration/s3_check.py " + url +
+                           " --compare-local " + dir / "local");
+  BOOST_TEST(check.code == 0, check.output);
+  // Nothing stays behind in the local work folder.
+  BOOST_TEST(fs::is_empty(dir / "work/s3/train-bucket/runs/sync"));
+
+  // The checkpoint tool reads the store too.
+  auto verify = run_command("env " + server.env() + " " + kBin + "/stagehand-ckpt verify " + url);
+  BOOST_TEST(verify.code == 0, verify.output);
+  BOOST_TEST(verify.output.find("OK " + url + "/global_step_40") != std::string::npos, verify.output);
+  auto inspect = run_command("env " + server.env() + " " + kBin + "/stagehand-ckpt inspect " + url + "/global_step_40");
+  BOOST_TEST(inspect.code == 0, inspect.output);
+  BOOST_TEST(inspect.output.find("step 40") != std::string::npos, inspect.output);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_credentials_a_missing_bucket_and_an_unreachable_endpoint_fail_before_training) {
+  S3Server server({"train-bucket"});
+  TempDir dir;
+  std::vector<std::string> sets{"trainer.total_steps=5", "megatron_config.local_work_dir=" + dir / "work"};
+  auto run = [&](const std::string& env, const std::string& url) {
+    auto s = sets;
+    s.push_back("trainer.ckpt_path=" + url);
+    s.push_back("storage.s3.max_attempts=2");
+    return train(env, s);
+  };
+  CommandRun wrong = run("AWS_ACCESS_KEY_ID=" + server.access_key() + " AWS_SECRET_ACCESS_KEY=wrong AWS_ENDPOINT_URL=" +
+                             server.endpoint(),
+                         "s3://train-bucket/x");
+  BOOST_TEST(wrong.code != 0);
+  BOOST_TEST(wrong.output.find("SignatureDoesNotMatch") != std::string::npos, wrong.output);
+  BOOST_TEST(wrong.output.find("check the credentials") != std::string::npos, wrong.output);
+
+  CommandRun missing = run(server.env(), "s3://no-such-bucket/x");
+  BOOST_TEST(missing.code != 0);
+  BOOST_TEST(missing.output.find("bucket 'no-such-bucket' does not exist") != std::string::npos, missing.output);
+
+  CommandRun nowhere = run("AWS_ACCESS_KEY_ID=a AWS_SECRET_ACCESS_KEY=b AWS_ENDPOINT_URL=http://127.0.0.1:1",
+                           "s3://train-bucket/x");
+  BOOST_TEST(nowhere.code != 0);
+  BOOST_TEST(nowhere.output.find("cannot reach the object store at http://127.0.0.1:1") != std::string::npos,
+             nowhere.output);
+
+  CommandRun no_credentials = run("-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY", "s3://train-bucket/x");
+  BOOST_TEST(no_credentials.code != 0);
+  BOOST_TEST(no_credentials.output.find("no credentials") != std::string::npos, no_credentials.output);
+  for (const auto* r : {&wrong, &missing, &nowhere, &no_credentials}) {
+    BOOST_TEST(r->output.find("step 1") == std::string::npos, "failed only after training: " << r->output);
+  }
+}
