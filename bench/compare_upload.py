@@ -3,7 +3,7 @@
 
 Starts tests/integration/s3_server.py (moto, signatures checked), then runs
 `stagehand-bench save --via-actors` on the same synthetic state, alternating round by round,
-once into a local folder and once into s3://bench-bucket/run (each rank writes its files into
+once into a local folder and once into s3://bench-bucket/run<round> (each rank writes its files into
 --work-dir, uploads them, multipart above the threshold, and the coordinator commits metadata and
 tracker in the store). Reports median save times and the throughput ratio (cloud over local).
 
@@ -53,7 +53,7 @@ def main():
         for r in range(args.rounds):
             for mode in ("local", "s3"):
                 local = os.path.join(args.out, "local")
-                out = local if mode == "local" else "s3://bench-bucket/run"
+                out = local if mode == "local" else f"s3://bench-bucket/run{r}"
                 for line in run(args, out, env, os.path.join(args.out, "work")):
                     saves[mode].append(line)
                     print(json.dumps({"round": r, "destination": mode, **line}), flush=True)

@@ -84,15 +84,19 @@ int run_inspect(const std::string& path) {
 
 }  // namespace
 
+constexpr const char* kPathHelp =
+    "a checkpoint folder (global_step_N) or a ckpt_path with a tracker; local, or s3://bucket/prefix and "
+    "gs://bucket/prefix with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION";
+
 int main(int argc, char** argv) {
   CLI::App app{"stagehand-ckpt: inspect and verify Stagehand checkpoints"};
   app.require_subcommand(1);
   std::string path;
   auto* verify = app.add_subcommand("verify", "check every file and chunk checksum against the metadata");
-  verify->add_option("path", path, "a checkpoint folder (global_step_N) or a ckpt_path with a tracker")
+  verify->add_option("path", path, kPathHelp)
       ->required();
   auto* inspect = app.add_subcommand("inspect", "list tensors, shards, bytes and files");
-  inspect->add_option("path", path, "a checkpoint folder (global_step_N) or a ckpt_path with a tracker")
+  inspect->add_option("path", path, kPathHelp)
       ->required();
   CLI11_PARSE(app, argc, argv);
   if (verify->parsed()) return run_verify(path);

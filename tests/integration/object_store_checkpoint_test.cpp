@@ -302,3 +302,19 @@ BOOST_AUTO_TEST_CASE(destination_checks_name_each_failure) {
   st = check(std::string("s3://") + kBucket + "/ok", nowhere);
   BOOST_TEST(st.message().find("cannot reach the object store") != std::string::npos, st.message());
 }
+
+BOOST_AUTO_TEST_CASE(gs_urls_use_the_same_protocol) {
+  S3Server server({kBucket});
+  TempDir work;
+  const std::string url = std::string("gs://") + kBucket + "/gcs-run";
+  {
+    Cluster cluster(kSmall, url, false, server.options(), work.path());
+    BOOST_REQUIRE(cluster.save(7).is_ok());
+  }
+  auto resolved = resolve_checkpoint(url, server.options());
+  BOOST_REQUIRE(resolved.is_ok());
+  BOOST_TEST(*resolved == url + "/global_step_7");
+  expect_loads(url, kSmall, server.options());
+  auto check = independent_check(server, std::string("s3://") + kBucket + "/gcs-run");
+  BOOST_TEST(check["problems"].empty(), check.dump());
+}
