@@ -20,5 +20,23 @@ using export_atom = caf::atom_constant<caf::atom("export")>;
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
 /// Internal to a Worker: attach_atom, strategy actor.
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
+/// report_to_atom, coordinator: where a Worker forwards its strategy's write reports (sent to
+/// Workers in other processes once the world is complete).
+using report_to_atom = caf::atom_constant<caf::atom("reportto")>;
+
+// -- atoms of a world of processes (actors/process_world.hpp) --
+
+/// join_atom, rank, world_size, wire_version, worker, collective endpoint: a rank joins rank 0.
+using join_atom = caf::atom_constant<caf::atom("join")>;
+/// join_error_atom, reason: rank 0 refused a join, or the world failed to form.
+using join_error_atom = caf::atom_constant<caf::atom("joinerror")>;
+/// peers_atom, endpoints by rank, coordinator: the world is complete.
+using peers_atom = caf::atom_constant<caf::atom("peers")>;
+/// shutdown_atom, exit code: rank 0 is done; every rank exits with that code.
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+/// Internal to the world actor: the join time limit passed.
+using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
+/// collective_atom, group, sequence, sender rank, offset, floats: a collective contribution.
+using collective_atom = caf::atom_constant<caf::atom("collective")>;
 
 }  // namespace stagehand

@@ -65,6 +65,7 @@ class Worker : public caf::event_based_actor {
                   [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
           return rp;
         },
+        [this](report_to_atom, caf::actor coordinator) { coordinator_ = std::move(coordinator); },
         [this](rank_saved_atom, const std::string& report) {
           if (coordinator_) send(coordinator_, rank_saved_atom::value, report);
         },

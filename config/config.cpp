@@ -242,6 +242,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
       {"ckpt_save_thread_count", r.integer(&c.megatron_config.ckpt_save_thread_count, 1, 256)},
       {"ckpt_writer_low_priority", r.boolean(&c.megatron_config.ckpt_writer_low_priority)},
       {"local_work_dir", r.string(&c.megatron_config.local_work_dir, false)},
+      {"ckpt_write_rate_limit_mib_s", r.real(&c.megatron_config.ckpt_write_rate_limit_mib_s, 0.0)},
   };
   ConfigReader::Fields parallel{
       {"tensor_parallel", r.integer(&c.parallel.tensor_parallel, 1, 1024)},

@@ -41,6 +41,8 @@ struct MegatronConfig {
   bool ckpt_writer_low_priority = true;
   /// Where saves to an object store are written before upload.
   std::string local_work_dir = "/tmp/stagehand-work";
+  /// Each rank's checkpoint writes together move at most this many MiB/s; 0: unlimited.
+  double ckpt_write_rate_limit_mib_s = 0;
 };
 
 /// `parallel:` keys.

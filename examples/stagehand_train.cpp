@@ -1,5 +1,9 @@
 // stagehand-train: trains the reference workload with sync RL or SFT, saving and resuming
 // checkpoints through Trainer -> WorkerDispatch -> Worker -> MegatronStrategy.
+//
+// One process runs every rank as in-process Workers (the embedded default). With WORLD_SIZE > 1
+// (or --world-size), each process runs one rank: rank 0 runs the trainer, the WorkerDispatch and
+// the checkpoint coordinator, and every rank its Worker, joined over CAF's middleman.
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
 
@@ -9,6 +13,7 @@
 #include <memory>
 
 #include "actors/messages.hpp"
+#include "actors/process_world.hpp"
 #include "actors/worker.hpp"
 #include "actors/worker_dispatch.hpp"
 #include "config/config.hpp"
@@ -25,33 +30,88 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_stop_signal(int) { g_stop.store(true); }
 
-}  // namespace
+int fail(const std::string& what, int code = 2) {
+  std::fprintf(stderr, "stagehand-train: %s\n", what.c_str());
+  return code;
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"stagehand-train: RL and SFT training with asynchronous sharded checkpoints"};
-  std::string config_path;
-  std::vector<std::string> overrides;
-  std::string metrics_out;
-  bool quiet = false;
-  app.add_option("--config", config_path, "YAML config (examples/configs/*.yaml)")->required();
-  app.add_option("--set", overrides, "override a key, e.g. --set trainer.total_steps=50");
-  app.add_option("--metrics-out", metrics_out, "write one JSON line per step and per save");
-  app.add_flag("--quiet", quiet, "no progress output");
-  CLI11_PARSE(app, argc, argv);
+/// The strategy options of one rank from the config.
+StrategyOptions strategy_options(const Config& c, int rank, const ObjectStoreOptions& store) {
+  return StrategyOptions{rank,
+                         static_cast<int>(c.megatron_config.ckpt_save_thread_count),
+                         static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
+                         c.megatron_config.async_dist_ckpt_save,
+                         c.megatron_config.ckpt_writer_low_priority,
+                         rate_limited_storage(local_storage(), c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0),
+                         store};
+}
 
-  auto config = load_config_file(config_path, overrides);
-  if (!config.is_ok()) {
-    std::fprintf(stderr, "stagehand-train: %s\n", config.status().message().c_str());
-    return 2;
+/// Rank `rank`'s Worker with its model on `groups`.
+Result<caf::actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
+                              RankGroups groups, std::shared_ptr<WeightStore> weights, const ObjectStoreOptions& store,
+                              caf::actor coordinator) {
+  auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), std::move(weights));
+  if (!model.is_ok()) return model.status().with_context("rank " + std::to_string(rank));
+  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, store), std::move(coordinator));
+  if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(rank));
+  return worker;
+}
+
+/// Runs the trainer on `workers` until it ends, then finalizes every pending save.
+/// @param on_trainer_failed called when the trainer failed, before the teardown finalize.
+int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
+                const std::vector<caf::actor>& workers, caf::actor coordinator, std::shared_ptr<WeightStore> weights,
+                const std::string& metrics_out, bool quiet, const std::string& where,
+                const std::function<void()>& on_trainer_failed) {
+  const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
+  auto dispatch = spawn_worker_dispatch(system, workers, std::move(coordinator), {c.trainer.ckpt_path, timeout});
+  auto summary = std::make_shared<TrainerSummary>();
+  if (!quiet) {
+    std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) %s on %s, checkpoints %s in %s\n",
+                to_string(c.trainer.kind), layout.world_size(), layout.tensor_parallel, layout.data_parallel,
+                where.c_str(), default_device(0).to_string().c_str(),
+                c.megatron_config.async_dist_ckpt_save ? "async" : "sync", c.trainer.ckpt_path.c_str());
   }
-  const Config& c = *config;
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights}, summary);
+  int code = 0;
+  {
+    caf::scoped_actor self{system};
+    if (trainer.is_ok()) {
+      self->monitor(*trainer);
+      self->receive([](const caf::down_msg&) {});
+      if (!summary->status.is_ok()) code = 1;
+    } else {
+      fail(trainer.status().message());
+      code = 2;
+    }
+    if (code != 0) on_trainer_failed();
+    // Teardown: every pending save is finished, whatever ckpt_interval was.
+    self->request(dispatch, timeout, finalize_atom::value)
+        .receive([](bool) {},
+                 [&](caf::error& err) {
+                   fail("finalizing at teardown: " + from_caf_error(err).message());
+                   code = 1;
+                 });
+    self->send_exit(dispatch, caf::exit_reason::user_shutdown);
+  }
+  if (!quiet && trainer.is_ok()) {
+    std::printf("summary: steps %lld-%lld, accuracy %.3f, %lld checkpoints committed, total save stall %.3fs, "
+                "latest checkpoint %s\n",
+                static_cast<long long>(summary->first_step), static_cast<long long>(summary->last_step),
+                summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
+                summary->total_stall_s,
+                summary->latest_checkpoint.empty() ? "(none)" : summary->latest_checkpoint.c_str());
+  }
+  if (summary->stopped_by_signal) {
+    std::printf("stopped by signal: checkpoint of step %lld is committed; exiting\n",
+                static_cast<long long>(summary->signal_save_step));
+  }
+  return code;
+}
 
-  caf::actor_system_config cfg;
-  register_stagehand_errors(cfg);
-  caf::actor_system system{cfg};
-  ParallelLayout layout{static_cast<int>(c.parallel.tensor_parallel), static_cast<int>(c.parallel.data_parallel)};
+/// The embedded default: every rank a Worker of this process.
+int run_in_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
+                   const std::string& metrics_out, bool quiet) {
   auto groups = make_host_groups(layout);
   std::shared_ptr<WeightStore> weights;
   if (c.trainer.kind == TrainerKind::fully_async) {
@@ -67,67 +127,131 @@ int main(int argc, char** argv) {
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
   };
   for (int rank = 0; rank < layout.world_size(); ++rank) {
-    auto model =
-        BanditMlp::create(c.model, c.trainer.seed, layout, rank, groups[static_cast<std::size_t>(rank)], weights);
-    StrategyOptions strategy{rank,
-                             static_cast<int>(c.megatron_config.ckpt_save_thread_count),
-                             static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
-                             c.megatron_config.async_dist_ckpt_save,
-                             c.megatron_config.ckpt_writer_low_priority,
-                             local_storage(),
-                             store};
-    auto worker = model.is_ok() ? spawn_worker(system, std::move(*model), strategy, coordinator)
-                                : Result<caf::actor>(model.status());
+    auto worker = spawn_rank(system, c, layout, rank, groups[static_cast<std::size_t>(rank)], weights, store, coordinator);
     if (!worker.is_ok()) {
-      std::fprintf(stderr, "stagehand-train: rank %d: %s\n", rank, worker.status().message().c_str());
       stop_all();
-      return 2;
+      return fail(worker.status().message());
     }
     workers.push_back(*worker);
   }
-  const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
-  auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {c.trainer.ckpt_path, timeout});
-  auto summary = std::make_shared<TrainerSummary>();
-  if (!quiet) {
-    std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) on %s, checkpoints %s in %s\n",
-                to_string(c.trainer.kind), layout.world_size(), layout.tensor_parallel, layout.data_parallel,
-                default_device(0).to_string().c_str(), c.megatron_config.async_dist_ckpt_save ? "async" : "sync",
-                c.trainer.ckpt_path.c_str());
-  }
-  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights}, summary);
-  int code = 0;
-  {
-    caf::scoped_actor self{system};
-    if (trainer.is_ok()) {
-      self->monitor(*trainer);
-      self->receive([](const caf::down_msg&) {});
-      if (!summary->status.is_ok()) code = 1;
-    } else {
-      std::fprintf(stderr, "stagehand-train: %s\n", trainer.status().message().c_str());
-      code = 2;
-    }
-    // Teardown: every pending save is finished, whatever ckpt_interval was.
-    self->request(dispatch, timeout, finalize_atom::value)
-        .receive([](bool) {},
-                 [&](caf::error& err) {
-                   std::fprintf(stderr, "stagehand-train: finalizing at teardown: %s\n",
-                                from_caf_error(err).message().c_str());
-                   code = 1;
-                 });
-    self->send_exit(dispatch, caf::exit_reason::user_shutdown);
-  }
+  int code = run_trainer(system, c, layout, workers, coordinator, weights, metrics_out, quiet, "in this process",
+                         [] {});
   stop_all();
-  if (!quiet && trainer.is_ok()) {
-    std::printf("summary: steps %lld-%lld, accuracy %.3f, %lld checkpoints committed, total save stall %.3fs, "
-                "latest checkpoint %s\n",
-                static_cast<long long>(summary->first_step), static_cast<long long>(summary->last_step),
-                summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
-                summary->total_stall_s,
-                summary->latest_checkpoint.empty() ? "(none)" : summary->latest_checkpoint.c_str());
-  }
-  if (summary->stopped_by_signal) {
-    std::printf("stopped by signal: checkpoint of step %lld is committed; exiting\n",
-                static_cast<long long>(summary->signal_save_step));
-  }
   return code;
+}
+
+/// One rank of a world of processes.
+int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
+                     const std::string& metrics_out, bool quiet) {
+  const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
+  ProcessCollectives collectives(system, std::chrono::seconds(c.trainer.call_timeout_s));
+  const int rank = launch.rank;
+  if (rank == 0) {
+    auto host = WorldHost::open(system, launch);
+    if (!host.is_ok()) return fail(host.status().message());
+    auto coordinator = spawn_checkpoint_coordinator(
+        system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
+    auto worker0 = spawn_rank(system, c, layout, 0, collectives.groups(layout, 0), nullptr, store, coordinator);
+    if (!worker0.is_ok()) {
+      caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+      return fail(worker0.status().message());
+    }
+    auto world = (*host)->gather(*worker0, collectives.endpoint(), coordinator);
+    int code = 0;
+    if (!world.is_ok()) {
+      code = fail("starting the world of " + std::to_string(launch.world_size) + " processes: " +
+                  world.status().message());
+    } else {
+      collectives.set_peers(world->second);
+      code = run_trainer(system, c, layout, world->first, coordinator, nullptr, metrics_out, quiet,
+                         "in " + std::to_string(launch.world_size) + " processes",
+                         [&] { collectives.close("the trainer failed"); });
+    }
+    (*host)->shutdown(code);
+    collectives.close("rank 0 is done");
+    caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+    return code;
+  }
+  auto worker = spawn_rank(system, c, layout, rank, collectives.groups(layout, rank), nullptr, store, caf::actor{});
+  if (!worker.is_ok()) return fail(worker.status().message());
+  WorldMember member(system, launch);
+  auto joined = member.join(*worker, collectives.endpoint());
+  int code = 0;
+  if (!joined.is_ok()) {
+    code = fail("rank " + std::to_string(rank) + ": " + joined.status().message());
+  } else {
+    collectives.set_peers(joined->endpoints);
+    caf::anon_send(*worker, report_to_atom::value, joined->coordinator);
+    if (!quiet) std::printf("stagehand-train: rank %d joined rank 0 at %s\n", rank, launch.master().c_str());
+    std::string lost;
+    code = member.serve(lost);
+    if (!lost.empty()) fail("rank " + std::to_string(rank) + ": " + lost, 1);
+  }
+  collectives.close("rank " + std::to_string(rank) + " is shutting down");
+  caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stagehand-train: RL and SFT training with asynchronous sharded checkpoints"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string metrics_out;
+  bool quiet = false;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  int join_timeout_s = 60;
+  app.add_option("--config", config_path, "YAML config (examples/configs/*.yaml)")->required();
+  app.add_option("--set", overrides, "override a key, e.g. --set trainer.total_steps=50");
+  app.add_option("--metrics-out", metrics_out, "write one JSON line per step and per save (rank 0)");
+  app.add_flag("--quiet", quiet, "no progress output");
+  auto* rank_opt = app.add_option("--rank", rank, "this process's rank (default: RANK)");
+  auto* world_opt = app.add_option("--world-size", world_size, "processes in all (default: WORLD_SIZE, else 1)");
+  auto* local_opt = app.add_option("--local-rank", local_rank, "rank on this host (default: LOCAL_RANK)");
+  auto* addr_opt = app.add_option("--master-addr", master_addr, "host of rank 0 (default: MASTER_ADDR, 127.0.0.1)");
+  auto* port_opt = app.add_option("--master-port", master_port, "port rank 0 listens on (default: MASTER_PORT, 29500)");
+  app.add_option("--join-timeout-s", join_timeout_s, "limit for every rank to join rank 0")
+      ->check(CLI::Range(1, 86400));
+  CLI11_PARSE(app, argc, argv);
+
+  auto config = load_config_file(config_path, overrides);
+  if (!config.is_ok()) return fail(config.status().message());
+  const Config& c = *config;
+  LaunchFlags flags;
+  if (rank_opt->count() > 0) flags.rank = rank;
+  if (world_opt->count() > 0) flags.world_size = world_size;
+  if (local_opt->count() > 0) flags.local_rank = local_rank;
+  if (addr_opt->count() > 0) flags.master_addr = master_addr;
+  if (port_opt->count() > 0) flags.master_port = master_port;
+  auto launch = read_launch_info(flags);
+  if (!launch.is_ok()) return fail(launch.status().message());
+  launch->join_timeout = std::chrono::seconds(join_timeout_s);
+  ParallelLayout layout{static_cast<int>(c.parallel.tensor_parallel), static_cast<int>(c.parallel.data_parallel)};
+  if (launch->multi_process()) {
+    if (launch->world_size != layout.world_size()) {
+      return fail("WORLD_SIZE=" + std::to_string(launch->world_size) +
+                  " does not match parallel.tensor_parallel x parallel.data_parallel = " +
+                  std::to_string(layout.tensor_parallel) + " x " + std::to_string(layout.data_parallel) + " = " +
+                  std::to_string(layout.world_size()) + ": each process runs one rank");
+    }
+    if (c.trainer.kind == TrainerKind::fully_async) {
+      return fail("trainer.kind fully_async runs in one process only: its generators read the weights every rank "
+                  "publishes in process memory (leave WORLD_SIZE unset)");
+    }
+  }
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+
+  caf::actor_system_config cfg;
+  register_stagehand_errors(cfg);
+  if (launch->multi_process()) register_wire_types(cfg);
+  caf::actor_system system{cfg};
+  if (!launch->multi_process()) return run_in_process(system, c, layout, metrics_out, quiet);
+  return run_rank_process(system, c, layout, *launch, metrics_out, quiet);
 }

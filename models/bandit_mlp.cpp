@@ -216,7 +216,7 @@ Status BanditMlp::forward(const std::vector<float>& x, std::size_t n, Activation
   }
   a.logits.assign(n * static_cast<std::size_t>(K), 0.0f);
   SH_RETURN_IF_ERROR(gemm_->multiply(false, true, N, K, Hl, a.hidden.data(), Hl, w2.data(), Hl, a.logits.data(), K));
-  groups_.tensor->all_reduce_sum(tp_, a.logits.data(), a.logits.size());
+  SH_RETURN_IF_ERROR(groups_.tensor->all_reduce_sum(tp_, a.logits.data(), a.logits.size()));
   for (std::size_t i = 0; i < n; ++i) {
     for (int k = 0; k < K; ++k) a.logits[i * static_cast<std::size_t>(K) + static_cast<std::size_t>(k)] += b2[static_cast<std::size_t>(k)];
   }
@@ -248,7 +248,7 @@ Status BanditMlp::backward(const std::vector<float>& x, std::size_t n, const Act
   return gemm_->multiply(true, false, Hl, D, N, dhidden.data(), Hl, x.data(), D, w1.grad.data(), D);
 }
 
-void BanditMlp::adam_update() {
+Status BanditMlp::adam_update() {
   constexpr double kBeta1 = 0.9;
   constexpr double kBeta2 = 0.999;
   constexpr double kEps = 1e-8;
@@ -257,7 +257,7 @@ void BanditMlp::adam_update() {
   const double correction2 = 1.0 - std::pow(kBeta2, double(optimizer_step_));
   for (auto& p : params_) {
     // Gradients summed over data-parallel ranks (each already divided by the global batch).
-    groups_.data->all_reduce_sum(dp_, p->grad.data(), p->n);
+    SH_RETURN_IF_ERROR(groups_.data->all_reduce_sum(dp_, p->grad.data(), p->n));
     float* main = p->main.host_data<float>();
     float* m = p->exp_avg.host_data<float>();
     float* v = p->exp_avg_sq.host_data<float>();
@@ -270,11 +270,12 @@ void BanditMlp::adam_update() {
       main[s] = static_cast<float>(main[s] - update);
       p->value[i] = round_bf16(main[s]);
     }
-    groups_.data->all_gather(dp_, p->value.data(), p->lo, p->hi - p->lo);
+    SH_RETURN_IF_ERROR(groups_.data->all_gather(dp_, p->value.data(), p->lo, p->hi - p->lo));
     auto* w = p->weight.host_data<std::uint16_t>();
     for (std::size_t i = 0; i < p->n; ++i) w[i] = to_bf16(p->value[i]);
   }
   refresh_objects();
+  return Status::ok();
 }
 
 Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective,
@@ -334,9 +335,9 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
     }
   }
   SH_RETURN_IF_ERROR(backward(x, n, a, dlogits));
-  adam_update();
+  SH_RETURN_IF_ERROR(adam_update());
   float totals[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
-  groups_.data->all_reduce_sum(dp_, totals, 2);
+  SH_RETURN_IF_ERROR(groups_.data->all_reduce_sum(dp_, totals, 2));
   return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch)};
 }
 
@@ -375,7 +376,7 @@ Result<double> BanditMlp::evaluate() {
     auto greedy = static_cast<int>(std::max_element(row, row + K) - row);
     if (greedy == task_.best_arm(&x[i * D])) correct += 1;
   }
-  groups_.data->all_reduce_sum(dp_, &correct, 1);
+  SH_RETURN_IF_ERROR(groups_.data->all_reduce_sum(dp_, &correct, 1));
   return double(correct) / double(total);
 }
 

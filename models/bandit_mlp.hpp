@@ -26,8 +26,8 @@ struct ParallelLayout {
 
 /// The collectives a rank takes part in: its tensor-parallel and its data-parallel group.
 struct RankGroups {
-  std::shared_ptr<HostGroup> tensor;
-  std::shared_ptr<HostGroup> data;
+  std::shared_ptr<Collective> tensor;
+  std::shared_ptr<Collective> data;
 };
 
 /// Groups for every rank of an in-process world.
@@ -69,7 +69,7 @@ class BanditMlp final : public Model {
   Status build_state();
   Status forward(const std::vector<float>& x, std::size_t n, Activations& a);
   Status backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
-  void adam_update();
+  Status adam_update();
   void refresh_objects();
 
   ModelConfig config_;

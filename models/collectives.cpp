@@ -7,8 +7,8 @@ namespace stagehand {
 HostGroup::HostGroup(int size)
     : size_(size), slots_(static_cast<std::size_t>(size)), barrier_(size) {}
 
-void HostGroup::all_reduce_sum(int member, float* data, std::size_t count) {
-  if (size_ == 1) return;
+Status HostGroup::all_reduce_sum(int member, float* data, std::size_t count) {
+  if (size_ == 1) return Status::ok();
   slots_[static_cast<std::size_t>(member)] = {data, 0, count};
   barrier_.arrive_and_wait();
   if (member == 0) {
@@ -20,10 +20,11 @@ void HostGroup::all_reduce_sum(int member, float* data, std::size_t count) {
   barrier_.arrive_and_wait();
   std::copy_n(scratch_.data(), count, data);
   barrier_.arrive_and_wait();
+  return Status::ok();
 }
 
-void HostGroup::all_gather(int member, float* full, std::size_t offset, std::size_t count) {
-  if (size_ == 1) return;
+Status HostGroup::all_gather(int member, float* full, std::size_t offset, std::size_t count) {
+  if (size_ == 1) return Status::ok();
   slots_[static_cast<std::size_t>(member)] = {full, offset, count};
   barrier_.arrive_and_wait();
   for (int other = 0; other < size_; ++other) {
@@ -32,6 +33,7 @@ void HostGroup::all_gather(int member, float* full, std::size_t offset, std::siz
     std::copy_n(slot.data + slot.offset, slot.count, full + slot.offset);
   }
   barrier_.arrive_and_wait();
+  return Status::ok();
 }
 
 }  // namespace stagehand

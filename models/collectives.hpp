@@ -5,26 +5,39 @@
 #include <mutex>
 #include <vector>
 
+#include "core/status.hpp"
+
 namespace stagehand {
 
-/// Collectives among the in-process members of one tensor- or data-parallel group, on host
-/// memory. Every reduction adds the members' contributions in member order, so results are
-/// bit-identical from run to run.
+/// The collectives of one tensor- or data-parallel group, on host memory. Every reduction adds the
+/// members' contributions in member order (starting from 0.0f), so results are bit-identical
+/// from run to run and whichever implementation carries them.
 ///
 /// Thread-safety: each member calls every collective from its own thread, all members the same
-/// collectives in the same order; a call returns once every member has taken part.
-class HostGroup {
+/// collectives in the same order; a call returns once every member has taken part, or with an
+/// error when that cannot happen (a member died, a time limit passed).
+class Collective {
  public:
-  explicit HostGroup(int size);
+  virtual ~Collective() = default;
 
-  int size() const { return size_; }
+  virtual int size() const = 0;
 
   /// Replaces `data[0..count)` of every member with the sum over members.
-  void all_reduce_sum(int member, float* data, std::size_t count);
+  virtual Status all_reduce_sum(int member, float* data, std::size_t count) = 0;
 
   /// Every member owns `[offset, offset + count)` of a `full` buffer of the same length on each
   /// member; afterwards every member's buffer holds every member's region.
-  void all_gather(int member, float* full, std::size_t offset, std::size_t count);
+  virtual Status all_gather(int member, float* full, std::size_t offset, std::size_t count) = 0;
+};
+
+/// A group whose members are threads of one process.
+class HostGroup final : public Collective {
+ public:
+  explicit HostGroup(int size);
+
+  int size() const override { return size_; }
+  Status all_reduce_sum(int member, float* data, std::size_t count) override;
+  Status all_gather(int member, float* full, std::size_t offset, std::size_t count) override;
 
  private:
   struct Slot {

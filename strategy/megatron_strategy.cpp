@@ -88,6 +88,11 @@ class MegatronStrategy : public caf::event_based_actor {
       }
       async = false;
     }
+    if (is_cloud(destination)) {
+      // On another host than the coordinator's, the local work folder is this host's own.
+      std::error_code ec;
+      std::filesystem::create_directories(policy_dir, ec);
+    }
     if (!async) {
       RankSaveReport report = engine_->save(*state_, policy_dir, step);
       if (report.status.is_ok() && is_cloud(destination)) report.status = upload(step, destination, policy_dir, report);

@@ -4,8 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 namespace stagehand {
@@ -73,11 +77,88 @@ class LocalStorage final : public StorageBackend {
   }
 };
 
+/// Paces every write through it so that all of them together move at most `bytes_per_s`.
+class RateLimiter {
+ public:
+  explicit RateLimiter(double bytes_per_s) : bytes_per_s_(bytes_per_s) {}
+
+  /// Blocks until `bytes` more fit in the budget.
+  void acquire(std::size_t bytes) {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point done;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto now = Clock::now();
+      if (next_ < now) next_ = now;
+      next_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(double(bytes) / bytes_per_s_));
+      done = next_;
+    }
+    std::this_thread::sleep_until(done);
+  }
+
+ private:
+  double bytes_per_s_;
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point next_{};
+};
+
+class RateLimitedFile final : public WritableFile {
+ public:
+  RateLimitedFile(std::unique_ptr<WritableFile> inner, std::shared_ptr<RateLimiter> limiter)
+      : inner_(std::move(inner)), limiter_(std::move(limiter)) {}
+  Status append(const void* data, std::size_t bytes) override {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    for (std::size_t done = 0; done < bytes;) {
+      std::size_t n = std::min(kPiece, bytes - done);
+      limiter_->acquire(n);
+      SH_RETURN_IF_ERROR(inner_->append(p + done, n));
+      done += n;
+    }
+    return Status::ok();
+  }
+  Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    for (std::size_t done = 0; done < bytes;) {
+      std::size_t n = std::min(kPiece, bytes - done);
+      limiter_->acquire(n);
+      SH_RETURN_IF_ERROR(inner_->write_at(offset + done, p + done, n));
+      done += n;
+    }
+    return Status::ok();
+  }
+  Status sync() override { return inner_->sync(); }
+  Status close() override { return inner_->close(); }
+
+ private:
+  static constexpr std::size_t kPiece = 256u << 10;
+  std::unique_ptr<WritableFile> inner_;
+  std::shared_ptr<RateLimiter> limiter_;
+};
+
+class RateLimitedStorage final : public StorageBackend {
+ public:
+  RateLimitedStorage(std::shared_ptr<StorageBackend> inner, double bytes_per_s)
+      : inner_(std::move(inner)), limiter_(std::make_shared<RateLimiter>(bytes_per_s)) {}
+  Result<std::unique_ptr<WritableFile>> open_for_write(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto file, inner_->open_for_write(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<RateLimitedFile>(std::move(file), limiter_));
+  }
+
+ private:
+  std::shared_ptr<StorageBackend> inner_;
+  std::shared_ptr<RateLimiter> limiter_;
+};
+
 }  // namespace
 
 std::shared_ptr<StorageBackend> local_storage() {
   static const auto backend = std::make_shared<LocalStorage>();
   return backend;
+}
+
+std::shared_ptr<StorageBackend> rate_limited_storage(std::shared_ptr<StorageBackend> inner, double bytes_per_s) {
+  if (bytes_per_s <= 0) return inner;
+  return std::make_shared<RateLimitedStorage>(std::move(inner), bytes_per_s);
 }
 
 Status fsync_dir(const std::string& dir) {

@@ -40,6 +40,11 @@ class StorageBackend {
 /// The local file system backend, shared by every engine of the process.
 std::shared_ptr<StorageBackend> local_storage();
 
+/// `inner`, with every write through the returned backend paced so that all of them together
+/// move at most `bytes_per_s` (megatron_config.ckpt_write_rate_limit_mib_s: background saves
+/// that must not crowd shared storage). `bytes_per_s <= 0` returns `inner` itself.
+std::shared_ptr<StorageBackend> rate_limited_storage(std::shared_ptr<StorageBackend> inner, double bytes_per_s);
+
 // -- local file system helpers used by commit, load and the tools --
 
 /// fsyncs a directory so that renames and creations inside it are durable.

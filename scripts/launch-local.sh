@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Starts N local processes of COMMAND, one per rank, as cluster launchers do: each gets RANK,
+# LOCAL_RANK, WORLD_SIZE=N, MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a free
+# port). Waits for all of them and exits with the worst exit code (128+signal for a killed one).
+# When one fails, the others get GRACE_S seconds (default 30) to stop on their own, then SIGTERM.
+#
+#   scripts/launch-local.sh 4 build/bin/stagehand-train --config examples/configs/sync_rl.yaml
+set -uo pipefail
+
+if [ "$#" -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 N COMMAND [ARGS...]" >&2
+  exit 2
+fi
+n=$1
+shift
+export WORLD_SIZE=$n
+export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+if [ -z "${MASTER_PORT:-}" ]; then
+  MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+fi
+export MASTER_PORT
+grace=${GRACE_S:-30}
+
+pids=()
+for ((r = 0; r < n; r++)); do
+  RANK=$r LOCAL_RANK=$r "$@" &
+  pids+=($!)
+done
+
+worst=0
+failed_at=""
+remaining=$n
+declare -A done_pids=()
+while [ "$remaining" -gt 0 ]; do
+  for pid in "${pids[@]}"; do
+    [ -n "${done_pids[$pid]:-}" ] && continue
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      code=$?
+      done_pids[$pid]=1
+      remaining=$((remaining - 1))
+      [ "$code" -gt "$worst" ] && worst=$code
+      if [ "$code" -ne 0 ] && [ -z "$failed_at" ]; then failed_at=$(date +%s); fi
+    fi
+  done
+  if [ -n "$failed_at" ] && [ $(($(date +%s) - failed_at)) -ge "$grace" ]; then
+    for pid in "${pids[@]}"; do
+      [ -z "${done_pids[$pid]:-}" ] && kill -TERM "$pid" 2>/dev/null
+    done
+  fi
+  [ "$remaining" -gt 0 ] && sleep 0.2
+done
+exit "$worst"
