@@ -244,6 +244,22 @@ Result<std::map<std::int32_t, CollectiveInbox::Part>> CollectiveInbox::take(std:
   return out;
 }
 
+void CollectiveInbox::set_peers(std::vector<caf::actor> endpoints) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peers_ = std::move(endpoints);
+  }
+  arrived_.notify_all();
+}
+
+Result<std::vector<caf::actor>> CollectiveInbox::peers(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  arrived_.wait_for(lock, timeout, [&] { return closed_.has_value() || peers_.has_value(); });
+  if (closed_) return Status{ErrorCode::aborted, "collective stopped: " + *closed_};
+  if (!peers_) return Status{ErrorCode::timeout, "the other ranks' endpoints did not arrive in time"};
+  return *peers_;
+}
+
 void CollectiveInbox::close(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -258,13 +274,8 @@ void CollectiveInbox::close(const std::string& reason) {
 class ProcessCollectives::Group final : public Collective {
  public:
   Group(std::int32_t id, std::vector<int> ranks, int own_rank, std::shared_ptr<CollectiveInbox> inbox,
-        std::shared_ptr<std::vector<caf::actor>> peers, std::chrono::milliseconds timeout)
-      : id_(id),
-        ranks_(std::move(ranks)),
-        own_rank_(own_rank),
-        inbox_(std::move(inbox)),
-        peers_(std::move(peers)),
-        timeout_(timeout) {
+        std::chrono::milliseconds timeout)
+      : id_(id), ranks_(std::move(ranks)), own_rank_(own_rank), inbox_(std::move(inbox)), timeout_(timeout) {
     for (int r : ranks_) {
       if (r != own_rank_) others_.push_back(r);
     }
@@ -298,10 +309,13 @@ class ProcessCollectives::Group final : public Collective {
  private:
   Result<std::map<std::int32_t, CollectiveInbox::Part>> exchange(const std::vector<float>& mine, std::uint64_t offset) {
     const std::int64_t seq = ++seq_;
+    SH_ASSIGN_OR_RETURN(auto peers, inbox_->peers(timeout_));
     for (int r : others_) {
-      const caf::actor& peer = (*peers_)[static_cast<std::size_t>(r)];
-      if (!peer) return Status{ErrorCode::internal, "collective before the peers of rank " + std::to_string(own_rank_) + " are known"};
-      caf::anon_send(peer, collective_atom::value, id_, seq, static_cast<std::int32_t>(own_rank_), offset, mine);
+      if (static_cast<std::size_t>(r) >= peers.size() || !peers[static_cast<std::size_t>(r)]) {
+        return Status{ErrorCode::internal, "no collective endpoint for rank " + std::to_string(r)};
+      }
+      caf::anon_send(peers[static_cast<std::size_t>(r)], collective_atom::value, id_, seq,
+                     static_cast<std::int32_t>(own_rank_), offset, mine);
     }
     return inbox_->take(id_, seq, others_, timeout_);
   }
@@ -311,7 +325,6 @@ class ProcessCollectives::Group final : public Collective {
   int own_rank_;
   std::vector<int> others_;
   std::shared_ptr<CollectiveInbox> inbox_;
-  std::shared_ptr<std::vector<caf::actor>> peers_;
   std::chrono::milliseconds timeout_;
   std::int64_t seq_ = 0;
 };
@@ -320,7 +333,6 @@ ProcessCollectives::ProcessCollectives(caf::actor_system& system, std::chrono::m
     : system_(system),
       timeout_(timeout),
       inbox_(std::make_shared<CollectiveInbox>()),
-      peers_(std::make_shared<std::vector<caf::actor>>()),
       endpoint_(system.spawn(collective_endpoint, inbox_)) {}
 
 ProcessCollectives::~ProcessCollectives() {
@@ -328,7 +340,7 @@ ProcessCollectives::~ProcessCollectives() {
   caf::anon_send_exit(endpoint_, caf::exit_reason::user_shutdown);
 }
 
-void ProcessCollectives::set_peers(std::vector<caf::actor> endpoints) { *peers_ = std::move(endpoints); }
+void ProcessCollectives::set_peers(std::vector<caf::actor> endpoints) { inbox_->set_peers(std::move(endpoints)); }
 
 void ProcessCollectives::close(const std::string& reason) { inbox_->close(reason); }
 
@@ -342,8 +354,8 @@ RankGroups ProcessCollectives::groups(const ParallelLayout& layout, int rank) {
   // Group ids: tensor groups 0..dp-1, data groups dp..dp+tp-1.
   auto tensor_id = static_cast<std::int32_t>(layout.data_index(rank));
   auto data_id = static_cast<std::int32_t>(dp + layout.tensor_index(rank));
-  return {std::make_shared<Group>(tensor_id, tensor_ranks, rank, inbox_, peers_, timeout_),
-          std::make_shared<Group>(data_id, data_ranks, rank, inbox_, peers_, timeout_)};
+  return {std::make_shared<Group>(tensor_id, tensor_ranks, rank, inbox_, timeout_),
+          std::make_shared<Group>(data_id, data_ranks, rank, inbox_, timeout_)};
 }
 
 // -- WorldHost --
@@ -415,16 +427,19 @@ Result<JoinedWorld> WorldMember::join(caf::actor worker, caf::actor endpoint) {
   self->send(world_, join_atom::value, static_cast<std::int32_t>(info_.rank), static_cast<std::int32_t>(info_.world_size),
              info_.wire_version, worker, endpoint);
   Result<JoinedWorld> out = Status{ErrorCode::internal, "no answer"};
-  auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  // Rank 0 knows which ranks are missing and says so when its own limit passes: wait a little
+  // longer than that for its answer.
+  auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()) +
+                   std::chrono::seconds(10);
   self->receive(
       [&](peers_atom, std::vector<caf::actor>& endpoints, caf::actor& coordinator) {
         out = JoinedWorld{std::move(endpoints), std::move(coordinator)};
       },
-      [&](join_error_atom, const std::string& why) { out = Status{ErrorCode::aborted, "rank 0 refused: " + why}; },
+      [&](join_error_atom, const std::string& why) { out = Status{ErrorCode::aborted, "rank 0 stopped the start: " + why}; },
       [&](const caf::down_msg&) {
         out = Status{ErrorCode::aborted, "rank 0 at " + info_.master() + " went away before the world was complete"};
       },
-      caf::after(std::max(remaining, std::chrono::milliseconds(1000))) >>
+      caf::after(remaining) >>
           [&] {
             out = Status{ErrorCode::timeout, "rank 0 at " + info_.master() + " did not complete the world within " +
                                                  std::to_string(info_.join_timeout.count() / 1000) + " s"};

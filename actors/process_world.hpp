@@ -76,10 +76,17 @@ class CollectiveInbox {
   /// Wakes every waiter with `reason`; later takes fail at once.
   void close(const std::string& reason);
 
+  /// Every rank's endpoint, by rank; set once the world is complete.
+  void set_peers(std::vector<caf::actor> endpoints);
+  /// The endpoints, waiting for set_peers() (a Worker may be asked to train before this
+  /// process has heard that the world is complete).
+  Result<std::vector<caf::actor>> peers(std::chrono::milliseconds timeout);
+
  private:
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<Key, Part> parts_;
+  std::optional<std::vector<caf::actor>> peers_;
   std::optional<std::string> closed_;
 };
 
@@ -111,7 +118,6 @@ class ProcessCollectives {
   caf::actor_system& system_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<CollectiveInbox> inbox_;
-  std::shared_ptr<std::vector<caf::actor>> peers_;
   caf::actor endpoint_;
 };
 

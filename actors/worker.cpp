@@ -65,9 +65,17 @@ class Worker : public caf::event_based_actor {
                   [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
           return rp;
         },
-        [this](report_to_atom, caf::actor coordinator) { coordinator_ = std::move(coordinator); },
+        [this](report_to_atom, caf::actor coordinator) {
+          coordinator_ = std::move(coordinator);
+          for (auto& report : unsent_) send(coordinator_, rank_saved_atom::value, report);
+          unsent_.clear();
+        },
         [this](rank_saved_atom, const std::string& report) {
-          if (coordinator_) send(coordinator_, rank_saved_atom::value, report);
+          if (coordinator_) {
+            send(coordinator_, rank_saved_atom::value, report);
+          } else {
+            unsent_.push_back(report);
+          }
         },
     };
   }
@@ -76,6 +84,8 @@ class Worker : public caf::event_based_actor {
   std::unique_ptr<Model> model_;
   caf::actor coordinator_;
   caf::actor strategy_;
+  /// Reports pushed before the coordinator was known (a Worker in another process).
+  std::vector<std::string> unsent_;
 };
 
 }  // namespace

@@ -19,6 +19,11 @@ namespace stagehand {
 ///   refreshes what it derives from its state.
 /// - The strategy's pushed (rank_saved_atom, report) goes on to `coordinator`; a dead Worker's
 ///   reports never arrive, so a save it took part in cannot commit.
+/// - (report_to_atom, coordinator): sets the coordinator later (a Worker in another process than
+///   rank 0 learns it when the world is complete); reports pushed before are kept until then.
+///
+/// Every message it takes and sends is a registered, serializable type (register_wire_types),
+/// so the Worker may be in another process or on another host than the dispatch.
 Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Model> model,
                                 StrategyOptions strategy_options, caf::actor coordinator);
 

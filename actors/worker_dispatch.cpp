@@ -4,7 +4,9 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "core/status.hpp"
@@ -122,6 +124,7 @@ class WorkerDispatch : public caf::event_based_actor {
   struct Gather {
     std::size_t remaining = 0;
     bool failed = false;
+    Callback on_done;
   };
 
   /// Sends `msg` to every Worker at once; `each` sees every reply, `done` runs once with ok
@@ -137,6 +140,9 @@ class WorkerDispatch : public caf::event_based_actor {
     }
     auto gather = std::make_shared<Gather>();
     gather->remaining = workers_.size();
+    gather->on_done = on_done;
+    std::erase_if(in_flight_, [](const std::weak_ptr<Gather>& g) { return g.expired(); });
+    in_flight_.push_back(gather);
     for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
       const int r = static_cast<int>(rank);
       request(workers_[rank], options_.timeout, msg)
@@ -144,7 +150,10 @@ class WorkerDispatch : public caf::event_based_actor {
               [gather, each, on_done, r](Ts... xs) {
                 if (gather->failed) return;
                 each(r, xs...);
-                if (--gather->remaining == 0) on_done(Status::ok());
+                if (--gather->remaining == 0) {
+                  gather->failed = true;  // done: a later death does not fail it again
+                  on_done(Status::ok());
+                }
               },
               [this, gather, on_done, r](caf::error& err) {
                 if (gather->failed) return;
@@ -210,8 +219,20 @@ class WorkerDispatch : public caf::event_based_actor {
   void on_worker_down(const caf::down_msg& down) {
     auto it = rank_of_.find(down.source);
     if (it == rank_of_.end()) return;
-    std::string reason = caf::to_string(down.reason);
+    std::string reason = down.reason == caf::exit_reason::remote_link_unreachable
+                             ? "its process exited or cannot be reached"
+                             : caf::to_string(down.reason);
     dead_[it->second] = reason;
+    // Calls waiting on that rank fail now (a request to a Worker in a process that died may
+    // otherwise only end at its time limit).
+    const Status died{ErrorCode::aborted, "rank " + std::to_string(it->second) + " died: " + reason};
+    for (auto& weak : in_flight_) {
+      if (auto gather = weak.lock(); gather && !gather->failed) {
+        gather->failed = true;
+        gather->on_done(died);
+      }
+    }
+    in_flight_.clear();
     if (pending_step_) {
       send(coordinator_, abort_atom::value, *pending_step_,
            "rank " + std::to_string(it->second) + " died during the save: " + reason);
@@ -224,6 +245,8 @@ class WorkerDispatch : public caf::event_based_actor {
   std::map<caf::actor_addr, int> rank_of_;
   std::map<int, std::string> dead_;
   std::optional<std::int64_t> pending_step_;
+  /// Fan-outs whose replies are not all in.
+  std::vector<std::weak_ptr<Gather>> in_flight_;
 };
 
 }  // namespace

@@ -186,7 +186,11 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (!quiet) std::printf("stagehand-train: rank %d joined rank 0 at %s\n", rank, launch.master().c_str());
     std::string lost;
     code = member.serve(lost);
-    if (!lost.empty()) fail("rank " + std::to_string(rank) + ": " + lost, 1);
+    if (!lost.empty()) {
+      fail("rank " + std::to_string(rank) + ": " + lost, 1);
+    } else if (code != 0) {
+      fail("rank " + std::to_string(rank) + ": rank 0 ended with exit code " + std::to_string(code), code);
+    }
   }
   collectives.close("rank " + std::to_string(rank) + " is shutting down");
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);

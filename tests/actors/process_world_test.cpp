@@ -1,0 +1,144 @@
+#define BOOST_TEST_MODULE process_world
+#include <boost/test/unit_test.hpp>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+#include "actors/process_world.hpp"
+#include "strategy/messages.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+
+namespace {
+
+struct Env {
+  std::vector<std::string> names;
+  void set(const std::string& name, const std::string& value) {
+    ::setenv(name.c_str(), value.c_str(), 1);
+    names.push_back(name);
+  }
+  ~Env() {
+    for (const auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+
+caf::actor_system_config& wire_config(caf::actor_system_config& cfg) {
+  register_stagehand_errors(cfg);
+  register_wire_types(cfg);
+  return cfg;
+}
+
+caf::behavior idle() {
+  return {[](std::int32_t) {}};
+}
+
+int free_port() {
+  auto run = test::run_command(
+      "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
+  return std::stoi(run.output);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(launch_info_comes_from_the_launcher_variables_and_flags) {
+  {
+    auto none = read_launch_info({});
+    BOOST_REQUIRE(none.is_ok());
+    BOOST_TEST(!none->multi_process());
+  }
+  Env env;
+  env.set("WORLD_SIZE", "4");
+  env.set("RANK", "3");
+  env.set("MASTER_ADDR", "10.0.0.7");
+  env.set("MASTER_PORT", "29611");
+  auto info = read_launch_info({});
+  BOOST_REQUIRE(info.is_ok());
+  BOOST_TEST(info->multi_process());
+  BOOST_TEST(info->rank == 3);
+  BOOST_TEST(info->local_rank == 3);
+  BOOST_TEST(info->master() == "10.0.0.7:29611");
+  LaunchFlags flags;
+  flags.rank = 1;
+  flags.master_port = 4000;
+  auto overridden = read_launch_info(flags);
+  BOOST_REQUIRE(overridden.is_ok());
+  BOOST_TEST(overridden->rank == 1);
+  BOOST_TEST(overridden->master_port == 4000);
+  env.set("RANK", "4");
+  BOOST_TEST(read_launch_info({}).status().message().find("RANK=4 must be below WORLD_SIZE=4") != std::string::npos);
+  env.set("RANK", "x1");
+  BOOST_TEST(read_launch_info({}).status().message().find("RANK='x1' is not a non-negative integer") !=
+             std::string::npos);
+  env.set("RANK", "0");
+  env.set("MASTER_PORT", "70000");
+  BOOST_TEST(read_launch_info({}).status().message().find("not a TCP port") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_both_versions_named) {
+  caf::actor_system_config host_cfg;
+  caf::actor_system host_system{wire_config(host_cfg)};
+  caf::actor_system_config member_cfg;
+  caf::actor_system member_system{wire_config(member_cfg)};
+  LaunchInfo info;
+  info.world_size = 2;
+  info.master_port = free_port();
+  info.join_timeout = std::chrono::seconds(10);
+  auto host = WorldHost::open(host_system, info);
+  BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
+  auto worker0 = host_system.spawn(idle);
+  auto gathered = std::async(std::launch::async, [&] { return (*host)->gather(worker0, worker0, worker0); });
+
+  LaunchInfo old = info;
+  old.rank = 1;
+  old.wire_version = "stagehand-wire/0";
+  auto start = std::chrono::steady_clock::now();
+  auto member_worker = member_system.spawn(idle);
+  Result<JoinedWorld> joined = Status{ErrorCode::internal, "not run"};
+  {
+    WorldMember member(member_system, old);
+    joined = member.join(member_worker, member_worker);
+  }
+  BOOST_TEST(!joined.is_ok());
+  BOOST_TEST(joined.status().message().find("speaks stagehand-wire/0, rank 0 speaks stagehand-wire/1") !=
+                 std::string::npos,
+             joined.status().message());
+  auto world = gathered.get();
+  BOOST_TEST(!world.is_ok());
+  BOOST_TEST(world.status().message().find("stagehand-wire/0") != std::string::npos, world.status().message());
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
+  (*host)->shutdown(1);
+  host->reset();
+  caf::anon_send_exit(worker0, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(member_worker, caf::exit_reason::user_shutdown);
+  host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
+}
+
+BOOST_AUTO_TEST_CASE(the_inbox_names_missing_senders_and_close_releases_waiters) {
+  CollectiveInbox inbox;
+  inbox.deliver({7, 1, 2}, {0, {1.0f, 2.0f}});
+  auto partial = inbox.take(7, 1, {2, 3}, std::chrono::milliseconds(100));
+  BOOST_TEST((partial.status().code() == ErrorCode::timeout));
+  BOOST_TEST(partial.status().message().find("no contribution from rank(s) 3") != std::string::npos,
+             partial.status().message());
+  inbox.deliver({7, 1, 3}, {4, {5.0f}});
+  auto full = inbox.take(7, 1, {2, 3}, std::chrono::milliseconds(100));
+  BOOST_REQUIRE(full.is_ok());
+  BOOST_TEST((*full)[3].offset == 4u);
+  BOOST_TEST((*full)[2].data.size() == 2u);
+
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    inbox.close("rank 0 is done");
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto waiting = inbox.take(7, 2, {2}, std::chrono::seconds(30));
+  closer.join();
+  BOOST_TEST((waiting.status().code() == ErrorCode::aborted));
+  BOOST_TEST(waiting.status().message().find("rank 0 is done") != std::string::npos);
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
+  BOOST_TEST(!inbox.peers(std::chrono::milliseconds(10)).is_ok());
+}

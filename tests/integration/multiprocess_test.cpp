@@ -1,0 +1,226 @@
+#define BOOST_TEST_MODULE multiprocess
+#include <boost/test/unit_test.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "strategy/commit.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
+const std::string kSource = STAGEHAND_SOURCE_DIR;
+const std::string kConfig = kSource + "/examples/configs/sync_rl.yaml";
+
+std::string train_command(const std::vector<std::string>& sets) {
+  std::string cmd = kBin + "/stagehand-train --quiet --config " + kConfig;
+  for (const auto& s : sets) cmd += " --set " + s;
+  return cmd;
+}
+
+int free_port() {
+  auto run = test::run_command(
+      "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
+  return std::stoi(run.output);
+}
+
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = test::read_file(e.path().string());
+  }
+  return out;
+}
+
+void expect_same_checkpoint(const std::string& a_dir, const std::string& b_dir) {
+  auto a = files_of(a_dir);
+  auto b = files_of(b_dir);
+  BOOST_TEST(a.size() == b.size(), a_dir << " vs " << b_dir);
+  BOOST_TEST(a.count("policy/metadata.json") == 1u);
+  for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs in " << b_dir);
+}
+
+/// One stagehand-train process of a world, started with the launcher's variables; its output
+/// goes to a file.
+struct RankProcess {
+  pid_t pid = -1;
+  std::string log;
+
+  RankProcess(int rank, int world_size, int port, const std::string& command, const std::string& log_path)
+      : log(log_path) {
+    pid = ::fork();
+    if (pid == 0) {
+      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      const std::string exec = "exec " + command;
+      ::execl("/bin/sh", "sh", "-c", exec.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  /// Waits at most `limit`; -1 when still running (then it is killed).
+  int wait_for(std::chrono::seconds limit) {
+    auto deadline = Clock::now() + limit;
+    int status = 0;
+    while (Clock::now() < deadline) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  ~RankProcess() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  std::string output() const { return test::read_file(log); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_process_workers) {
+  for (std::string async : {"true", "false"}) {
+    BOOST_TEST_CONTEXT("async " << async) {
+      TempDir dir;
+      std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=" + async, "trainer.ckpt_interval=10",
+                                      "trainer.max_ckpts_to_keep=0"};
+      auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.end(), common.begin(), common.end());
+        return extra;
+      };
+      auto straight = test::run_command(train_command(with({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=40"})));
+      BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+      const std::string launch = "MASTER_PORT=" + std::to_string(free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+      auto first = test::run_command(launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20"})));
+      BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+      const std::string launch2 = "MASTER_PORT=" + std::to_string(free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+      auto second = test::run_command(launch2 + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=40",
+                                                                    "trainer.resume_mode=latest"})));
+      BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+      BOOST_TEST((committed_steps(dir / "procs") == std::vector<std::int64_t>{10, 20, 30, 40}));
+      for (int step : {10, 20, 30, 40}) {
+        expect_same_checkpoint(dir / ("inproc/global_step_" + std::to_string(step)),
+                               dir / ("procs/global_step_" + std::to_string(step)));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_and_keeps_the_previous_checkpoint) {
+  TempDir dir;
+  const int port = free_port();
+  // Rate-limited writes keep each async save running for about two seconds.
+  const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=400",
+                                         "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
+                                         "megatron_config.async_dist_ckpt_save=true",
+                                         "megatron_config.ckpt_write_rate_limit_mib_s=0.01",
+                                         "trainer.call_timeout_s=60"});
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "ckpt/global_step_40.tmp") && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/global_step_40.tmp"), ranks[0]->output());
+  BOOST_REQUIRE(**read_tracker(dir / "ckpt") == 20);
+  ::kill(ranks[2]->pid, SIGKILL);
+  auto killed = Clock::now();
+  int code0 = ranks[0]->wait_for(std::chrono::seconds(30));
+  double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  BOOST_TEST(code0 != 0, ranks[0]->output());
+  BOOST_TEST(code0 != -1, "rank 0 still running 30 s after rank 2 was killed: " << ranks[0]->output());
+  BOOST_TEST(seconds < 15.0, "rank 0 took " << seconds << " s to stop");
+  BOOST_TEST(ranks[0]->output().find("rank 2 died") != std::string::npos, ranks[0]->output());
+  for (int r : {1, 3}) {
+    int code = ranks[static_cast<std::size_t>(r)]->wait_for(std::chrono::seconds(30));
+    BOOST_TEST(code != -1, "rank " << r << " did not exit: " << ranks[static_cast<std::size_t>(r)]->output());
+  }
+  // Nothing of step 40 was committed; step 20 is intact and resumes.
+  BOOST_TEST(**read_tracker(dir / "ckpt") == 20);
+  BOOST_TEST((committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20}));
+  auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "ckpt");
+  BOOST_TEST(verify.code == 0, verify.output);
+  auto resume = test::run_command(train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=25",
+                                                 "trainer.resume_mode=latest"}));
+  BOOST_TEST(resume.code == 0, resume.output);
+  BOOST_TEST(**read_tracker(dir / "ckpt") == 25);
+}
+
+BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
+  TempDir dir;
+  const std::string ckpt = "trainer.ckpt_path=" + dir / "ckpt";
+  auto timed = [](auto&& fn) {
+    auto start = Clock::now();
+    fn();
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+
+  // WORLD_SIZE that does not match the config: refused at once.
+  auto mismatch = test::run_command("WORLD_SIZE=3 RANK=0 " + train_command({ckpt}));
+  BOOST_TEST(mismatch.code == 2);
+  BOOST_TEST(mismatch.output.find("WORLD_SIZE=3 does not match parallel.tensor_parallel x parallel.data_parallel") !=
+                 std::string::npos,
+             mismatch.output);
+
+  // A port nobody listens on.
+  test::CommandRun dead;
+  double dead_s = timed([&] {
+    dead = test::run_command("WORLD_SIZE=4 RANK=1 MASTER_PORT=" + std::to_string(free_port()) + " " +
+                             train_command({ckpt}) + " --join-timeout-s 3");
+  });
+  BOOST_TEST(dead.code != 0);
+  BOOST_TEST(dead.output.find("cannot reach rank 0 at 127.0.0.1:") != std::string::npos, dead.output);
+  BOOST_TEST(dead_s < 10.0);
+
+  // A rank that joins with another WORLD_SIZE (its own config agrees with it): rank 0 refuses it
+  // and every process stops.
+  {
+    const int port = free_port();
+    RankProcess rank0(0, 4, port, train_command({ckpt}) + " --join-timeout-s 20", dir / "r0.log");
+    RankProcess other(1, 2, port, train_command({ckpt, "parallel.data_parallel=1"}) + " --join-timeout-s 20",
+                      dir / "r1.log");
+    int code0 = rank0.wait_for(std::chrono::seconds(15));
+    int code1 = other.wait_for(std::chrono::seconds(15));
+    BOOST_TEST(code0 > 0, rank0.output());
+    BOOST_TEST(code1 > 0, other.output());
+    BOOST_TEST(rank0.output().find("was started with WORLD_SIZE=2, rank 0 with WORLD_SIZE=4") != std::string::npos,
+               rank0.output());
+    BOOST_TEST(other.output().find("rank 0 stopped the start") != std::string::npos, other.output());
+  }
+
+  // A rank that never starts: rank 0 names it once the join limit passes, and the others stop.
+  {
+    const int port = free_port();
+    std::vector<std::unique_ptr<RankProcess>> ranks;
+    for (int r = 0; r < 3; ++r) {
+      ranks.push_back(std::make_unique<RankProcess>(r, 4, port, train_command({ckpt}) + " --join-timeout-s 3",
+                                                    dir / ("m" + std::to_string(r) + ".log")));
+    }
+    for (auto& p : ranks) BOOST_TEST(p->wait_for(std::chrono::seconds(15)) > 0, p->output());
+    BOOST_TEST(ranks[0]->output().find("rank(s) 3 of WORLD_SIZE=4 did not join") != std::string::npos,
+               ranks[0]->output());
+  }
+}
