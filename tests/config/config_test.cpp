@@ -118,6 +118,12 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
        {"bad.yaml:4", "model.hidden", "divisible by parallel.tensor_parallel (3)"}},
       {"bad learning rate", "model:\n  learning_rate: fast\n", {"model.learning_rate", "expected a number"}},
       {"zero timeout", "trainer:\n  call_timeout_s: 0\n", {"trainer.call_timeout_s", "at least 1"}},
+      {"negative write rate", "megatron_config:\n  ckpt_write_rate_limit_mib_s: -1\n",
+       {"megatron_config.ckpt_write_rate_limit_mib_s"}},
+      {"tiny part", "storage:\n  s3:\n    part_size_mib: 1\n", {"bad.yaml:3", "storage.s3.part_size_mib", "between 5 and 5120, got 1"}},
+      {"part above threshold", "storage:\n  s3:\n    part_size_mib: 32\n    multipart_threshold_mib: 16\n",
+       {"storage.s3.part_size_mib", "at most storage.s3.multipart_threshold_mib (16), got 32"}},
+      {"zero attempts", "storage:\n  s3:\n    max_attempts: 0\n", {"storage.s3.max_attempts"}},
   };
   for (const auto& c : cases) {
     auto result = load_config_string(c.yaml, "bad.yaml");

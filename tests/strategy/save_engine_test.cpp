@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE save_engine
 #include <boost/test/unit_test.hpp>
 
+#include <chrono>
+
 #include <filesystem>
 
 #include "bench/synthetic_state.hpp"
@@ -185,4 +187,21 @@ BOOST_AUTO_TEST_CASE(a_failed_rank_commits_nothing) {
   BOOST_TEST(!std::filesystem::exists(dir / "global_step_2"));
   BOOST_TEST(!std::filesystem::exists(dir / "global_step_2.tmp"));
   BOOST_TEST(**read_tracker(dir.path()) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_rate_limited_backend_paces_writes_and_keeps_their_bytes) {
+  BOOST_TEST((rate_limited_storage(local_storage(), 0) == local_storage()));
+  test::TempDir dir;
+  auto limited = rate_limited_storage(local_storage(), 1024.0 * 1024.0);
+  std::string bytes(512u << 10, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+  auto start = std::chrono::steady_clock::now();
+  auto file = limited->open_for_write(dir / "f");
+  BOOST_REQUIRE(file.is_ok());
+  BOOST_REQUIRE((*file)->append(bytes.data(), bytes.size() / 2).is_ok());
+  BOOST_REQUIRE((*file)->write_at(bytes.size() / 2, bytes.data() + bytes.size() / 2, bytes.size() / 2).is_ok());
+  BOOST_REQUIRE((*file)->close().is_ok());
+  // 512 KiB at 1 MiB/s cannot take less than half a second (sleeping only adds to it).
+  BOOST_TEST((std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(450)));
+  BOOST_TEST((test::read_file(dir / "f") == bytes));
 }
