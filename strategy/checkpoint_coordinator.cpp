@@ -109,7 +109,10 @@ class CheckpointCoordinator : public caf::event_based_actor {
     SH_ASSIGN_OR_RETURN(auto metadata, build_metadata(step, reports_, options_.world_size));
     SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
     SH_RETURN_IF_ERROR(cloud.commit(step, metadata, CheckpointLayout{root_}.tmp_dir(step)));
-    return abort_checkpoint(root_, step);
+    // Committed in the store; what is left locally is only the emptied work folder.
+    Status cleaned = abort_checkpoint(root_, step);
+    if (!cleaned.is_ok()) logger()->warn("step {} is committed; {}", step, cleaned.message());
+    return Status::ok();
   }
 
   /// Deletes what the ranks uploaded for a step that will not commit.
