@@ -309,12 +309,15 @@ class ProcessCollectives::Group final : public Collective {
  private:
   Result<std::map<std::int32_t, CollectiveInbox::Part>> exchange(const std::vector<float>& mine, std::uint64_t offset) {
     const std::int64_t seq = ++seq_;
-    SH_ASSIGN_OR_RETURN(auto peers, inbox_->peers(timeout_));
+    if (peers_.empty()) {
+      // Set once per world: fetched at the first collective, then kept.
+      SH_ASSIGN_OR_RETURN(peers_, inbox_->peers(timeout_));
+    }
     for (int r : others_) {
-      if (static_cast<std::size_t>(r) >= peers.size() || !peers[static_cast<std::size_t>(r)]) {
+      if (static_cast<std::size_t>(r) >= peers_.size() || !peers_[static_cast<std::size_t>(r)]) {
         return Status{ErrorCode::internal, "no collective endpoint for rank " + std::to_string(r)};
       }
-      caf::anon_send(peers[static_cast<std::size_t>(r)], collective_atom::value, id_, seq,
+      caf::anon_send(peers_[static_cast<std::size_t>(r)], collective_atom::value, id_, seq,
                      static_cast<std::int32_t>(own_rank_), offset, mine);
     }
     return inbox_->take(id_, seq, others_, timeout_);
@@ -326,6 +329,7 @@ class ProcessCollectives::Group final : public Collective {
   std::vector<int> others_;
   std::shared_ptr<CollectiveInbox> inbox_;
   std::chrono::milliseconds timeout_;
+  std::vector<caf::actor> peers_;
   std::int64_t seq_ = 0;
 };
 

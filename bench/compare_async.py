@@ -10,33 +10,24 @@ and reports how its resident set size moves after the first save.
   bench/compare_async.py --bench build/bin/stagehand-bench --out /tmp/stagehand-async \
       --ranks 2 --bytes-per-rank 512M --rounds 3 --repeat 3 --rss-saves 20
 """
-import argparse
 import json
 import shutil
 import statistics
 import subprocess
 import sys
 
+import bench_common
+
 
 def run(args, mode_flag, repeat):
-    cmd = [args.bench, "save", "--out", args.out, "--ranks", str(args.ranks), "--bytes-per-rank",
-           args.bytes_per_rank, "--tensors", str(args.tensors), "--thread-count", str(args.thread_count),
-           "--repeat", str(repeat), mode_flag]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(bench_common.save_command(args, args.out, repeat, mode_flag), capture_output=True, text=True,
+                          check=True)
     shutil.rmtree(args.out, ignore_errors=True)
-    return [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{") and "summary" not in l]
+    return bench_common.save_lines(proc.stdout)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--bytes-per-rank", default="512M")
-    p.add_argument("--tensors", type=int, default=32)
-    p.add_argument("--thread-count", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=3)
+    p = bench_common.parser(__doc__, "512M", 32, 4, 3, 3)
     p.add_argument("--rss-saves", type=int, default=20)
     args = p.parse_args()
     saves = {"async": [], "sync": []}

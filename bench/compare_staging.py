@@ -10,7 +10,6 @@ run, then medians and ratios against staging 0.
   bench/compare_staging.py --bench build/bin/stagehand-bench --out /tmp/stagehand-bench \
       --ranks 2 --bytes-per-rank 1G --thread-count 8 --staging 0,1,2 --rounds 5 --repeat 3
 """
-import argparse
 import json
 import re
 import shutil
@@ -18,14 +17,14 @@ import statistics
 import subprocess
 import sys
 
+import bench_common
+
 
 def run_once(args, staging):
-    cmd = ["/usr/bin/time", "-v", args.bench, "save", "--out", args.out, "--ranks", str(args.ranks),
-           "--bytes-per-rank", args.bytes_per_rank, "--tensors", str(args.tensors),
-           "--thread-count", str(args.thread_count), "--staging-buckets", str(staging), "--baseline",
-           "--repeat", str(args.repeat)]
+    cmd = ["/usr/bin/time", "-v"] + bench_common.save_command(args, args.out, args.repeat, "--staging-buckets",
+                                                              str(staging), "--baseline")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    saves = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{") and "summary" not in l]
+    saves = bench_common.save_lines(proc.stdout)
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
     for save in saves:
         save["max_rss_bytes"] = rss_kb * 1024
@@ -34,17 +33,9 @@ def run_once(args, staging):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--bytes-per-rank", default="1G")
-    p.add_argument("--tensors", type=int, default=64)
-    p.add_argument("--thread-count", type=int, default=8)
+    p = bench_common.parser(__doc__, "1G", 64, 8, 5, 3,
+                            "saves per process; the first allocates the staging buffers, later ones reuse them")
     p.add_argument("--staging", default="0,1,2")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=3,
-                   help="saves per process; the first allocates the staging buffers, later ones reuse them")
     args = p.parse_args()
     stagings = [int(s) for s in args.staging.split(",")]
     runs = {s: [] for s in stagings}

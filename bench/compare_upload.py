@@ -10,7 +10,6 @@ tracker in the store). Reports median save times and the throughput ratio (cloud
   bench/compare_upload.py --bench build/bin/stagehand-bench --out /tmp/stagehand-upload \
       --ranks 2 --bytes-per-rank 256M --rounds 3 --repeat 2
 """
-import argparse
 import json
 import os
 import shutil
@@ -18,29 +17,21 @@ import statistics
 import subprocess
 import sys
 
+import bench_common
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(args, out, env, work):
-    cmd = [args.bench, "save", "--via-actors", "--out", out, "--work-dir", work, "--ranks", str(args.ranks),
-           "--bytes-per-rank", args.bytes_per_rank, "--tensors", str(args.tensors),
-           "--thread-count", str(args.thread_count), "--repeat", str(args.repeat)]
+    cmd = bench_common.save_command(args, out, args.repeat, "--via-actors", "--work-dir", work)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"stagehand-bench failed: {proc.stderr}")
-    return [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{") and "summary" not in l]
+    return bench_common.save_lines(proc.stdout)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", required=True)
-    p.add_argument("--out", required=True, help="local folder for the disk saves and the work dir")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--bytes-per-rank", default="256M")
-    p.add_argument("--tensors", type=int, default=32)
-    p.add_argument("--thread-count", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=2)
+    p = bench_common.parser(__doc__, "256M", 32, 4, 3, 2)
     args = p.parse_args()
     server = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "tests", "integration", "s3_server.py"),
                                "--bucket", "bench-bucket"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -23,6 +23,10 @@ std::string CloudCheckpoints::step_key(std::int64_t step) const { return root_.k
 
 std::string CloudCheckpoints::step_url(std::int64_t step) const { return bucket_->url(step_key(step)); }
 
+std::string CloudCheckpoints::metadata_key(std::int64_t step) const {
+  return step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile;
+}
+
 Status CloudCheckpoints::check_access() const {
   return bucket_->check_access(root_.key.empty() ? "" : root_.key + "/");
 }
@@ -44,8 +48,7 @@ Status CloudCheckpoints::commit(std::int64_t step, const CheckpointMetadata& met
     SH_ASSIGN_OR_RETURN(std::string state, read_small_file(state_path));
     SH_RETURN_IF_ERROR(bucket_->put(step_key(step) + "/" + kTrainerStateFile, state));
   }
-  SH_RETURN_IF_ERROR(
-      bucket_->put(step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile, metadata_to_json(metadata)));
+  SH_RETURN_IF_ERROR(bucket_->put(metadata_key(step), metadata_to_json(metadata)));
   return bucket_->put(root_.key_of(kTrackerFile), std::to_string(step) + "\n");
 }
 
@@ -58,18 +61,21 @@ Result<std::optional<std::int64_t>> CloudCheckpoints::read_tracker() const {
 }
 
 Result<bool> CloudCheckpoints::is_committed(std::int64_t step) const {
-  SH_ASSIGN_OR_RETURN(auto size, bucket_->size_of(step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile));
+  SH_ASSIGN_OR_RETURN(auto size, bucket_->size_of(metadata_key(step)));
   return size.has_value();
 }
 
-Result<std::map<std::int64_t, std::vector<ObjectInfo>>> CloudCheckpoints::objects_by_step() const {
+Result<std::map<std::int64_t, CloudCheckpoints::StepObjects>> CloudCheckpoints::objects_by_step() const {
   std::string base = root_.key.empty() ? "" : root_.key + "/";
   SH_ASSIGN_OR_RETURN(auto objects, bucket_->list(base + "global_step_"));
-  std::map<std::int64_t, std::vector<ObjectInfo>> out;
+  std::map<std::int64_t, StepObjects> out;
   for (auto& o : objects) {
     std::string rest = o.key.substr(base.size());
     auto step = parse_step_dir_name(rest.substr(0, rest.find('/')), false);
-    if (step) out[*step].push_back(std::move(o));
+    if (!step) continue;
+    StepObjects& entry = out[*step];
+    entry.committed |= o.key == metadata_key(*step);
+    entry.objects.push_back(std::move(o));
   }
   return out;
 }
@@ -77,18 +83,14 @@ Result<std::map<std::int64_t, std::vector<ObjectInfo>>> CloudCheckpoints::object
 Result<std::vector<std::int64_t>> CloudCheckpoints::committed_steps() const {
   SH_ASSIGN_OR_RETURN(auto by_step, objects_by_step());
   std::vector<std::int64_t> steps;
-  for (const auto& [step, objects] : by_step) {
-    std::string metadata = step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile;
-    for (const auto& o : objects) {
-      if (o.key == metadata) steps.push_back(step);
-    }
+  for (const auto& [step, entry] : by_step) {
+    if (entry.committed) steps.push_back(step);
   }
   return steps;
 }
 
 Status CloudCheckpoints::remove_step(std::int64_t step) const {
-  std::string metadata = step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile;
-  SH_RETURN_IF_ERROR(bucket_->remove(metadata));
+  SH_RETURN_IF_ERROR(bucket_->remove(metadata_key(step)));
   SH_ASSIGN_OR_RETURN(auto objects, bucket_->list(step_key(step) + "/"));
   for (const auto& o : objects) SH_RETURN_IF_ERROR(bucket_->remove(o.key));
   return Status::ok();
@@ -97,12 +99,9 @@ Status CloudCheckpoints::remove_step(std::int64_t step) const {
 Result<int> CloudCheckpoints::clean_interrupted() const {
   int cleaned = 0;
   SH_ASSIGN_OR_RETURN(auto by_step, objects_by_step());
-  for (const auto& [step, objects] : by_step) {
-    std::string metadata = step_key(step) + "/" + kPolicyDir + "/" + kMetadataFile;
-    bool committed = false;
-    for (const auto& o : objects) committed |= o.key == metadata;
-    if (committed) continue;
-    for (const auto& o : objects) SH_RETURN_IF_ERROR(bucket_->remove(o.key));
+  for (const auto& [step, entry] : by_step) {
+    if (entry.committed) continue;
+    for (const auto& o : entry.objects) SH_RETURN_IF_ERROR(bucket_->remove(o.key));
     ++cleaned;
   }
   SH_ASSIGN_OR_RETURN(auto uploads, bucket_->open_uploads(root_.key.empty() ? "" : root_.key + "/"));

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,10 +63,18 @@ class CloudCheckpoints {
   Result<int> clean_interrupted() const;
 
  private:
+  struct StepObjects {
+    std::vector<ObjectInfo> objects;
+    /// Its metadata is among them.
+    bool committed = false;
+  };
+
   CloudCheckpoints(std::shared_ptr<Bucket> bucket, ObjectUrl root)
       : bucket_(std::move(bucket)), root_(std::move(root)) {}
+  /// `prefix/global_step_<N>/policy/metadata.json`.
+  std::string metadata_key(std::int64_t step) const;
   /// Every object below the root's `global_step_` keys, grouped by step.
-  Result<std::map<std::int64_t, std::vector<ObjectInfo>>> objects_by_step() const;
+  Result<std::map<std::int64_t, StepObjects>> objects_by_step() const;
 
   std::shared_ptr<Bucket> bucket_;
   ObjectUrl root_;

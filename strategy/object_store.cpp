@@ -134,12 +134,12 @@ std::size_t write_download(char* data, std::size_t size, std::size_t count, void
 
 std::size_t read_header(char* data, std::size_t size, std::size_t count, void* user) {
   std::size_t n = size * count;
-  std::string line(data, n);
-  if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0) {
-    std::string value = line.substr(5);
+  if (n > 5 && strncasecmp(data, "etag:", 5) == 0) {
+    std::string_view value(data + 5, n - 5);
     auto first = value.find_first_not_of(" \t");
     auto last = value.find_last_not_of(" \t\r\n");
-    *static_cast<std::string*>(user) = first == std::string::npos ? "" : value.substr(first, last - first + 1);
+    *static_cast<std::string*>(user) =
+        first == std::string_view::npos ? "" : std::string(value.substr(first, last - first + 1));
   }
   return n;
 }
@@ -176,6 +176,15 @@ std::pair<std::string, std::string> s3_error(const std::string& body) {
   auto error = doc.child("Error");
   if (!error) return {};
   return {error.child_value("Code"), error.child_value("Message")};
+}
+
+/// The element `root` of an XML answer; an error naming `what` when the body is not such a document.
+Result<pugi::xml_node> answer_root(pugi::xml_document& doc, const std::string& body, const char* root,
+                                   const std::string& what) {
+  if (!doc.load_buffer(body.data(), body.size()) || !doc.child(root)) {
+    return Status{ErrorCode::io_error, what + ": the answer is not a " + root + " document"};
+  }
+  return doc.child(root);
 }
 
 }  // namespace
@@ -514,10 +523,7 @@ Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix) {
               (start_after.empty() ? "" : "&start-after=" + query_value(start_after));
     SH_ASSIGN_OR_RETURN(Response response, perform(r, "list"));
     pugi::xml_document doc;
-    if (!doc.load_buffer(response.body.data(), response.body.size())) {
-      return Status{ErrorCode::io_error, "list '" + url(prefix) + "': the answer is not XML"};
-    }
-    auto result = doc.child("ListBucketResult");
+    SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListBucketResult", "list '" + url(prefix) + "'"));
     std::size_t before = out.size();
     for (auto c = result.child("Contents"); c; c = c.next_sibling("Contents")) {
       out.push_back({c.child_value("Key"), std::strtoull(c.child_value("Size"), nullptr, 10)});
@@ -526,7 +532,6 @@ Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix) {
     if (!truncated || out.size() == before) break;
     start_after = out.back().key;
   }
-  std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
   return out;
 }
 
@@ -543,11 +548,9 @@ Result<std::vector<MultipartUpload>> Bucket::open_uploads(const std::string& pre
   r.query = "prefix=" + query_value(prefix) + "&uploads=";
   SH_ASSIGN_OR_RETURN(Response response, perform(r, "list multipart uploads"));
   pugi::xml_document doc;
-  if (!doc.load_buffer(response.body.data(), response.body.size())) {
-    return Status{ErrorCode::io_error, "list multipart uploads '" + url(prefix) + "': the answer is not XML"};
-  }
+  SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListMultipartUploadsResult",
+                                               "list multipart uploads '" + url(prefix) + "'"));
   std::vector<MultipartUpload> out;
-  auto result = doc.child("ListMultipartUploadsResult");
   for (auto u = result.child("Upload"); u; u = u.next_sibling("Upload")) {
     out.push_back({u.child_value("Key"), u.child_value("UploadId")});
   }
@@ -617,11 +620,11 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
       break;
     }
     pugi::xml_document doc;
-    doc.load_buffer(response->body.data(), response->body.size());
-    std::string id = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+    const std::string what = "begin multipart upload of '" + url(files[i].key) + "'";
+    auto result = answer_root(doc, response->body, "InitiateMultipartUploadResult", what);
+    std::string id = result.is_ok() ? result->child_value("UploadId") : "";
     if (id.empty()) {
-      failed = Status{ErrorCode::io_error, "begin multipart upload of '" + url(files[i].key) +
-                                               "': no usable UploadId in the answer"};
+      failed = result.is_ok() ? Status{ErrorCode::io_error, what + ": no UploadId in the answer"} : result.status();
       break;
     }
     open.back().multipart = MultipartUpload{files[i].key, id};

@@ -126,7 +126,7 @@ class Bucket {
   /// aborted so that no parts stay stored; when even the abort fails, the error says which upload
   /// is left open.
   Status upload_files(const std::vector<FileUpload>& files);
-  /// Every object whose key starts with `prefix`, in key order.
+  /// Every object whose key starts with `prefix`, in key order (as S3 lists them).
   Result<std::vector<ObjectInfo>> list(const std::string& prefix);
   /// Deletes object `key`; a missing one is not an error.
   Status remove(const std::string& key);

@@ -12,10 +12,7 @@
 #include <string>
 
 #include "strategy/object_store.hpp"
-
-#ifndef STAGEHAND_SOURCE_DIR
-#error "tests that use an S3 server need STAGEHAND_SOURCE_DIR"
-#endif
+#include "tests/test_util.hpp"
 
 namespace stagehand::test {
 
@@ -29,6 +26,13 @@ class S3Server {
     int to_child[2];
     int from_child[2];
     if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) throw std::runtime_error("pipe failed");
+    // Everything the child needs is built before fork (allocating after fork is unsafe).
+    std::vector<std::string> args{"python3", source_dir() + "/tests/integration/s3_server.py"};
+    for (const auto& b : buckets) args.insert(args.end(), {"--bucket", b});
+    if (proxy) args.push_back("--proxy");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(to_child[0], 0);
@@ -37,12 +41,6 @@ class S3Server {
       ::close(from_child[0]);
       int devnull = ::open("/dev/null", O_WRONLY);
       ::dup2(devnull, 2);
-      std::vector<std::string> args{"python3", STAGEHAND_SOURCE_DIR "/tests/integration/s3_server.py"};
-      for (const auto& b : buckets) args.insert(args.end(), {"--bucket", b});
-      if (proxy) args.push_back("--proxy");
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
       ::execvp("python3", argv.data());
       ::_exit(127);
     }

@@ -1,9 +1,12 @@
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <filesystem>
 #include <functional>
@@ -44,6 +47,47 @@ class TempDir {
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Where the built programs are; STAGEHAND_BIN_DIR in the environment overrides the build's
+/// folder (the GPU check runs the tests from an unpacked copy).
+inline std::string bin_dir() {
+  const char* env = std::getenv("STAGEHAND_BIN_DIR");
+  return env != nullptr ? env : STAGEHAND_BIN_DIR;
+}
+
+/// The source tree (configs, scripts, Python helpers); STAGEHAND_SOURCE_DIR in the environment
+/// overrides it.
+inline std::string source_dir() {
+  const char* env = std::getenv("STAGEHAND_SOURCE_DIR");
+  return env != nullptr ? env : STAGEHAND_SOURCE_DIR;
+}
+
+/// Every regular file below `dir`, by relative path, with its bytes.
+inline std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) {
+      out[std::filesystem::relative(entry.path(), dir).string()] = read_file(entry.path().string());
+    }
+  }
+  return out;
+}
+
+/// A TCP port on 127.0.0.1 that nobody listened on a moment ago.
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 /// What a command printed (stdout and stderr) and its exit code.

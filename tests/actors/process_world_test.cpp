@@ -36,12 +36,6 @@ caf::behavior idle() {
   return {[](std::int32_t) {}};
 }
 
-int free_port() {
-  auto run = test::run_command(
-      "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
-  return std::stoi(run.output);
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(launch_info_comes_from_the_launcher_variables_and_flags) {
@@ -85,7 +79,7 @@ BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_bot
   caf::actor_system member_system{wire_config(member_cfg)};
   LaunchInfo info;
   info.world_size = 2;
-  info.master_port = free_port();
+  info.master_port = test::free_port();
   info.join_timeout = std::chrono::seconds(10);
   auto host = WorldHost::open(host_system, info);
   BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());

@@ -20,8 +20,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
-const std::string kSource = STAGEHAND_SOURCE_DIR;
+const std::string kBin = test::bin_dir();
+const std::string kSource = test::source_dir();
 const std::string kConfig = kSource + "/examples/configs/sync_rl.yaml";
 
 std::string train_command(const std::vector<std::string>& sets) {
@@ -30,23 +30,9 @@ std::string train_command(const std::vector<std::string>& sets) {
   return cmd;
 }
 
-int free_port() {
-  auto run = test::run_command(
-      "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'");
-  return std::stoi(run.output);
-}
-
-std::map<std::string, std::string> files_of(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = test::read_file(e.path().string());
-  }
-  return out;
-}
-
 void expect_same_checkpoint(const std::string& a_dir, const std::string& b_dir) {
-  auto a = files_of(a_dir);
-  auto b = files_of(b_dir);
+  auto a = test::files_of(a_dir);
+  auto b = test::files_of(b_dir);
   BOOST_TEST(a.size() == b.size(), a_dir << " vs " << b_dir);
   BOOST_TEST(a.count("policy/metadata.json") == 1u);
   for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs in " << b_dir);
@@ -60,17 +46,15 @@ struct RankProcess {
 
   RankProcess(int rank, int world_size, int port, const std::string& command, const std::string& log_path)
       : log(log_path) {
+    // Everything the child needs is built before fork (allocating after fork is unsafe).
+    const std::string exec = "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
+                             " WORLD_SIZE=" + std::to_string(world_size) +
+                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " exec " + command;
     pid = ::fork();
     if (pid == 0) {
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      const std::string exec = "exec " + command;
       ::execl("/bin/sh", "sh", "-c", exec.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -111,10 +95,10 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
       };
       auto straight = test::run_command(train_command(with({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=40"})));
       BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
-      const std::string launch = "MASTER_PORT=" + std::to_string(free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+      const std::string launch = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
       auto first = test::run_command(launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20"})));
       BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
-      const std::string launch2 = "MASTER_PORT=" + std::to_string(free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+      const std::string launch2 = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
       auto second = test::run_command(launch2 + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=40",
                                                                     "trainer.resume_mode=latest"})));
       BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
@@ -129,7 +113,7 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
 
 BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_and_keeps_the_previous_checkpoint) {
   TempDir dir;
-  const int port = free_port();
+  const int port = test::free_port();
   // Rate-limited writes keep each async save running for about two seconds.
   const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=400",
                                          "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
@@ -150,6 +134,7 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_a
   auto killed = Clock::now();
   int code0 = ranks[0]->wait_for(std::chrono::seconds(30));
   double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  BOOST_TEST_MESSAGE("rank 0 exited with " << code0 << " " << seconds << " s after rank 2 was killed");
   BOOST_TEST(code0 != 0, ranks[0]->output());
   BOOST_TEST(code0 != -1, "rank 0 still running 30 s after rank 2 was killed: " << ranks[0]->output());
   BOOST_TEST(seconds < 15.0, "rank 0 took " << seconds << " s to stop");
@@ -188,7 +173,7 @@ BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
   // A port nobody listens on.
   test::CommandRun dead;
   double dead_s = timed([&] {
-    dead = test::run_command("WORLD_SIZE=4 RANK=1 MASTER_PORT=" + std::to_string(free_port()) + " " +
+    dead = test::run_command("WORLD_SIZE=4 RANK=1 MASTER_PORT=" + std::to_string(test::free_port()) + " " +
                              train_command({ckpt}) + " --join-timeout-s 3");
   });
   BOOST_TEST(dead.code != 0);
@@ -198,7 +183,7 @@ BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
   // A rank that joins with another WORLD_SIZE (its own config agrees with it): rank 0 refuses it
   // and every process stops.
   {
-    const int port = free_port();
+    const int port = test::free_port();
     RankProcess rank0(0, 4, port, train_command({ckpt}) + " --join-timeout-s 20", dir / "r0.log");
     RankProcess other(1, 2, port, train_command({ckpt, "parallel.data_parallel=1"}) + " --join-timeout-s 20",
                       dir / "r1.log");
@@ -213,7 +198,7 @@ BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
 
   // A rank that never starts: rank 0 names it once the join limit passes, and the others stop.
   {
-    const int port = free_port();
+    const int port = test::free_port();
     std::vector<std::unique_ptr<RankProcess>> ranks;
     for (int r = 0; r < 3; ++r) {
       ranks.push_back(std::make_unique<RankProcess>(r, 4, port, train_command({ckpt}) + " --join-timeout-s 3",

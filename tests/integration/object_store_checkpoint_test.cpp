@@ -16,7 +16,7 @@
 #include "strategy/loader.hpp"
 #include "strategy/local_checkpoint_driver.hpp"
 #include "strategy/megatron_strategy.hpp"
-#include "tests/caf_test_util.hpp"
+#include "tests/strategy_cluster.hpp"
 #include "tests/s3_test_util.hpp"
 #include "tests/test_util.hpp"
 #include "trainers/checkpoint_policy.hpp"
@@ -30,26 +30,10 @@ namespace {
 constexpr const char* kBucket = "ckpt-bucket";
 
 /// Two ranks, each with a strategy, behind one coordinator; saves to `destination`.
-struct Cluster {
-  caf::actor_system system{test::system_config()};
-  std::vector<std::shared_ptr<StateDict>> states;
-  std::unique_ptr<LocalCheckpointDriver> driver;
-
+struct Cluster : test::StrategyCluster {
   Cluster(const SyntheticStateSpec& spec, const std::string& destination, bool async, const ObjectStoreOptions& store,
-          const std::string& work_dir) {
-    auto coordinator = spawn_checkpoint_coordinator(system, {destination, work_dir, spec.ranks, store});
-    std::vector<caf::actor> strategies;
-    for (int r = 0; r < spec.ranks; ++r) {
-      states.push_back(std::make_shared<StateDict>(*make_synthetic_state(spec, r, Device::host())));
-      StrategyOptions options{r, 4, 0, async, false, local_storage(), store};
-      auto strategy = spawn_megatron_strategy(system, options, states.back(), coordinator);
-      BOOST_REQUIRE_MESSAGE(strategy.is_ok(), strategy.status().to_string());
-      strategies.push_back(*strategy);
-    }
-    driver = std::make_unique<LocalCheckpointDriver>(system, destination, coordinator, strategies,
-                                                     std::chrono::seconds(120));
-  }
-  ~Cluster() { (void)driver->shutdown(); }
+          const std::string& work_dir)
+      : test::StrategyCluster(destination, {spec, async, 4, local_storage(), work_dir, false, store}) {}
 
   /// Saves `step` with a trainer state, as the trainers do.
   Result<SaveTiming> save(std::int64_t step) {
@@ -74,7 +58,7 @@ void expect_loads(const std::string& path, const SyntheticStateSpec& spec, const
 
 /// Runs tests/integration/s3_check.py (boto3) on `url`; returns its JSON line.
 nlohmann::json independent_check(const S3Server& server, const std::string& url, const std::string& local = "") {
-  auto run = run_command(server.env() + " python3 " STAGEHAND_SOURCE_DIR "/tests/integration/s3_check.py " + url +
+  auto run = run_command(server.env() + " python3 " + source_dir() + "/tests/integration/s3_check.py " + url +
                          (local.empty() ? "" : " --compare-local " + local));
   BOOST_TEST(run.code == 0, run.output);
   auto line = run.output.substr(run.output.rfind('{'));

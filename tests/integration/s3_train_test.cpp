@@ -14,8 +14,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
-const std::string kConfigs = std::string(STAGEHAND_SOURCE_DIR) + "/examples/configs/";
+const std::string kBin = bin_dir();
+const std::string kConfigs = source_dir() + "/examples/configs/";
 
 CommandRun train(const std::string& env, const std::vector<std::string>& sets) {
   std::string cmd = "env " + env + " " + kBin + "/stagehand-train --quiet --config " + kConfigs + "sync_rl.yaml";
@@ -59,7 +59,7 @@ BOOST_AUTO_TEST_CASE(train_save_resume_through_s3_is_exact_and_saves_synchronous
     BOOST_REQUIRE(remote.is_ok() && remote->has_value());
     BOOST_TEST((**remote == read_file(dir / "local/global_step_40/" + rel)), rel);
   }
-  auto check = run_command(server.env() + " python3 " STAGEHAND_SOURCE_DIR "/tests/integration/s3_check.py " + url +
+  auto check = run_command(server.env() + " python3 " + source_dir() + "/tests/integration/s3_check.py " + url +
                            " --compare-local " + dir / "local");
   BOOST_TEST(check.code == 0, check.output);
   // Nothing stays behind in the local work folder.

@@ -23,12 +23,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Where the programs are; STAGEHAND_BIN_DIR in the environment overrides the build's folder
-/// (the GPU check runs the tests from an unpacked copy).
-const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
-const std::string kConfigs = std::string(std::getenv("STAGEHAND_SOURCE_DIR") ? std::getenv("STAGEHAND_SOURCE_DIR")
-                                                                             : STAGEHAND_SOURCE_DIR) +
-                             "/examples/configs/";
+const std::string kBin = test::bin_dir();
+const std::string kConfigs = test::source_dir() + "/examples/configs/";
 
 
 using Run = test::CommandRun;
@@ -46,14 +42,6 @@ std::vector<nlohmann::json> lines_of(const std::string& path, const std::string&
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
     if (j["type"] == type) out.push_back(j);
-  }
-  return out;
-}
-
-std::map<std::string, std::string> files_of(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = test::read_file(e.path().string());
   }
   return out;
 }
@@ -124,8 +112,8 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_for_every_trainer_and_save_mode) {
         Run second = train(config, with({"trainer.ckpt_path=" + dir / "split", "trainer.total_steps=40",
                                          "trainer.resume_mode=latest"}));
         BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
-        auto a = files_of(dir / "straight/global_step_40");
-        auto b = files_of(dir / "split/global_step_40");
+        auto a = test::files_of(dir / "straight/global_step_40");
+        auto b = test::files_of(dir / "split/global_step_40");
         BOOST_TEST(a.size() == b.size());
         BOOST_TEST(a.count("policy/metadata.json") == 1u);
         for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs after resume");

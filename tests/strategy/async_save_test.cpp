@@ -25,6 +25,7 @@
 #include "strategy/priority.hpp"
 #include "strategy/thread_pool.hpp"
 #include "tests/caf_test_util.hpp"
+#include "tests/strategy_cluster.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -37,36 +38,12 @@ const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
 
 
 /// Ranks' states, their strategies, a coordinator and a driver, all in this process.
-struct Cluster {
-  caf::actor_system system{test::system_config()};
-  std::vector<std::shared_ptr<StateDict>> states;
-  std::unique_ptr<LocalCheckpointDriver> driver;
-
+struct Cluster : test::StrategyCluster {
   Cluster(const std::string& destination, bool async, int threads = 4,
           std::shared_ptr<StorageBackend> storage = local_storage(), const std::string& work_dir = "/tmp/stagehand-work",
-          bool low_priority = true) {
-    auto coordinator = spawn_checkpoint_coordinator(system, {destination, work_dir, kSpec.ranks});
-    std::vector<caf::actor> strategies;
-    for (int r = 0; r < kSpec.ranks; ++r) {
-      states.push_back(std::make_shared<StateDict>(*make_synthetic_state(kSpec, r, Device::host())));
-      StrategyOptions options{r, threads, 0, async, low_priority, storage};
-      auto strategy = spawn_megatron_strategy(system, options, states.back(), coordinator);
-      BOOST_REQUIRE_MESSAGE(strategy.is_ok(), strategy.status().to_string());
-      strategies.push_back(*strategy);
-    }
-    driver = std::make_unique<LocalCheckpointDriver>(system, destination, coordinator, strategies,
-                                                     std::chrono::seconds(120));
-  }
-  ~Cluster() { (void)driver->shutdown(); }
+          bool low_priority = true)
+      : test::StrategyCluster(destination, {kSpec, async, threads, std::move(storage), work_dir, low_priority}) {}
 };
-
-std::map<std::string, std::string> files_of(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (entry.is_regular_file()) out[fs::relative(entry.path(), dir).string()] = test::read_file(entry.path().string());
-  }
-  return out;
-}
 
 void expect_loads_synthetic(const std::string& checkpoint_dir, const SyntheticStateSpec& spec) {
   for (int r = 0; r < spec.ranks; ++r) {
@@ -104,8 +81,8 @@ BOOST_AUTO_TEST_CASE(async_and_sync_saves_are_byte_identical) {
     BOOST_TEST(timing->async);
     BOOST_REQUIRE(async.driver->finalize().is_ok());
   }
-  auto a = files_of(sync_dir.path());
-  auto b = files_of(async_dir.path());
+  auto a = test::files_of(sync_dir.path());
+  auto b = test::files_of(async_dir.path());
   BOOST_TEST(a.size() == b.size());
   BOOST_TEST(a.count("global_step_1/trainer_state.json") == 1u);
   for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs");
@@ -203,7 +180,7 @@ BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
   // When step 2's first file was created, step 1's files already had all their bytes.
   BOOST_TEST(step1_bytes_when_step2_began.load() == step1_bytes());
   BOOST_TEST(step1_bytes() > 0u);
-  BOOST_TEST(files_of(dir / "s1") == files_of(dir / "s2"));
+  BOOST_TEST(test::files_of(dir / "s1") == test::files_of(dir / "s2"));
   self->send_exit(strategy, caf::exit_reason::user_shutdown);
 }
 

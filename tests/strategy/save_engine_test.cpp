@@ -40,16 +40,6 @@ struct Ranks {
   }
 };
 
-std::map<std::string, std::string> files_of(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
-    if (entry.is_regular_file()) {
-      out[std::filesystem::relative(entry.path(), dir).string()] = test::read_file(entry.path().string());
-    }
-  }
-  return out;
-}
-
 const SyntheticStateSpec kSpec{3, 3u << 20, 23, 42};
 
 }  // namespace
@@ -121,7 +111,7 @@ BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_waves) {
       TempDir dir;
       Ranks ranks(kSpec, {threads, staging, false, {}});
       BOOST_REQUIRE(ranks.save(dir.path(), 4).is_ok());
-      auto files = files_of(dir.path());
+      auto files = test::files_of(dir.path());
       BOOST_TEST(files.count("global_step_4/policy/metadata.json") == 1u);
       BOOST_TEST(files.count("global_step_4/policy/__2_5.safetensors") == 1u);
       if (reference.empty()) {

@@ -18,7 +18,7 @@ namespace {
 
 /// Where the programs are; STAGEHAND_BIN_DIR in the environment overrides the build's folder
 /// (the GPU check runs the tests from an unpacked copy).
-const std::string kBin = std::getenv("STAGEHAND_BIN_DIR") ? std::getenv("STAGEHAND_BIN_DIR") : STAGEHAND_BIN_DIR;
+const std::string kBin = test::bin_dir();
 
 std::string bench_save(const std::string& out) {
   return kBin + "/stagehand-bench save --out " + out +

@@ -1,0 +1,30 @@
+"""What the bench/compare_*.py scripts share: the synthetic-state options of `stagehand-bench save`,
+its command line, and its JSON output lines."""
+import argparse
+import json
+
+
+def parser(doc, bytes_per_rank, tensors, thread_count, rounds, repeat, repeat_help=None):
+    """An argument parser with --bench, --out and the synthetic state's options."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", required=True, help="the stagehand-bench binary")
+    p.add_argument("--out", required=True)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--bytes-per-rank", default=bytes_per_rank)
+    p.add_argument("--tensors", type=int, default=tensors)
+    p.add_argument("--thread-count", type=int, default=thread_count)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--repeat", type=int, default=repeat, help=repeat_help)
+    return p
+
+
+def save_command(args, out, repeat, *flags):
+    """`stagehand-bench save` on the state `args` describes, into `out`."""
+    return [args.bench, "save", "--out", out, "--ranks", str(args.ranks), "--bytes-per-rank", args.bytes_per_rank,
+            "--tensors", str(args.tensors), "--thread-count", str(args.thread_count), "--repeat", str(repeat),
+            *flags]
+
+
+def save_lines(stdout):
+    """The per-save JSON lines of stagehand-bench's output (not its summary)."""
+    return [json.loads(l) for l in stdout.splitlines() if l.startswith("{") and "summary" not in l]
