@@ -7,7 +7,7 @@
 namespace stagehand {
 
 // -- atoms between trainers, the WorkerDispatch and Workers (plus the checkpoint atoms of
-// strategy/messages.hpp: save, finalize, load) --
+// strategy/messages.hpp that the Worker passes on to its strategy: save, finalize, load) --
 
 /// train_atom, step, objective (0 rl, 1 sft), behaviour actions (empty: sample on-policy)
 ///   -> (double reward, double loss)
@@ -23,6 +23,15 @@ using attach_atom = caf::atom_constant<caf::atom("attach")>;
 /// report_to_atom, coordinator: where a Worker forwards its strategy's write reports (sent to
 /// Workers in other processes once the world is complete).
 using report_to_atom = caf::atom_constant<caf::atom("reportto")>;
+
+// -- atoms of the checkpoint coordinator (actors/checkpoint_coordinator.hpp) --
+
+/// begin_atom, step, trainer_state_json -> policy_dir to write into
+using begin_atom = caf::atom_constant<caf::atom("begin")>;
+/// await_atom, step -> void once that step committed (or its error)
+using await_atom = caf::atom_constant<caf::atom("await")>;
+/// abort_atom, step, reason: the coordinator gives up an open step (a rank died).
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
 
 // -- atoms of a world of processes (actors/process_world.hpp) --
 

@@ -10,8 +10,12 @@ namespace {
 
 class Worker : public caf::event_based_actor {
  public:
-  Worker(caf::actor_config& cfg, std::unique_ptr<Model> model, caf::actor coordinator)
-      : caf::event_based_actor(cfg), model_(std::move(model)), coordinator_(std::move(coordinator)) {}
+  Worker(caf::actor_config& cfg, std::unique_ptr<Checkpointable> owned, int rank, caf::actor coordinator)
+      : caf::event_based_actor(cfg),
+        owned_(std::move(owned)),
+        model_(dynamic_cast<Model*>(owned_.get())),
+        rank_(rank),
+        coordinator_(std::move(coordinator)) {}
 
   caf::behavior make_behavior() override {
     return {
@@ -21,16 +25,19 @@ class Worker : public caf::event_based_actor {
         },
         [this](train_atom, std::int64_t step, std::int32_t objective,
                const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double> {
+          if (model_ == nullptr) return to_caf_error(no_model());
           auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl, behaviour_actions);
           if (!metrics.is_ok()) return to_caf_error(metrics.status());
           return caf::result<double, double>(metrics->reward, metrics->loss);
         },
         [this](export_atom, std::int64_t version) -> caf::result<void> {
+          if (model_ == nullptr) return to_caf_error(no_model());
           Status st = model_->export_weights(version);
           if (!st.is_ok()) return to_caf_error(st);
           return caf::unit;
         },
         [this](eval_atom) -> caf::result<double> {
+          if (model_ == nullptr) return to_caf_error(no_model());
           auto accuracy = model_->evaluate();
           if (!accuracy.is_ok()) return to_caf_error(accuracy.status());
           return *accuracy;
@@ -55,7 +62,7 @@ class Worker : public caf::event_based_actor {
           request(strategy_, caf::infinite, load_atom::value, checkpoint_dir)
               .then(
                   [this, rp]() mutable {
-                    Status st = model_->on_loaded();
+                    Status st = owned_->on_loaded();
                     if (st.is_ok()) {
                       rp.deliver(caf::unit);
                     } else {
@@ -81,20 +88,44 @@ class Worker : public caf::event_based_actor {
   }
 
  private:
-  std::unique_ptr<Model> model_;
+  Status no_model() const {
+    return {ErrorCode::invalid_argument,
+            "rank " + std::to_string(rank_) + "'s Worker holds checkpointable state only, not a trainable Model"};
+  }
+
+  std::unique_ptr<Checkpointable> owned_;
+  /// owned_ when it is a Model, else null (training calls are then refused).
+  Model* model_;
+  int rank_;
   caf::actor coordinator_;
   caf::actor strategy_;
   /// Reports pushed before the coordinator was known (a Worker in another process).
   std::vector<std::string> unsent_;
 };
 
+/// A Checkpointable that is nothing but its state.
+class StateOnly final : public Checkpointable {
+ public:
+  explicit StateOnly(std::shared_ptr<StateDict> state) : state_(std::move(state)) {}
+  std::shared_ptr<StateDict> state() override { return state_; }
+
+ private:
+  std::shared_ptr<StateDict> state_;
+};
+
 }  // namespace
 
-Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Model> model,
+std::unique_ptr<Checkpointable> checkpointable_state(std::shared_ptr<StateDict> state) {
+  return std::make_unique<StateOnly>(std::move(state));
+}
+
+Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
                                 StrategyOptions strategy_options, caf::actor coordinator) {
-  if (!model) return Status{ErrorCode::invalid_argument, "a Worker needs a model"};
-  auto state = model->state();
-  auto worker = system.spawn<Worker, caf::detached>(std::move(model), std::move(coordinator));
+  if (!state_owner) return Status{ErrorCode::invalid_argument, "a Worker needs a model or checkpointable state"};
+  auto state = state_owner->state();
+  if (!state) return Status{ErrorCode::invalid_argument, "a Worker's checkpointable returned no state"};
+  const int rank = strategy_options.rank;
+  auto worker = system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator));
   auto strategy = spawn_megatron_strategy(system, std::move(strategy_options), state, worker);
   if (!strategy.is_ok()) {
     caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);

@@ -3,20 +3,22 @@
 #include <caf/fwd.hpp>
 #include <memory>
 
-#include "models/model.hpp"
+#include "actors/model.hpp"
 #include "strategy/megatron_strategy.hpp"
 
 namespace stagehand {
 
-/// Spawns the Worker of one rank: it owns the rank's Model (its shard of model and optimizer
-/// state) and that rank's MegatronStrategy (linked: neither outlives the other). Detached: a
-/// training step blocks in collectives with the other ranks' Workers.
+/// Spawns the Worker of one rank: it owns the rank's Checkpointable (its shard of model and
+/// optimizer state; a Model when it also trains) and that rank's MegatronStrategy (linked:
+/// neither outlives the other). Detached: a training step blocks in collectives with the other
+/// ranks' Workers.
 ///
 /// Protocol (errors as values):
-/// - (train_atom, step, objective) -> (reward, loss); (eval_atom) -> accuracy.
+/// - (train_atom, step, objective) -> (reward, loss); (eval_atom) -> accuracy;
+///   (export_atom, version) -> void: only when `state_owner` is a Model, else an error.
 /// - (save_atom, step, destination, policy_dir) -> (stall_s, async); (finalize_atom) -> bool;
-///   (load_atom, checkpoint_dir) -> void: passed to the strategy; after a load the model
-///   refreshes what it derives from its state.
+///   (load_atom, checkpoint_dir) -> void: passed to the strategy; after a load the owner
+///   refreshes what it derives from its state (Checkpointable::on_loaded).
 /// - The strategy's pushed (rank_saved_atom, report) goes on to `coordinator`; a dead Worker's
 ///   reports never arrive, so a save it took part in cannot commit.
 /// - (report_to_atom, coordinator): sets the coordinator later (a Worker in another process than
@@ -24,7 +26,8 @@ namespace stagehand {
 ///
 /// Every message it takes and sends is a registered, serializable type (register_wire_types),
 /// so the Worker may be in another process or on another host than the dispatch.
-Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Model> model,
+/// @pre strategy_options.rank is this Worker's rank.
+Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
                                 StrategyOptions strategy_options, caf::actor coordinator);
 
 }  // namespace stagehand

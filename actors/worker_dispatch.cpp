@@ -175,8 +175,7 @@ class WorkerDispatch : public caf::event_based_actor {
       std::int64_t step = *pending_step_;
       pending_step_.reset();
       if (!drained.is_ok()) {
-        send(coordinator_, abort_atom::value, step, drained.message());
-        on_done(drained);
+        abort_step(step, drained, on_done);
         return;
       }
       request(coordinator_, options_.timeout, await_atom::value, step)
@@ -203,8 +202,7 @@ class WorkerDispatch : public caf::event_based_actor {
                     [=, this](Status saved) {
                       if (!saved.is_ok()) {
                         pending_step_.reset();
-                        send(coordinator_, abort_atom::value, step, saved.message());
-                        on_done(saved, 0, false);
+                        abort_step(step, saved, [on_done](Status st) { on_done(st, 0, false); });
                       } else if (*async) {
                         on_done(Status::ok(), elapsed(), true);
                       } else {
@@ -214,6 +212,14 @@ class WorkerDispatch : public caf::event_based_actor {
               },
               [on_done](caf::error& err) { on_done(from_caf_error(err), 0, false); });
     });
+  }
+
+  /// Gives up `step` at the coordinator and answers `on_done` with `why` once the coordinator
+  /// has removed what the step left (its answer to the await follows the abort, in order).
+  void abort_step(std::int64_t step, Status why, Callback on_done) {
+    send(coordinator_, abort_atom::value, step, why.message());
+    request(coordinator_, options_.timeout, await_atom::value, step)
+        .then([on_done, why] { on_done(why); }, [on_done, why](caf::error&) { on_done(why); });
   }
 
   void on_worker_down(const caf::down_msg& down) {

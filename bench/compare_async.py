@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Async against sync save stall on the same state, and resident memory over many async saves.
 
-Runs `stagehand-bench save --async` and `--via-actors` (sync through the same actors) on the same
+Runs `stagehand-bench save --async` and a sync `stagehand-bench save` (through the same actors) on the same
 synthetic state, alternating round by round, and reports the ratio of median stalls (the time the
 caller was blocked). The first save of each process allocates and first-touches the staging
 buffers; medians are over every save. Then one process makes --rss-saves consecutive async saves
@@ -19,8 +19,8 @@ import sys
 import bench_common
 
 
-def run(args, mode_flag, repeat):
-    proc = subprocess.run(bench_common.save_command(args, args.out, repeat, mode_flag), capture_output=True, text=True,
+def run(args, mode_flags, repeat):
+    proc = subprocess.run(bench_common.save_command(args, args.out, repeat, *mode_flags), capture_output=True, text=True,
                           check=True)
     shutil.rmtree(args.out, ignore_errors=True)
     return bench_common.save_lines(proc.stdout)
@@ -32,8 +32,8 @@ def main():
     args = p.parse_args()
     saves = {"async": [], "sync": []}
     for r in range(args.rounds):
-        for mode, flag in (("sync", "--via-actors"), ("async", "--async")):
-            for line in run(args, flag, args.repeat):
+        for mode, flags in (("sync", ()), ("async", ("--async",))):
+            for line in run(args, flags, args.repeat):
                 saves[mode].append(line)
                 print(json.dumps({"round": r, **line}), flush=True)
     med = lambda mode, key: statistics.median(x[key] for x in saves[mode])
@@ -43,7 +43,7 @@ def main():
                       "median_async_time_to_commit_s": med("async", "save_s"),
                       "median_sync_save_s": med("sync", "save_s")}), flush=True)
     if args.rss_saves > 0:
-        lines = run(args, "--async", args.rss_saves)
+        lines = run(args, ("--async",), args.rss_saves)
         rss = [l["rss_bytes"] for l in lines]
         after_first = rss[1:]
         print(json.dumps({"summary": "rss", "saves": len(rss), "rss_first_save": rss[0],

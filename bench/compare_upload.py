@@ -2,7 +2,7 @@
 """Save throughput to an S3-compatible server on loopback against the same save to local disk.
 
 Starts tests/integration/s3_server.py (moto, signatures checked), then runs
-`stagehand-bench save --via-actors` on the same synthetic state, alternating round by round,
+`stagehand-bench save` on the same synthetic state, alternating round by round,
 once into a local folder and once into s3://bench-bucket/run<round> (each rank writes its files into
 --work-dir, uploads them, multipart above the threshold, and the coordinator commits metadata and
 tracker in the store). Reports median save times and the throughput ratio (cloud over local).
@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(args, out, env, work):
-    cmd = bench_common.save_command(args, out, args.repeat, "--via-actors", "--work-dir", work)
+    cmd = bench_common.save_command(args, out, args.repeat, "--work-dir", work)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"stagehand-bench failed: {proc.stderr}")

@@ -13,19 +13,17 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "actors/dispatch_client.hpp"
 #include "bench/synthetic_state.hpp"
+#include "checkpoint/cloud_checkpoint.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/loader.hpp"
+#include "checkpoint/save_engine.hpp"
 #include "core/device.hpp"
 #include "core/host_buffer.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
-#include "strategy/cloud_checkpoint.hpp"
-#include "strategy/destination.hpp"
-#include "strategy/format.hpp"
-#include "strategy/local_checkpoint_driver.hpp"
-#include "strategy/loader.hpp"
-#include "strategy/local_save.hpp"
-#include "strategy/megatron_strategy.hpp"
+#include "storage/destination.hpp"
+#include "storage/local_files.hpp"
 #include "strategy/messages.hpp"
-#include "strategy/storage.hpp"
 
 using namespace stagehand;
 using Clock = std::chrono::steady_clock;
@@ -118,7 +116,6 @@ struct SaveArgs {
   int repeat = 1;
   bool baseline = false;
   bool async = false;
-  bool via_actors = false;
   std::string work_dir = "/tmp/stagehand-work";
 };
 
@@ -138,112 +135,61 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
   return line;
 }
 
-/// Saves through MegatronStrategy actors, a coordinator and the driver, as a trainer would:
-/// `stall_s` is how long the caller was blocked, `save_s` the time until the commit.
-int run_save_via_actors(const SaveArgs& args, std::vector<StateDict>& states) {
-  caf::actor_system_config cfg;
-  register_stagehand_errors(cfg);
-  caf::actor_system system{cfg};
-  auto coordinator = spawn_checkpoint_coordinator(system, {args.out, args.work_dir, args.ranks});
-  std::vector<caf::actor> strategies;
-  for (int r = 0; r < args.ranks; ++r) {
-    auto state = std::make_shared<StateDict>(std::move(states[static_cast<std::size_t>(r)]));
-    StrategyOptions options{r, args.thread_count, args.staging_buckets, args.async, true, local_storage()};
-    auto strategy = spawn_megatron_strategy(system, options, state, coordinator);
-    if (!strategy.is_ok()) {
-      std::cerr << "stagehand-bench: " << strategy.status().to_string() << "\n";
-      anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
-      for (auto& s : strategies) anon_send_exit(s, caf::exit_reason::user_shutdown);
-      return 2;
-    }
-    strategies.push_back(*strategy);
-  }
-  LocalCheckpointDriver driver(system, args.out, coordinator, strategies);
-  std::vector<double> stalls;
-  std::vector<double> totals;
-  for (int k = 0; k < args.repeat; ++k) {
-    staging_memory().reset_peak();
-    const std::int64_t step = k + 1;
-    auto start = Clock::now();
-    auto timing = driver.save(step);
-    Status committed = timing.is_ok() ? driver.finalize() : timing.status();
-    double total = seconds_since(start);
-    remove_previous_step(args.out, step);
-    if (!committed.is_ok()) {
-      std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
-      return 1;
-    }
-    auto metadata = read_checkpoint_metadata(CheckpointLayout{args.out}.step_dir(step));
-    if (!metadata.is_ok()) {
-      std::cerr << "stagehand-bench: " << metadata.status().to_string() << "\n";
-      return 1;
-    }
-    std::uint64_t bytes = 0;
-    for (const auto& [name, file] : metadata->files) bytes += file.size;
-    stalls.push_back(timing->stall_s);
-    totals.push_back(total);
-    nlohmann::json line = save_line(args, timing->async ? "async" : "sync", k, bytes, total);
-    line["stall_s"] = timing->stall_s;
-    line["rss_bytes"] = current_rss_bytes();
-    std::cout << line.dump() << std::endl;
-  }
-  nlohmann::json summary;
-  summary["summary"] = true;
-  summary["mode"] = args.async ? "async" : "sync";
-  summary["repeats"] = args.repeat;
-  summary["median_stall_s"] = median(stalls);
-  summary["median_save_s"] = median(totals);
-  std::cout << summary.dump() << std::endl;
-  return driver.shutdown().is_ok() ? 0 : 1;
+/// File sizes the save of `state` by rank `rank` writes, for the raw-write baseline.
+Result<std::vector<std::uint64_t>> planned_file_sizes(const SaveArgs& args, int rank, const StateDict& state) {
+  SaveEngineOptions options{args.thread_count, args.staging_buckets, false, {}};
+  SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(rank, options));
+  SH_ASSIGN_OR_RETURN(auto plan, engine->plan_for(state));
+  std::vector<std::uint64_t> sizes;
+  for (const auto& b : plan->buckets) sizes.push_back(b.file_size());
+  return sizes;
 }
 
+/// Saves through the WorkerDispatch, one Worker and MegatronStrategy per rank and the
+/// coordinator, as stagehand-train does: `stall_s` is how long the caller was blocked, `save_s`
+/// the time until the commit.
 int run_save(const SaveArgs& args) {
   SyntheticStateSpec spec{args.ranks, parse_size(args.bytes_per_rank), args.tensors, args.seed};
-  if (is_cloud(args.out) && !(args.via_actors || args.async)) {
-    std::cerr << "stagehand-bench: an object-store --out needs --via-actors (or --async)\n";
-    return 2;
-  }
   std::error_code ec;
   if (!is_cloud(args.out)) std::filesystem::create_directories(args.out, ec);
   if (ec) {
     std::cerr << "stagehand-bench: cannot create --out '" << args.out << "': " << ec.message() << "\n";
     return 2;
   }
-  std::vector<StateDict> states;
-  for (int r = 0; r < args.ranks; ++r) {
-    auto state = make_synthetic_state(spec, r, default_device(r));
-    if (!state.is_ok()) {
-      std::cerr << "stagehand-bench: " << state.status().to_string() << "\n";
-      return 2;
-    }
-    states.push_back(std::move(*state));
+  if (args.baseline && is_cloud(args.out)) {
+    std::cerr << "stagehand-bench: --baseline writes local files; it needs a local --out\n";
+    return 2;
   }
-  if (args.async || args.via_actors) return run_save_via_actors(args, states);
-  std::vector<std::unique_ptr<SaveEngine>> engines;
-  for (int r = 0; r < args.ranks; ++r) {
-    SaveEngineOptions options{args.thread_count, args.staging_buckets, default_device(r).is_cuda(), {}};
-    auto engine = SaveEngine::create(r, options);
-    Status prepared = engine.is_ok() ? (*engine)->prepare(states[static_cast<std::size_t>(r)]) : engine.status();
-    if (!prepared.is_ok()) {
-      std::cerr << "stagehand-bench: " << prepared.to_string() << "\n";
-      return 2;
-    }
-    engines.push_back(std::move(*engine));
-  }
-  std::vector<SaveEngine*> engine_ptrs;
-  std::vector<const StateDict*> state_ptrs;
+  std::vector<std::unique_ptr<Checkpointable>> ranks;
   std::vector<std::uint64_t> file_sizes;
   for (int r = 0; r < args.ranks; ++r) {
-    engine_ptrs.push_back(engines[static_cast<std::size_t>(r)].get());
-    state_ptrs.push_back(&states[static_cast<std::size_t>(r)]);
-    auto plan = engines[static_cast<std::size_t>(r)]->plan_for(states[static_cast<std::size_t>(r)]);
-    for (const auto& b : (*plan)->buckets) file_sizes.push_back(b.file_size());
+    auto state = make_synthetic_state(spec, r, default_device(r));
+    auto sizes = state.is_ok() ? planned_file_sizes(args, r, *state) : state.status();
+    if (!sizes.is_ok()) {
+      std::cerr << "stagehand-bench: " << sizes.status().to_string() << "\n";
+      return 2;
+    }
+    file_sizes.insert(file_sizes.end(), sizes->begin(), sizes->end());
+    ranks.push_back(checkpointable_state(std::make_shared<StateDict>(std::move(*state))));
   }
-  std::vector<double> save_times;
+  caf::actor_system_config cfg;
+  register_stagehand_errors(cfg);
+  caf::actor_system system{cfg};
+  CheckpointClusterOptions options;
+  options.coordinator = {args.out, args.work_dir};
+  options.strategy = {0, args.thread_count, args.staging_buckets, args.async, true, local_storage()};
+  options.timeout = std::chrono::minutes(30);
+  auto cluster = CheckpointCluster::spawn(system, std::move(ranks), options);
+  if (!cluster.is_ok()) {
+    std::cerr << "stagehand-bench: " << cluster.status().to_string() << "\n";
+    return 2;
+  }
+  DispatchClient& client = (*cluster)->client();
+  std::vector<double> stalls;
+  std::vector<double> totals;
   std::vector<double> raw_times;
   std::uint64_t bytes = 0;
   for (int k = 0; k < args.repeat; ++k) {
-    nlohmann::json line;
     if (args.baseline) {
       auto raw = raw_write_seconds(args.out, file_sizes);
       if (!raw.is_ok()) {
@@ -255,17 +201,26 @@ int run_save(const SaveArgs& args) {
     staging_memory().reset_peak();
     const std::int64_t step = k + 1;
     auto start = Clock::now();
-    auto reports = save_checkpoint_in_process(args.out, step, engine_ptrs, state_ptrs);
-    double elapsed = seconds_since(start);
+    auto timing = client.save(step);
+    Status committed = timing.is_ok() ? client.finalize() : timing.status();
+    double total = seconds_since(start);
     remove_previous_step(args.out, step);
-    if (!reports.is_ok()) {
-      std::cerr << "stagehand-bench: save failed: " << reports.status().to_string() << "\n";
+    if (!committed.is_ok()) {
+      std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
+      return 1;
+    }
+    auto metadata = read_checkpoint_metadata(CheckpointLayout{args.out}.step_dir(step));
+    if (!metadata.is_ok()) {
+      std::cerr << "stagehand-bench: " << metadata.status().to_string() << "\n";
       return 1;
     }
     bytes = 0;
-    for (const auto& r : *reports) bytes += r.bytes_written();
-    save_times.push_back(elapsed);
-    line.update(save_line(args, "sync", k, bytes, elapsed));
+    for (const auto& [name, file] : metadata->files) bytes += file.size;
+    stalls.push_back(timing->stall_s);
+    totals.push_back(total);
+    nlohmann::json line = save_line(args, timing->async ? "async" : "sync", k, bytes, total);
+    line["stall_s"] = timing->stall_s;
+    line["rss_bytes"] = current_rss_bytes();
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     if (args.baseline) {
       line["raw_write_s"] = raw_times.back();
@@ -275,16 +230,18 @@ int run_save(const SaveArgs& args) {
   }
   nlohmann::json summary;
   summary["summary"] = true;
+  summary["mode"] = args.async ? "async" : "sync";
   summary["repeats"] = args.repeat;
-  summary["median_save_s"] = median(save_times);
-  summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(save_times) / 1e9;
+  summary["median_stall_s"] = median(stalls);
+  summary["median_save_s"] = median(totals);
+  summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(totals) / 1e9;
   if (args.baseline) {
     summary["median_raw_write_s"] = median(raw_times);
     summary["median_raw_write_gbps"] = static_cast<double>(bytes) / median(raw_times) / 1e9;
-    summary["throughput_vs_raw"] = median(raw_times) / median(save_times);
+    summary["throughput_vs_raw"] = median(raw_times) / median(totals);
   }
   std::cout << summary.dump() << std::endl;
-  return 0;
+  return (*cluster)->shutdown().is_ok() ? 0 : 1;
 }
 
 }  // namespace
@@ -306,8 +263,7 @@ int main(int argc, char** argv) {
   save->add_option("--seed", args.seed, "state seed");
   save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
   save->add_flag("--baseline", args.baseline, "also time raw writes of the same bytes");
-  save->add_flag("--async", args.async, "async_dist_ckpt_save through the strategy actors; prints stall_s");
-  save->add_flag("--via-actors", args.via_actors, "a sync save through the strategy actors; prints stall_s");
+  save->add_flag("--async", args.async, "async_dist_ckpt_save: the caller waits only for staging (stall_s)");
   try {
     app.parse(argc, argv);
     parse_size(args.bytes_per_rank);

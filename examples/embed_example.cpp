@@ -1,6 +1,6 @@
 // A minimal trainer of your own that embeds Stagehand: it registers its own tensors through the
-// Model interface, then saves (async), finalizes and loads through WorkerDispatch, Workers and
-// their MegatronStrategy actors.
+// Model interface, trains through the WorkerDispatch, and saves (async), finalizes and loads
+// through the dispatch's blocking client; underneath, Workers and their MegatronStrategy actors.
 //
 //   build/bin/stagehand-embed-example /tmp/my-checkpoints
 #include <caf/all.hpp>
@@ -8,10 +8,8 @@
 #include <cstdio>
 #include <numeric>
 
+#include "actors/dispatch_client.hpp"
 #include "actors/messages.hpp"
-#include "actors/worker.hpp"
-#include "actors/worker_dispatch.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
 
 using namespace stagehand;
 
@@ -55,15 +53,6 @@ class MyModel final : public Model {
   Tensor weight_;
 };
 
-/// Sends a request and waits for its reply (of types Reply...) or its error.
-template <class... Reply, class... Ts>
-Status call(caf::scoped_actor& self, const caf::actor& dispatch, Ts... xs) {
-  Status st;
-  self->request(dispatch, std::chrono::minutes(1), xs...)
-      .receive([](Reply...) {}, [&](caf::error& err) { st = from_caf_error(err); });
-  return st;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,40 +61,50 @@ int main(int argc, char** argv) {
   register_stagehand_errors(cfg);
   caf::actor_system system{cfg};
   const int world = 2;
-  auto coordinator = spawn_checkpoint_coordinator(system, {root, "/tmp/stagehand-work", world});
-  std::vector<caf::actor> workers;
-  for (int rank = 0; rank < world; ++rank) {
-    StrategyOptions options{rank, /*thread_count=*/2, /*staging_buckets=*/0, /*async_save=*/true};
-    workers.push_back(*spawn_worker(system, std::make_unique<MyModel>(rank), options, coordinator));
+  std::vector<std::unique_ptr<Checkpointable>> ranks;
+  for (int rank = 0; rank < world; ++rank) ranks.push_back(std::make_unique<MyModel>(rank));
+  CheckpointClusterOptions options;
+  options.coordinator.destination = root;
+  options.strategy.thread_count = 2;
+  options.strategy.async_save = true;
+  options.timeout = std::chrono::minutes(1);
+  auto spawned = CheckpointCluster::spawn(system, std::move(ranks), options);
+  if (!spawned.is_ok()) {
+    std::fprintf(stderr, "%s\n", spawned.status().to_string().c_str());
+    return 1;
   }
-  auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {root});
+  auto& cluster = *spawned;
+  DispatchClient& ckpt = cluster->client();
   caf::scoped_actor self{system};
   auto sum = [&] {
     double value = 0;
-    self->request(dispatch, std::chrono::minutes(1), eval_atom::value)
+    self->request(cluster->dispatch(), std::chrono::minutes(1), eval_atom::value)
         .receive([&](double v) { value = v; }, [](caf::error&) {});
     return value;
+  };
+  auto train = [&](std::int64_t step) {
+    Status st;
+    self->request(cluster->dispatch(), std::chrono::minutes(1), train_atom::value, step, std::int32_t{0},
+                  std::vector<std::int32_t>{})
+        .receive([](double, double) {}, [&](caf::error& err) { st = from_caf_error(err); });
+    return st;
   };
   int code = 0;
   auto check = [&](const char* what, Status st) {
     std::printf("%-32s %s\n", what, st.is_ok() ? "ok" : st.to_string().c_str());
     if (!st.is_ok()) code = 1;
   };
-  check("train step 1", call<double, double>(self, dispatch, train_atom::value, std::int64_t{1}, std::int32_t{0}, std::vector<std::int32_t>{}));
+  check("train step 1", train(1));
   double saved = sum();
-  Status save;
-  self->request(dispatch, std::chrono::minutes(1), save_atom::value, std::int64_t{1}, std::string("{\"step\": 1}"))
-      .receive([&](double stall, bool async) { std::printf("save step 1 returned after %.4fs (async %d)\n", stall, async); },
-               [&](caf::error& err) { save = from_caf_error(err); });
-  check("save step 1", save);
-  check("finalize", call<bool>(self, dispatch, finalize_atom::value));
-  check("train step 2", call<double, double>(self, dispatch, train_atom::value, std::int64_t{2}, std::int32_t{0}, std::vector<std::int32_t>{}));
-  check("load step 1", call<>(self, dispatch, load_atom::value, root + "/global_step_1"));
+  auto timing = ckpt.save(1, "{\"step\": 1}");
+  if (timing.is_ok()) std::printf("save step 1 returned after %.4fs (async %d)\n", timing->stall_s, timing->async);
+  check("save step 1", timing.status());
+  check("finalize", ckpt.finalize());
+  check("train step 2", train(2));
+  check("load step 1", ckpt.load(root + "/global_step_1"));
   double restored = sum();
   std::printf("rank 0 weight sum: saved %.1f, after load %.1f\n", saved, restored);
   if (saved != restored) code = 1;
-  for (auto& w : workers) self->send_exit(w, caf::exit_reason::user_shutdown);
-  self->send_exit(dispatch, caf::exit_reason::user_shutdown);
-  self->send_exit(coordinator, caf::exit_reason::user_shutdown);
+  check("shutdown", cluster->shutdown());
   return code;
 }

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "actors/checkpoint_coordinator.hpp"
+#include "actors/launch.hpp"
 #include "actors/messages.hpp"
 #include "actors/process_world.hpp"
 #include "actors/worker.hpp"
@@ -19,7 +21,7 @@
 #include "config/config.hpp"
 #include "core/device.hpp"
 #include "models/bandit_mlp.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
+#include "models/process_collectives.hpp"
 #include "trainers/trainer.hpp"
 
 using namespace stagehand;

@@ -58,19 +58,6 @@ struct BanditMlp::Activations {
   std::vector<float> logits;      // [n, num_arms]
 };
 
-std::vector<RankGroups> make_host_groups(const ParallelLayout& layout) {
-  std::vector<std::shared_ptr<HostGroup>> tensor(static_cast<std::size_t>(layout.data_parallel));
-  std::vector<std::shared_ptr<HostGroup>> data(static_cast<std::size_t>(layout.tensor_parallel));
-  for (auto& g : tensor) g = std::make_shared<HostGroup>(layout.tensor_parallel);
-  for (auto& g : data) g = std::make_shared<HostGroup>(layout.data_parallel);
-  std::vector<RankGroups> out;
-  for (int rank = 0; rank < layout.world_size(); ++rank) {
-    out.push_back({tensor[static_cast<std::size_t>(layout.data_index(rank))],
-                   data[static_cast<std::size_t>(layout.tensor_index(rank))]});
-  }
-  return out;
-}
-
 Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, std::uint64_t seed,
                                                      const ParallelLayout& layout, int rank, RankGroups groups,
                                                      std::shared_ptr<WeightStore> weights) {

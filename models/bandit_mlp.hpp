@@ -5,33 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "actors/model.hpp"
 #include "config/config.hpp"
 #include "models/bandit_task.hpp"
 #include "models/collectives.hpp"
 #include "models/gemm.hpp"
-#include "models/model.hpp"
 #include "models/weight_store.hpp"
 
 namespace stagehand {
-
-/// Where a rank sits: rank = data_index * tensor_parallel + tensor_index.
-struct ParallelLayout {
-  int tensor_parallel = 1;
-  int data_parallel = 1;
-
-  int world_size() const { return tensor_parallel * data_parallel; }
-  int tensor_index(int rank) const { return rank % tensor_parallel; }
-  int data_index(int rank) const { return rank / tensor_parallel; }
-};
-
-/// The collectives a rank takes part in: its tensor-parallel and its data-parallel group.
-struct RankGroups {
-  std::shared_ptr<Collective> tensor;
-  std::shared_ptr<Collective> data;
-};
-
-/// Groups for every rank of an in-process world.
-std::vector<RankGroups> make_host_groups(const ParallelLayout& layout);
 
 /// The reference workload: an MLP policy (context -> hidden ReLU -> one logit per arm) on a seeded
 /// contextual bandit whose rewarding arm is argmax(M c) for a hidden matrix M. Its state looks

@@ -36,4 +36,17 @@ Status HostGroup::all_gather(int member, float* full, std::size_t offset, std::s
   return Status::ok();
 }
 
+std::vector<RankGroups> make_host_groups(const ParallelLayout& layout) {
+  std::vector<std::shared_ptr<HostGroup>> tensor(static_cast<std::size_t>(layout.data_parallel));
+  std::vector<std::shared_ptr<HostGroup>> data(static_cast<std::size_t>(layout.tensor_parallel));
+  for (auto& g : tensor) g = std::make_shared<HostGroup>(layout.tensor_parallel);
+  for (auto& g : data) g = std::make_shared<HostGroup>(layout.data_parallel);
+  std::vector<RankGroups> out;
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    out.push_back({tensor[static_cast<std::size_t>(layout.data_index(rank))],
+                   data[static_cast<std::size_t>(layout.tensor_index(rank))]});
+  }
+  return out;
+}
+
 }  // namespace stagehand

@@ -2,6 +2,7 @@
 
 #include <barrier>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -51,5 +52,24 @@ class HostGroup final : public Collective {
   std::vector<float> scratch_;
   std::barrier<> barrier_;
 };
+
+/// Where a rank sits: rank = data_index * tensor_parallel + tensor_index.
+struct ParallelLayout {
+  int tensor_parallel = 1;
+  int data_parallel = 1;
+
+  int world_size() const { return tensor_parallel * data_parallel; }
+  int tensor_index(int rank) const { return rank % tensor_parallel; }
+  int data_index(int rank) const { return rank / tensor_parallel; }
+};
+
+/// The collectives a rank takes part in: its tensor-parallel and its data-parallel group.
+struct RankGroups {
+  std::shared_ptr<Collective> tensor;
+  std::shared_ptr<Collective> data;
+};
+
+/// Groups for every rank of an in-process world.
+std::vector<RankGroups> make_host_groups(const ParallelLayout& layout);
 
 }  // namespace stagehand

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "strategy/report.hpp"
+#include "checkpoint/report.hpp"
 
 namespace stagehand {
 

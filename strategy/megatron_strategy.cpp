@@ -6,15 +6,15 @@
 #include <chrono>
 #include <filesystem>
 
+#include "checkpoint/cloud_checkpoint.hpp"
+#include "checkpoint/loader.hpp"
+#include "checkpoint/report_codec.hpp"
+#include "checkpoint/save_engine.hpp"
 #include "core/log.hpp"
+#include "core/priority.hpp"
+#include "storage/destination.hpp"
 #include "strategy/async_calls_queue.hpp"
-#include "strategy/cloud_checkpoint.hpp"
-#include "strategy/destination.hpp"
-#include "strategy/loader.hpp"
 #include "strategy/messages.hpp"
-#include "strategy/priority.hpp"
-#include "strategy/report_codec.hpp"
-#include "strategy/save_engine.hpp"
 
 namespace stagehand {
 

@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "core/sharded_tensor.hpp"
-#include "strategy/object_store.hpp"
-#include "strategy/storage.hpp"
+#include "storage/local_files.hpp"
+#include "storage/object_store.hpp"
 
 namespace stagehand {
 

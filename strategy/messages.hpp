@@ -7,7 +7,7 @@
 
 namespace stagehand {
 
-// -- atoms of the checkpoint protocol (at most 10 characters each) --
+// -- atoms between a MegatronStrategy and its Worker (at most 10 characters each) --
 
 /// save_atom, step, destination, policy_dir -> (stall seconds, bool async)
 using save_atom = caf::atom_constant<caf::atom("save")>;
@@ -19,12 +19,6 @@ using load_atom = caf::atom_constant<caf::atom("load")>;
 using write_done_atom = caf::atom_constant<caf::atom("writedone")>;
 /// rank_saved_atom, encoded RankSaveReport: pushed upward when a rank's write ended.
 using rank_saved_atom = caf::atom_constant<caf::atom("ranksaved")>;
-/// begin_atom, step, trainer_state_json -> policy_dir to write into
-using begin_atom = caf::atom_constant<caf::atom("begin")>;
-/// await_atom, step -> void once that step committed (or its error)
-using await_atom = caf::atom_constant<caf::atom("await")>;
-/// abort_atom, step, reason: the coordinator gives up an open step (a rank died).
-using abort_atom = caf::atom_constant<caf::atom("abort")>;
 /// stats_atom -> (staging bytes, pending writes, saves)
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 

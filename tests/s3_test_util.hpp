@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "strategy/object_store.hpp"
+#include "storage/object_store.hpp"
 #include "tests/test_util.hpp"
 
 namespace stagehand::test {

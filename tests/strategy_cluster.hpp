@@ -7,10 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/dispatch_client.hpp"
 #include "bench/synthetic_state.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
-#include "strategy/local_checkpoint_driver.hpp"
-#include "strategy/megatron_strategy.hpp"
 #include "tests/caf_test_util.hpp"
 
 namespace stagehand::test {
@@ -23,29 +21,34 @@ struct ClusterOptions {
   std::string work_dir = "/tmp/stagehand-work";
   bool low_priority = true;
   ObjectStoreOptions store = ObjectStoreOptions::from_environment();
+  int staging_buckets = 0;
 };
 
-/// One MegatronStrategy per rank of a synthetic state, behind one coordinator, driven by a
-/// LocalCheckpointDriver that saves to `destination`. Shut down on destruction.
+/// One Worker (with its MegatronStrategy) per rank of a synthetic state, a coordinator and a
+/// WorkerDispatch, all in this process, driven through the dispatch's blocking client: the same
+/// path stagehand-train takes. Shut down on destruction.
 struct StrategyCluster {
   caf::actor_system system{system_config()};
   std::vector<std::shared_ptr<StateDict>> states;
-  std::unique_ptr<LocalCheckpointDriver> driver;
+  std::unique_ptr<CheckpointCluster> cluster;
+  DispatchClient* client = nullptr;
 
   StrategyCluster(const std::string& destination, const ClusterOptions& o) {
-    auto coordinator = spawn_checkpoint_coordinator(system, {destination, o.work_dir, o.spec.ranks, o.store});
-    std::vector<caf::actor> strategies;
+    std::vector<std::unique_ptr<Checkpointable>> ranks;
     for (int r = 0; r < o.spec.ranks; ++r) {
       states.push_back(std::make_shared<StateDict>(*make_synthetic_state(o.spec, r, Device::host())));
-      StrategyOptions options{r, o.threads, 0, o.async, o.low_priority, o.storage, o.store};
-      auto strategy = spawn_megatron_strategy(system, options, states.back(), coordinator);
-      BOOST_REQUIRE_MESSAGE(strategy.is_ok(), strategy.status().to_string());
-      strategies.push_back(*strategy);
+      ranks.push_back(checkpointable_state(states.back()));
     }
-    driver = std::make_unique<LocalCheckpointDriver>(system, destination, coordinator, strategies,
-                                                     std::chrono::seconds(120));
+    CheckpointClusterOptions options;
+    options.coordinator = {destination, o.work_dir, o.spec.ranks, o.store};
+    options.strategy = {0, o.threads, o.staging_buckets, o.async, o.low_priority, o.storage, o.store};
+    options.timeout = std::chrono::seconds(120);
+    auto spawned = CheckpointCluster::spawn(system, std::move(ranks), options);
+    BOOST_REQUIRE_MESSAGE(spawned.is_ok(), spawned.status().to_string());
+    cluster = std::move(*spawned);
+    client = &cluster->client();
   }
-  ~StrategyCluster() { (void)driver->shutdown(); }
+  ~StrategyCluster() { (void)cluster->shutdown(); }
 };
 
 }  // namespace stagehand::test

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/sharded_tensor.hpp"
-#include "strategy/storage.hpp"
+#include "storage/local_files.hpp"
 
 namespace stagehand::test {
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <set>
 
-#include "strategy/format.hpp"
-#include "strategy/loader.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/loader.hpp"
 
 using namespace stagehand;
 

@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "strategy/cloud_checkpoint.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/destination.hpp"
-#include "strategy/format.hpp"
-#include "strategy/loader.hpp"
-#include "strategy/storage.hpp"
+#include "checkpoint/cloud_checkpoint.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/loader.hpp"
+#include "storage/destination.hpp"
+#include "storage/local_files.hpp"
 
 namespace fs = std::filesystem;
 

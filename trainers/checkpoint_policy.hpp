@@ -7,7 +7,7 @@
 
 #include "config/config.hpp"
 #include "core/status.hpp"
-#include "strategy/object_store.hpp"
+#include "storage/object_store.hpp"
 
 namespace stagehand {
 

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/model.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/loader.hpp"
 #include "core/host_buffer.hpp"
-#include "models/model.hpp"
-#include "strategy/format.hpp"
-#include "strategy/loader.hpp"
 #include "trainers/checkpoint_policy.hpp"
 #include "trainers/generator.hpp"
 

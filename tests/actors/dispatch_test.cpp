@@ -5,13 +5,13 @@
 
 #include <filesystem>
 
+#include "actors/checkpoint_coordinator.hpp"
 #include "actors/messages.hpp"
 #include "actors/worker.hpp"
 #include "actors/worker_dispatch.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/loader.hpp"
 #include "models/bandit_mlp.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/loader.hpp"
 #include "tests/caf_test_util.hpp"
 #include "tests/test_util.hpp"
 

@@ -7,7 +7,9 @@
 #include <future>
 #include <thread>
 
+#include "actors/launch.hpp"
 #include "actors/process_world.hpp"
+#include "models/process_collectives.hpp"
 #include "strategy/messages.hpp"
 #include "tests/test_util.hpp"
 

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "bench/synthetic_state.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/loader.hpp"
-#include "strategy/local_save.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/in_process_save.hpp"
+#include "checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "strategy/commit.hpp"
+#include "checkpoint/commit.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

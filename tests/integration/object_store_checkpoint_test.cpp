@@ -7,17 +7,16 @@
 #include <filesystem>
 #include <sstream>
 
+#include "actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
+#include "checkpoint/cloud_checkpoint.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/loader.hpp"
 #include "config/config.hpp"
 #include "core/log.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
-#include "strategy/cloud_checkpoint.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/loader.hpp"
-#include "strategy/local_checkpoint_driver.hpp"
 #include "strategy/megatron_strategy.hpp"
-#include "tests/strategy_cluster.hpp"
 #include "tests/s3_test_util.hpp"
+#include "tests/strategy_cluster.hpp"
 #include "tests/test_util.hpp"
 #include "trainers/checkpoint_policy.hpp"
 
@@ -37,7 +36,7 @@ struct Cluster : test::StrategyCluster {
 
   /// Saves `step` with a trainer state, as the trainers do.
   Result<SaveTiming> save(std::int64_t step) {
-    return driver->save(step, "{\"step\": " + std::to_string(step) + "}\n");
+    return client->save(step, "{\"step\": " + std::to_string(step) + "}\n");
   }
 };
 

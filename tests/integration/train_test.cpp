@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "strategy/commit.hpp"
-#include "strategy/loader.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

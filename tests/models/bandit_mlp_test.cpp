@@ -3,10 +3,10 @@
 
 #include <thread>
 
+#include "checkpoint/commit.hpp"
+#include "checkpoint/in_process_save.hpp"
 #include "models/bandit_mlp.hpp"
 #include "models/gemm.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/local_save.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

@@ -11,19 +11,18 @@
 #include <filesystem>
 #include <sstream>
 
+#include "actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/loader.hpp"
 #include "core/host_buffer.hpp"
 #include "core/log.hpp"
+#include "core/priority.hpp"
+#include "core/thread_pool.hpp"
+#include "storage/destination.hpp"
 #include "strategy/async_calls_queue.hpp"
-#include "strategy/checkpoint_coordinator.hpp"
-#include "strategy/commit.hpp"
-#include "strategy/destination.hpp"
-#include "strategy/loader.hpp"
-#include "strategy/local_checkpoint_driver.hpp"
 #include "strategy/megatron_strategy.hpp"
 #include "strategy/messages.hpp"
-#include "strategy/priority.hpp"
-#include "strategy/thread_pool.hpp"
 #include "tests/caf_test_util.hpp"
 #include "tests/strategy_cluster.hpp"
 #include "tests/test_util.hpp"
@@ -37,7 +36,7 @@ namespace {
 const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
 
 
-/// Ranks' states, their strategies, a coordinator and a driver, all in this process.
+/// Ranks' states, their strategies, a coordinator, a dispatch and its client, all in this process.
 struct Cluster : test::StrategyCluster {
   Cluster(const std::string& destination, bool async, int threads = 4,
           std::shared_ptr<StorageBackend> storage = local_storage(), const std::string& work_dir = "/tmp/stagehand-work",
@@ -70,16 +69,16 @@ BOOST_AUTO_TEST_CASE(async_and_sync_saves_are_byte_identical) {
   TempDir async_dir;
   {
     Cluster sync(sync_dir.path(), false);
-    auto timing = sync.driver->save(1, R"({"step": 1})");
+    auto timing = sync.client->save(1, R"({"step": 1})");
     BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
     BOOST_TEST(!timing->async);
   }
   {
     Cluster async(async_dir.path(), true);
-    auto timing = async.driver->save(1, R"({"step": 1})");
+    auto timing = async.client->save(1, R"({"step": 1})");
     BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
     BOOST_TEST(timing->async);
-    BOOST_REQUIRE(async.driver->finalize().is_ok());
+    BOOST_REQUIRE(async.client->finalize().is_ok());
   }
   auto a = test::files_of(sync_dir.path());
   auto b = test::files_of(async_dir.path());
@@ -91,14 +90,14 @@ BOOST_AUTO_TEST_CASE(async_and_sync_saves_are_byte_identical) {
 BOOST_AUTO_TEST_CASE(the_save_returns_before_the_data_is_on_disk) {
   TempDir dir;
   Cluster cluster(dir.path(), true, 4, slow_storage(100));
-  auto timing = cluster.driver->save(1);
+  auto timing = cluster.client->save(1);
   BOOST_REQUIRE(timing.is_ok());
   BOOST_TEST(timing->async);
   // The reply came back while the writes are still running: nothing is committed yet.
   BOOST_TEST(fs::exists(dir / "global_step_1.tmp"));
   BOOST_TEST(!fs::exists(dir / "global_step_1"));
   BOOST_TEST(!read_tracker(dir.path())->has_value());
-  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_REQUIRE(cluster.client->finalize().is_ok());
   BOOST_TEST(**read_tracker(dir.path()) == 1);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
 }
@@ -106,7 +105,7 @@ BOOST_AUTO_TEST_CASE(the_save_returns_before_the_data_is_on_disk) {
 BOOST_AUTO_TEST_CASE(completion_is_pushed_and_commits_without_a_finalize) {
   TempDir dir;
   Cluster cluster(dir.path(), true, 4, slow_storage(20));
-  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
+  BOOST_REQUIRE(cluster.client->save(1).is_ok());
   BOOST_TEST(!fs::exists(dir / "global_step_1"));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!fs::exists(dir / "latest_ckpt_global_step.txt") && std::chrono::steady_clock::now() < deadline) {
@@ -127,9 +126,9 @@ BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
     if (!fs::exists(dir / "global_step_1/policy/metadata.json")) ++step2_files_before_commit;
   };
   Cluster cluster(dir.path(), true, 4, storage);
-  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
-  BOOST_REQUIRE(cluster.driver->save(2).is_ok());
-  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_REQUIRE(cluster.client->save(1).is_ok());
+  BOOST_REQUIRE(cluster.client->save(2).is_ok());
+  BOOST_REQUIRE(cluster.client->finalize().is_ok());
   BOOST_TEST(step2_files.load() == 8);
   BOOST_TEST(step2_files_before_commit.load() == 0);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
@@ -187,12 +186,12 @@ BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
 BOOST_AUTO_TEST_CASE(load_while_a_save_is_pending_drains_first) {
   TempDir dir;
   Cluster cluster(dir.path(), true, 4, slow_storage(50));
-  BOOST_REQUIRE(cluster.driver->save(3).is_ok());
+  BOOST_REQUIRE(cluster.client->save(3).is_ok());
   // Training goes on and changes the live state after the async save returned.
   for (auto& state : cluster.states) {
     for (auto& t : state->tensors) std::fill_n(t.tensor.host_data<std::uint8_t>(), t.tensor.nbytes(), 0);
   }
-  Status st = cluster.driver->load(dir / "global_step_3");
+  Status st = cluster.client->load(dir / "global_step_3");
   BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
   for (int r = 0; r < kSpec.ranks; ++r) {
     auto expected = *make_synthetic_state(kSpec, r, Device::host());
@@ -210,9 +209,9 @@ BOOST_AUTO_TEST_CASE(teardown_with_a_pending_save_leaves_a_committed_checkpoint)
     int code = 0;
     {
       Cluster cluster(dir.path(), true, 4, slow_storage(50));
-      auto timing = cluster.driver->save(5);
+      auto timing = cluster.client->save(5);
       if (!timing.is_ok() || !timing->async || fs::exists(dir / "global_step_5")) code = 3;
-      // Leaving the scope is the teardown: the driver finalizes, the actors exit.
+      // Leaving the scope is the teardown: the cluster finalizes, the actors exit.
     }
     ::_exit(code);
   }
@@ -230,13 +229,13 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   TempDir dir;
   auto storage = std::make_shared<test::FaultStorage>();
   Cluster cluster(dir.path(), true, 4, storage);
-  BOOST_REQUIRE(cluster.driver->save(1).is_ok());
-  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_REQUIRE(cluster.client->save(1).is_ok());
+  BOOST_REQUIRE(cluster.client->finalize().is_ok());
   storage->fail_file = "__1_2.safetensors";
   storage->fail_errno = EIO;
-  auto timing = cluster.driver->save(2);
+  auto timing = cluster.client->save(2);
   BOOST_REQUIRE(timing.is_ok());  // The failure happens in the background.
-  Status st = cluster.driver->finalize();
+  Status st = cluster.client->finalize();
   BOOST_TEST(!st.is_ok());
   BOOST_TEST(st.message().find("__1_2.safetensors") != std::string::npos, st.message());
   BOOST_TEST(st.message().find("errno 5") != std::string::npos, st.message());
@@ -245,10 +244,10 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   BOOST_TEST(**read_tracker(dir.path()) == 1);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
   // Reported once: the next finalize is clean, and a later save works again.
-  BOOST_TEST(cluster.driver->finalize().is_ok());
+  BOOST_TEST(cluster.client->finalize().is_ok());
   storage->fail_file.clear();
-  BOOST_REQUIRE(cluster.driver->save(3).is_ok());
-  BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+  BOOST_REQUIRE(cluster.client->save(3).is_ok());
+  BOOST_REQUIRE(cluster.client->finalize().is_ok());
   BOOST_TEST(**read_tracker(dir.path()) == 3);
 }
 
@@ -283,8 +282,8 @@ BOOST_AUTO_TEST_CASE(writer_threads_run_at_lowered_priority_unless_turned_off) {
       }
     };
     Cluster cluster(dir.path(), true, 2, storage, "/tmp/stagehand-work", low);
-    BOOST_REQUIRE(cluster.driver->save(1).is_ok());
-    BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+    BOOST_REQUIRE(cluster.client->save(1).is_ok());
+    BOOST_REQUIRE(cluster.client->finalize().is_ok());
     BOOST_TEST(lowered.load() == (low ? 4 : 0));
     BOOST_TEST(normal.load() == (low ? 0 : 4));
   }
@@ -300,8 +299,8 @@ BOOST_AUTO_TEST_CASE(queue_and_buffers_persist_across_saves) {
   caf::scoped_actor self{cluster.system};
   std::vector<std::uint64_t> staging;
   for (std::int64_t step = 1; step <= 4; ++step) {
-    BOOST_REQUIRE(cluster.driver->save(step).is_ok());
-    BOOST_REQUIRE(cluster.driver->finalize().is_ok());
+    BOOST_REQUIRE(cluster.client->save(step).is_ok());
+    BOOST_REQUIRE(cluster.client->finalize().is_ok());
     staging.push_back(staging_memory().current());
   }
   for (auto s : staging) BOOST_TEST(s == staging.front());

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "strategy/loader.hpp"
+#include "checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

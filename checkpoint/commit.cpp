@@ -1,0 +1,231 @@
+#include "checkpoint/commit.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "storage/local_files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace stagehand {
+
+namespace {
+
+Status make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Status::from_errno(errno, "cannot create folder '" + path + "'");
+  }
+  return Status::ok();
+}
+
+Status remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) return Status::from_errno(ec.value(), "cannot remove '" + path + "'");
+  return Status::ok();
+}
+
+}  // namespace
+
+std::optional<std::int64_t> parse_step_dir_name(const std::string& name, bool tmp) {
+  static const std::string kPrefix = "global_step_";
+  static const std::string kTmp = ".tmp";
+  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
+  std::string digits = name.substr(kPrefix.size());
+  if (tmp) {
+    if (digits.size() <= kTmp.size() || digits.substr(digits.size() - kTmp.size()) != kTmp) {
+      return std::nullopt;
+    }
+    digits.resize(digits.size() - kTmp.size());
+  }
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
+}
+
+Result<std::int64_t> parse_tracker(std::string text, const std::string& where) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  auto step = parse_step_dir_name("global_step_" + text, false);
+  if (!step) return Status{ErrorCode::corruption, "tracker '" + where + "' does not hold a step number"};
+  return *step;
+}
+
+Status check_checkpoint_root(const std::string& root) {
+  if (root.empty()) return {ErrorCode::invalid_argument, "ckpt_path is empty"};
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) return Status::ok();
+  if (fs::exists(root, ec)) return {ErrorCode::invalid_argument, "ckpt_path '" + root + "' is not a folder"};
+  fs::path parent = fs::absolute(root, ec).parent_path();
+  if (!fs::is_directory(parent, ec)) {
+    return {ErrorCode::not_found,
+            "the parent folder '" + parent.string() + "' of ckpt_path '" + root + "' does not exist"};
+  }
+  return Status::ok();
+}
+
+Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t step) {
+  if (step < 0) return Status{ErrorCode::invalid_argument, "negative step " + std::to_string(step)};
+  SH_RETURN_IF_ERROR(check_checkpoint_root(root));
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) SH_RETURN_IF_ERROR(make_dir(root).with_context("ckpt_path"));
+  CheckpointLayout layout{root};
+  std::string tmp = layout.tmp_dir(step);
+  SH_RETURN_IF_ERROR(remove_tree(tmp));
+  SH_RETURN_IF_ERROR(make_dir(tmp).with_context("ckpt_path"));
+  SH_RETURN_IF_ERROR(make_dir(CheckpointLayout::policy_dir(tmp)));
+  return tmp;
+}
+
+Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
+                                          int world_size) {
+  CheckpointMetadata m;
+  m.step = step;
+  std::set<int> ranks;
+  for (const auto& r : reports) {
+    if (!r.status.is_ok()) return r.status.with_context("rank " + std::to_string(r.rank) + " failed");
+    if (r.step != step) {
+      return Status{ErrorCode::internal, "rank " + std::to_string(r.rank) + " reported step " +
+                                             std::to_string(r.step) + " for step " + std::to_string(step)};
+    }
+    if (r.rank < 0 || r.rank >= world_size || !ranks.insert(r.rank).second) {
+      return Status{ErrorCode::internal,
+                    "rank " + std::to_string(r.rank) + " reported twice or is outside the world"};
+    }
+  }
+  if (static_cast<int>(ranks.size()) != world_size) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      if (ranks.count(rank) == 0) {
+        return Status{ErrorCode::aborted, "rank " + std::to_string(rank) + " did not report"};
+      }
+    }
+  }
+  for (const auto& r : reports) {
+    for (const auto& [name, value] : r.objects) {
+      auto [it, inserted] = m.objects.emplace(name, value);
+      if (!inserted && it->second != value) {
+        return Status{ErrorCode::invalid_argument,
+                      "object '" + name + "' differs between ranks; give per-rank objects per-rank names"};
+      }
+    }
+    for (const auto& b : r.buckets) {
+      if (!m.files.emplace(b.file, FileMeta{b.size, b.xxh3}).second) {
+        return Status{ErrorCode::internal, "file '" + b.file + "' reported twice"};
+      }
+      for (const auto& c : b.chunks) {
+        auto [it, inserted] = m.tensors.try_emplace(c.desc.name);
+        TensorMeta& t = it->second;
+        if (inserted) {
+          t.dtype = c.desc.dtype;
+          t.global_shape = c.desc.global_shape;
+        } else if (t.dtype != c.desc.dtype || !(t.global_shape == c.desc.global_shape)) {
+          return Status{ErrorCode::invalid_argument,
+                        "tensor '" + c.desc.name + "' has a different dtype or global shape on rank " +
+                            std::to_string(r.rank)};
+        }
+        t.chunks.push_back({c.desc.global_offset, c.desc.local_shape, b.file, c.begin, c.end, c.xxh3});
+      }
+    }
+  }
+  for (auto& [name, t] : m.tensors) {
+    std::sort(t.chunks.begin(), t.chunks.end(),
+              [](const ChunkMeta& a, const ChunkMeta& b) { return a.offsets < b.offsets; });
+    std::int64_t covered = 0;
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      if (i > 0 && t.chunks[i].offsets == t.chunks[i - 1].offsets) {
+        return Status{ErrorCode::invalid_argument,
+                      "tensor '" + name + "' has two chunks at " + t.chunks[i].offsets.to_string() +
+                          " with replica id 0"};
+      }
+      covered += t.chunks[i].shape.numel();
+    }
+    if (covered != t.global_shape.numel()) {
+      return Status{ErrorCode::invalid_argument,
+                    "tensor '" + name + "': the saved chunks hold " + std::to_string(covered) +
+                        " of its " + std::to_string(t.global_shape.numel()) +
+                        " elements (a block with no replica 0?)"};
+    }
+  }
+  return m;
+}
+
+Status abort_checkpoint(const std::string& root, std::int64_t step) {
+  return remove_tree(CheckpointLayout{root}.tmp_dir(step));
+}
+
+Status commit_checkpoint(const std::string& root, std::int64_t step,
+                         const std::vector<RankSaveReport>& reports, int world_size) {
+  CheckpointLayout layout{root};
+  std::string tmp = layout.tmp_dir(step);
+  std::string final_dir = layout.step_dir(step);
+  auto fail = [&](const Status& st) {
+    (void)abort_checkpoint(root, step);
+    return st.with_context("checkpoint step " + std::to_string(step) + " not committed");
+  };
+  auto metadata = build_metadata(step, reports, world_size);
+  if (!metadata.is_ok()) return fail(metadata.status());
+  std::string policy = CheckpointLayout::policy_dir(tmp);
+  Status st = write_file_atomic(policy + "/" + kMetadataFile, metadata_to_json(*metadata));
+  if (st.is_ok()) st = fsync_dir(tmp);
+  if (!st.is_ok()) return fail(st);
+
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    // Swap atomically so that a committed copy of this step exists at every instant.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      return fail(Status::from_errno(errno, "cannot swap '" + tmp + "' with '" + final_dir + "'"));
+    }
+    SH_RETURN_IF_ERROR(fsync_dir(root));
+    SH_RETURN_IF_ERROR(remove_tree(tmp));
+  } else if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return fail(Status::from_errno(errno, "cannot rename '" + tmp + "' to '" + final_dir + "'"));
+  }
+  SH_RETURN_IF_ERROR(fsync_dir(root));
+  return write_file_atomic(layout.tracker(), std::to_string(step) + "\n");
+}
+
+Result<std::optional<std::int64_t>> read_tracker(const std::string& root) {
+  std::string path = CheckpointLayout{root}.tracker();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<std::int64_t>{};
+  SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
+  SH_ASSIGN_OR_RETURN(std::int64_t step, parse_tracker(std::move(text), path));
+  return std::optional<std::int64_t>{step};
+}
+
+std::vector<std::int64_t> committed_steps(const std::string& root) {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    auto step = parse_step_dir_name(entry.path().filename().string(), false);
+    if (step && fs::exists(CheckpointLayout::policy_dir(entry.path().string()) + "/" + kMetadataFile, ec)) {
+      steps.push_back(*step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+Result<int> clean_stale_tmp_dirs(const std::string& root) {
+  int removed = 0;
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (parse_step_dir_name(entry.path().filename().string(), true)) stale.push_back(entry.path().string());
+  }
+  for (const auto& path : stale) {
+    SH_RETURN_IF_ERROR(remove_tree(path));
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace stagehand

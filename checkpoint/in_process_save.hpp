@@ -1,0 +1,21 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/report.hpp"
+#include "checkpoint/save_engine.hpp"
+#include "core/sharded_tensor.hpp"
+
+namespace stagehand {
+
+/// The synchronous in-process save of several ranks: prepares `global_step_N.tmp`, runs every
+/// rank's engine at once, gathers one report per rank and commits only when all succeeded.
+/// @pre engines.size() == states.size(); engine i has rank i.
+/// @return the reports (for figures) or the first rank's error.
+Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string& root, std::int64_t step,
+                                                               const std::vector<SaveEngine*>& engines,
+                                                               const std::vector<const StateDict*>& states);
+
+}  // namespace stagehand

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/format.hpp"
+#include "core/sharded_tensor.hpp"
+#include "storage/object_store.hpp"
+
+namespace stagehand {
+
+// Every function here takes a local path or an object-store URL (s3://, gs://); `store` says how
+// to reach the object store (by default, the AWS environment variables).
+
+/// Turns a user's path into a checkpoint folder: a `ckpt_path` root resolves through its tracker,
+/// a `global_step_N` folder is taken as it is. A `.tmp` folder or an uncommitted one is an error.
+Result<std::string> resolve_checkpoint(const std::string& path,
+                                       const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// Reads `policy/metadata.json` of a checkpoint folder and checks its format and version.
+Result<CheckpointMetadata> read_checkpoint_metadata(
+    const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// Reads a small file of a checkpoint folder, such as trainer_state.json; not_found when missing.
+Result<std::string> read_checkpoint_text(const std::string& checkpoint_dir, const std::string& rel,
+                                         const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
+/// `state` names (a rank's own objects, not the other ranks').
+/// Only the byte ranges of chunks that overlap each local block are read (ranged GETs from an
+/// object store), and each is verified against its XXH3 first; the saved and the live sharding
+/// may differ.
+/// @post on error, no tensor of `state` has been modified.
+Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state,
+                       const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// What `stagehand-ckpt verify` found.
+struct VerifyResult {
+  std::vector<std::string> problems;
+  std::uint64_t files_checked = 0;
+  std::uint64_t chunks_checked = 0;
+  std::uint64_t bytes_checked = 0;
+  bool ok() const { return problems.empty(); }
+};
+
+/// Checks every file's size, XXH3 and safetensors header, and every chunk's XXH3, against the
+/// metadata. Problems are collected rather than stopping at the first.
+Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir,
+                                       const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+}  // namespace stagehand

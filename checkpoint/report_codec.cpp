@@ -1,0 +1,96 @@
+#include "checkpoint/report_codec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/format.hpp"
+
+namespace stagehand {
+
+using nlohmann::json;
+
+namespace {
+
+json shape_json(const Shape& s) { return json(std::vector<std::int64_t>(s.dims().begin(), s.dims().end())); }
+
+Shape shape_from(const json& j) {
+  auto dims = j.get<std::vector<std::int64_t>>();
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
+json status_json(const Status& s) {
+  return {{"code", static_cast<int>(s.code())}, {"message", s.message()}, {"errno", s.sys_errno()}};
+}
+
+Status status_from(const json& j) {
+  return {static_cast<ErrorCode>(j.at("code").get<int>()), j.at("message").get<std::string>(),
+          j.at("errno").get<int>()};
+}
+
+}  // namespace
+
+std::string encode_report(const RankSaveReport& r) {
+  json buckets = json::array();
+  for (const auto& b : r.buckets) {
+    json chunks = json::array();
+    for (const auto& c : b.chunks) {
+      chunks.push_back({{"name", c.desc.name},
+                        {"dtype", std::string(dtype_name(c.desc.dtype))},
+                        {"global_shape", shape_json(c.desc.global_shape)},
+                        {"offset", shape_json(c.desc.global_offset)},
+                        {"shape", shape_json(c.desc.local_shape)},
+                        {"replica", c.desc.replica_id},
+                        {"range", {c.begin, c.end}},
+                        {"xxh3", xxh3_hex(c.xxh3)}});
+    }
+    buckets.push_back({{"bucket", b.bucket}, {"file", b.file}, {"size", b.size},
+                       {"xxh3", xxh3_hex(b.xxh3)}, {"chunks", chunks}, {"status", status_json(b.status)}});
+  }
+  json out = {{"format_version", kFormatVersion}, {"rank", r.rank}, {"step", r.step},
+              {"buckets", buckets}, {"objects", r.objects}, {"status", status_json(r.status)}};
+  return out.dump();
+}
+
+Result<RankSaveReport> decode_report(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status{ErrorCode::corruption, "a save report is not JSON"};
+  try {
+    if (j.at("format_version").get<int>() != kFormatVersion) {
+      return Status{ErrorCode::unsupported, "a save report of format version " + j.at("format_version").dump() +
+                                                " came from another Stagehand version"};
+    }
+    RankSaveReport r;
+    r.rank = j.at("rank").get<int>();
+    r.step = j.at("step").get<std::int64_t>();
+    r.objects = j.at("objects").get<std::map<std::string, std::string>>();
+    r.status = status_from(j.at("status"));
+    for (const auto& b : j.at("buckets")) {
+      BucketWriteResult out;
+      out.bucket = b.at("bucket").get<int>();
+      out.file = b.at("file").get<std::string>();
+      out.size = b.at("size").get<std::uint64_t>();
+      out.xxh3 = parse_xxh3_hex(b.at("xxh3").get<std::string>()).value_or(0);
+      out.status = status_from(b.at("status"));
+      for (const auto& c : b.at("chunks")) {
+        ChunkRecord rec;
+        rec.desc.name = c.at("name").get<std::string>();
+        auto dtype = dtype_from_name(c.at("dtype").get<std::string>());
+        if (!dtype) return Status{ErrorCode::corruption, "a save report names an unknown dtype"};
+        rec.desc.dtype = *dtype;
+        rec.desc.global_shape = shape_from(c.at("global_shape"));
+        rec.desc.global_offset = shape_from(c.at("offset"));
+        rec.desc.local_shape = shape_from(c.at("shape"));
+        rec.desc.replica_id = c.at("replica").get<std::int32_t>();
+        rec.begin = c.at("range").at(0).get<std::uint64_t>();
+        rec.end = c.at("range").at(1).get<std::uint64_t>();
+        rec.xxh3 = parse_xxh3_hex(c.at("xxh3").get<std::string>()).value_or(0);
+        out.chunks.push_back(std::move(rec));
+      }
+      r.buckets.push_back(std::move(out));
+    }
+    return r;
+  } catch (const json::exception& e) {
+    return Status{ErrorCode::corruption, std::string("malformed save report: ") + e.what()};
+  }
+}
+
+}  // namespace stagehand

@@ -1,0 +1,13 @@
+#pragma once
+
+#include <string>
+
+#include "checkpoint/report.hpp"
+
+namespace stagehand {
+
+/// A report as JSON text, so that it can cross processes inside a plain CAF string message.
+std::string encode_report(const RankSaveReport& report);
+Result<RankSaveReport> decode_report(const std::string& text);
+
+}  // namespace stagehand

@@ -1,0 +1,99 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "checkpoint/planner.hpp"
+#include "checkpoint/report.hpp"
+#include "checkpoint/stager.hpp"
+#include "core/sharded_tensor.hpp"
+#include "core/thread_pool.hpp"
+#include "storage/local_files.hpp"
+
+namespace stagehand {
+
+struct SaveEngineOptions {
+  /// Buckets per rank, and writer threads.
+  int thread_count = 2;
+  /// Buckets staged per wave; 0 stages all buckets in one wave.
+  int staging_buckets = 0;
+  /// Pin the staging buffers (when the state lives on a GPU).
+  bool pinned = false;
+  /// Runs once in every writer thread before its first task.
+  std::function<void()> writer_thread_start;
+};
+
+/// One rank's synchronous checkpoint writer: plans, stages in waves and writes bucket files.
+/// Its writer threads and staging buffers are created once and reused by every save.
+///
+/// Thread-safety: one save at a time (the owner serializes calls).
+class SaveEngine {
+ public:
+  /// Checks the options; errors name the bad option.
+  static Result<std::unique_ptr<SaveEngine>> create(int rank, SaveEngineOptions options,
+                                                    std::shared_ptr<StorageBackend> storage = local_storage());
+
+  // -- properties --
+
+  int rank() const { return rank_; }
+  const SaveEngineOptions& options() const { return options_; }
+  /// Bytes of host staging buffers held now.
+  std::size_t staging_bytes() const { return staging_.bytes(); }
+
+  // -- saving --
+
+  /// The plan for `state`, made anew only when its structure changed.
+  Result<const SavePlan*> plan_for(const StateDict& state);
+
+  /// Plans `state` and allocates the staging buffers now, so that the first save does not pay
+  /// for them (pinned allocations of gigabytes take about a second).
+  Status prepare(const StateDict& state);
+
+  /// Stages and writes every bucket of `state` into `policy_dir`, in waves of
+  /// `staging_buckets`. The first error stops the waves after it.
+  /// @post report.buckets holds one result per bucket attempted, in bucket order.
+  RankSaveReport save(const StateDict& state, const std::string& policy_dir, std::int64_t step);
+
+  /// Stages every bucket of `state` at once (the device-to-host copy of an async save).
+  /// The staged bytes stay in the engine's buffers until write_staged().
+  /// @pre options().staging_buckets == 0 or == thread_count (a single wave)
+  Status stage_all(const StateDict& state);
+
+  /// Writes what stage_all() staged into `policy_dir`. May run on another thread than stage_all,
+  /// but never concurrently with another call on this engine.
+  /// @pre the last stage_all() succeeded and nothing else was staged since
+  RankSaveReport write_staged(const std::string& policy_dir, std::int64_t step);
+
+ private:
+  SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage);
+
+  int wave_size() const;
+  RankSaveReport make_report(std::int64_t step) const;
+  /// Runs `task(bucket, slot)` for buckets [first, last) on the writer threads, one each.
+  std::vector<BucketWriteResult> run_wave(
+      int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task);
+  BucketWriteResult stage_result(const PlannedBucket& bucket, const Status& staged) const;
+  /// Opens the files of buckets [first, last), stages (when `state` is given) and writes each in
+  /// `parts` runs of items on the writer threads, and takes each file's XXH3. The files stay open
+  /// in `unsynced`.
+  std::vector<BucketWriteResult> write_wave(int first, int last, int parts, const StateDict* state,
+                                            const std::string& policy_dir,
+                                            std::vector<std::unique_ptr<WritableFile>>& unsynced);
+  std::string bucket_context(const PlannedBucket& bucket) const;
+  /// fsyncs and closes every file still open, in parallel; the first error becomes the report's.
+  void finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced);
+
+  int rank_;
+  SaveEngineOptions options_;
+  std::shared_ptr<StorageBackend> storage_;
+  std::optional<SavePlan> plan_;
+  /// Objects of the state that stage_all() staged.
+  std::map<std::string, std::string> staged_objects_;
+  StagingPool staging_;
+  ThreadPool writers_;
+};
+
+}  // namespace stagehand

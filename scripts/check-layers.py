@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Checks that every library folder includes only its own layer and the layers before it.
+
+The layers, lowest first (DESIGN.md "Folders"; README "Code layout"). Programs (tools/, bench/,
+examples/) and tests/ may include any layer. Prints each violation and exits 1 when there is one.
+
+  scripts/check-layers.py [SOURCE_DIR]
+"""
+import os
+import re
+import sys
+
+LAYERS = ["core", "config", "storage", "checkpoint", "strategy", "actors", "models", "trainers"]
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    bad = []
+    checked = 0
+    for rank, layer in enumerate(LAYERS):
+        allowed = set(LAYERS[: rank + 1])
+        folder = os.path.join(root, layer)
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith((".hpp", ".cpp", ".cu", ".cuh")):
+                continue
+            checked += 1
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if m and m.group(1) not in allowed:
+                        bad.append(f"{layer}/{name}:{number}: includes {m.group(1)}/, a layer above {layer}/")
+    for line in bad:
+        print(line)
+    print(f"{checked} files in {len(LAYERS)} layers checked, {len(bad)} includes against the layering")
+    return 1 if bad or checked == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

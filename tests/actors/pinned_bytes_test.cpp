@@ -1,0 +1,86 @@
+#define BOOST_TEST_MODULE pinned_bytes
+#include <boost/test/unit_test.hpp>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "tests/strategy_cluster.hpp"
+#include "tests/test_util.hpp"
+
+// The bytes of a checkpoint are part of the contract: the same state saved with the same
+// ckpt_save_thread_count gives the same files, whatever the code's layout, the path through the
+// actors, sync or async, staged or not. These digests were taken from checkpoints written before
+// the code was split into its layers (commit 2c9c6cd, `stagehand-bench save` sync, --async and staged; all three gave these);
+// a change to any of them is a change of the on-disk format.
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const SyntheticStateSpec kSpec{2, 1u << 20, 12, 7};
+constexpr int kThreads = 3;
+
+/// Path below the checkpoint root -> XXH3-64 of the file, as 16 hex digits.
+const std::map<std::string, std::string> kPinned = {
+    {"global_step_1/policy/__0_0.safetensors", "567fae1d916cc8ee"},
+    {"global_step_1/policy/__0_1.safetensors", "1ceb261b015e3bca"},
+    {"global_step_1/policy/__0_2.safetensors", "960e147a7dc839bb"},
+    {"global_step_1/policy/__1_0.safetensors", "7f9c839454ffe2a8"},
+    {"global_step_1/policy/__1_1.safetensors", "dfe26c756437ca4e"},
+    {"global_step_1/policy/__1_2.safetensors", "21652b0be5706201"},
+    {"global_step_1/policy/metadata.json", "6173993c2e56a354"},
+    {"latest_ckpt_global_step.txt", "2ef3a1a12238c2e5"},
+};
+
+std::map<std::string, std::string> digests(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    std::string bytes = test::read_file(entry.path().string());
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+    out[fs::relative(entry.path(), root).string()] = hex;
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(checkpoints_through_the_dispatch_match_the_pinned_bytes) {
+  struct Mode {
+    bool async;
+    int staging_buckets;
+  };
+  for (Mode mode : {Mode{false, 0}, Mode{false, 1}, Mode{true, 0}}) {
+    BOOST_TEST_CONTEXT("async " << mode.async << ", staging " << mode.staging_buckets) {
+      TempDir dir;
+      {
+        test::ClusterOptions options;
+        options.spec = kSpec;
+        options.async = mode.async;
+        options.threads = kThreads;
+        options.staging_buckets = mode.staging_buckets;
+        test::StrategyCluster cluster(dir.path(), options);
+        auto timing = cluster.client->save(1);
+        BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+        BOOST_TEST(timing->async == mode.async);
+        Status committed = cluster.client->finalize();
+        BOOST_REQUIRE_MESSAGE(committed.is_ok(), committed.to_string());
+      }
+      auto got = digests(dir.path());
+      BOOST_TEST(got.size() == kPinned.size());
+      for (const auto& [file, digest] : kPinned) {
+        BOOST_TEST_CONTEXT(file) {
+          BOOST_REQUIRE(got.count(file) == 1);
+          BOOST_TEST(got.at(file) == digest);
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,131 @@
+#define BOOST_TEST_MODULE commit
+#include <boost/test/unit_test.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "bench/synthetic_state.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/in_process_save.hpp"
+#include "checkpoint/loader.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+Result<std::vector<RankSaveReport>> save_synthetic(const std::string& root, std::int64_t step, std::uint64_t seed) {
+  auto state = *make_synthetic_state({1, 256u << 10, 6, seed}, 0, Device::host());
+  auto engine = *SaveEngine::create(0, {2, 0, false, {}});
+  return save_checkpoint_in_process(root, step, {engine.get()}, {&state});
+}
+
+/// Runs `body` in a child process as the unprivileged user "nobody" (root ignores permissions).
+int run_as_nobody(const std::function<int()>& body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::getuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(99);
+    ::_exit(body());
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(commit_moves_tracker_last) {
+  TempDir dir;
+  BOOST_TEST(!read_tracker(dir.path())->has_value());
+  BOOST_REQUIRE(save_synthetic(dir.path(), 5, 1).is_ok());
+  BOOST_TEST(**read_tracker(dir.path()) == 5);
+  BOOST_REQUIRE(save_synthetic(dir.path(), 10, 2).is_ok());
+  BOOST_TEST(**read_tracker(dir.path()) == 10);
+  BOOST_TEST((committed_steps(dir.path()) == std::vector<std::int64_t>{5, 10}));
+  BOOST_TEST(test::read_file(dir / "latest_ckpt_global_step.txt") == "10\n");
+  BOOST_TEST(!fs::exists(dir / "global_step_10.tmp"));
+}
+
+BOOST_AUTO_TEST_CASE(recommitting_a_step_swaps_it_whole) {
+  TempDir dir;
+  BOOST_REQUIRE(save_synthetic(dir.path(), 3, 1).is_ok());
+  auto first = *read_checkpoint_metadata(dir / "global_step_3");
+  BOOST_REQUIRE(save_synthetic(dir.path(), 3, 2).is_ok());
+  auto second = *read_checkpoint_metadata(dir / "global_step_3");
+  BOOST_TEST(first.files.begin()->second.xxh3 != second.files.begin()->second.xxh3);
+  BOOST_TEST(!fs::exists(dir / "global_step_3.tmp"));
+  BOOST_TEST(verify_checkpoint(dir / "global_step_3")->ok());
+}
+
+BOOST_AUTO_TEST_CASE(missing_parent_is_a_clear_error) {
+  TempDir dir;
+  std::string root = dir / "no/such/parent/ckpts";
+  auto result = save_synthetic(root, 1, 1);
+  BOOST_TEST(!result.is_ok());
+  BOOST_TEST(result.status().message().find("does not exist") != std::string::npos, result.status().message());
+  BOOST_TEST(!fs::exists(dir / "no"));
+}
+
+BOOST_AUTO_TEST_CASE(read_only_destination_is_a_clear_error) {
+  TempDir dir;
+  fs::create_directories(dir / "ro");
+  // A read-only parent of a missing ckpt_path, and a read-only ckpt_path that holds a checkpoint.
+  BOOST_REQUIRE(save_synthetic(dir / "ro/existing", 1, 1).is_ok());
+  std::string before = test::read_file(dir / "ro/existing/global_step_1/policy/metadata.json");
+  fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec | fs::perms::others_read |
+                                  fs::perms::others_exec | fs::perms::group_read | fs::perms::group_exec);
+  fs::permissions(dir / "ro/existing", fs::perms::owner_read | fs::perms::owner_exec | fs::perms::others_read |
+                                           fs::perms::others_exec | fs::perms::group_read | fs::perms::group_exec);
+  fs::permissions(dir.path(), fs::perms::all);
+  int code = run_as_nobody([&] {
+    auto missing = save_synthetic(dir / "ro/new", 1, 1);
+    if (missing.is_ok() || missing.status().message().find("Permission denied") == std::string::npos) return 1;
+    auto existing = save_synthetic(dir / "ro/existing", 2, 1);
+    if (existing.is_ok() || existing.status().message().find("Permission denied") == std::string::npos) return 2;
+    if (existing.status().message().find("ro/existing/global_step_2.tmp") == std::string::npos) return 3;
+    return 0;
+  });
+  BOOST_TEST(code == 0);
+  BOOST_TEST(test::read_file(dir / "ro/existing/global_step_1/policy/metadata.json") == before);
+  BOOST_TEST(**read_tracker(dir / "ro/existing") == 1);
+  fs::permissions(dir / "ro/existing", fs::perms::owner_all);
+  fs::permissions(dir / "ro", fs::perms::owner_all);
+}
+
+BOOST_AUTO_TEST_CASE(missing_or_extra_rank_reports_are_refused) {
+  auto state = *make_synthetic_state({2, 64u << 10, 4, 1}, 0, Device::host());
+  auto engine = *SaveEngine::create(0, {2, 0, false, {}});
+  TempDir dir;
+  auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
+  RankSaveReport report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
+  Status st = commit_checkpoint(dir.path(), 1, {report}, 2);
+  BOOST_TEST(st.message().find("rank 1 did not report") != std::string::npos, st.message());
+  BOOST_TEST(!fs::exists(dir / "global_step_1"));
+  BOOST_TEST(!read_tracker(dir.path())->has_value());
+}
+
+BOOST_AUTO_TEST_CASE(stale_tmp_dirs_are_ignored_and_cleaned) {
+  TempDir dir;
+  BOOST_REQUIRE(save_synthetic(dir.path(), 1, 1).is_ok());
+  fs::create_directories(dir / "global_step_2.tmp/policy");
+  BOOST_TEST(*resolve_checkpoint(dir.path()) == dir / "global_step_1");
+  BOOST_TEST(!resolve_checkpoint(dir / "global_step_2.tmp").is_ok());
+  BOOST_TEST((committed_steps(dir.path()) == std::vector<std::int64_t>{1}));
+  BOOST_TEST(*clean_stale_tmp_dirs(dir.path()) == 1);
+  BOOST_TEST(!fs::exists(dir / "global_step_2.tmp"));
+  BOOST_TEST(fs::exists(dir / "global_step_1"));
+}
+
+BOOST_AUTO_TEST_CASE(bad_trackers_are_named) {
+  TempDir dir;
+  std::ofstream(dir / "latest_ckpt_global_step.txt") << "banana\n";
+  auto step = read_tracker(dir.path());
+  BOOST_TEST(step.status().message().find("latest_ckpt_global_step.txt") != std::string::npos);
+  std::ofstream(dir / "latest_ckpt_global_step.txt") << "7\n";
+  auto resolved = resolve_checkpoint(dir.path());
+  BOOST_TEST(resolved.status().message().find("names step 7") != std::string::npos);
+}
