@@ -1,4 +1,4 @@
-#include "actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/checkpoint_coordinator.hpp"
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -7,13 +7,13 @@
 #include <map>
 #include <optional>
 
-#include "actors/messages.hpp"
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/report_codec.hpp"
-#include "core/log.hpp"
-#include "storage/destination.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
+#include "stagehand/core/log.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 

@@ -3,7 +3,7 @@
 #include <caf/fwd.hpp>
 #include <string>
 
-#include "storage/object_store.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 

@@ -1,10 +1,12 @@
-#include "actors/dispatch_client.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
-#include "actors/messages.hpp"
-#include "actors/worker.hpp"
-#include "actors/worker_dispatch.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/actors/worker.hpp"
+#include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/core/log.hpp"
 
 namespace stagehand {
 
@@ -42,10 +44,10 @@ Status DispatchClient::finalize() {
   return st;
 }
 
-Status DispatchClient::load(const std::string& checkpoint_dir) {
+Status DispatchClient::load(const std::string& path) {
   caf::scoped_actor self{system_};
   Status st;
-  self->request(dispatch_, timeout_, load_atom::value, checkpoint_dir)
+  self->request(dispatch_, timeout_, load_atom::value, path)
       .receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
   return st;
 }
@@ -89,6 +91,7 @@ Status CheckpointCluster::shutdown() {
   if (shut_down_) return Status::ok();
   shut_down_ = true;
   Status st = client_.finalize();
+  if (!st.is_ok()) logger()->error("shutting down: the pending checkpoint save did not commit: {}", st.message());
   caf::scoped_actor self{system_};
   std::vector<caf::actor> all = workers_;
   all.push_back(client_.dispatch());

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/checkpoint_coordinator.hpp"
-#include "actors/model.hpp"
-#include "core/status.hpp"
-#include "strategy/megatron_strategy.hpp"
+#include "stagehand/actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/model.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/strategy/megatron_strategy.hpp"
 
 namespace stagehand {
 
@@ -42,8 +42,9 @@ class DispatchClient {
   /// @return the first error of any rank, or why the pending step did not commit.
   Status finalize();
 
-  /// Finalizes, then loads `checkpoint_dir` (a `global_step_N` folder) into every rank's state.
-  Status load(const std::string& checkpoint_dir);
+  /// Finalizes, then loads `path` into every rank's state: a checkpoint root (the step its
+  /// tracker names) or a `global_step_N` folder.
+  Status load(const std::string& path);
 
   const caf::actor& dispatch() const { return dispatch_; }
 

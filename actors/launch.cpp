@@ -1,4 +1,4 @@
-#include "actors/launch.hpp"
+#include "stagehand/actors/launch.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>

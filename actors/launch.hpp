@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

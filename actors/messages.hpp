@@ -2,7 +2,7 @@
 
 #include <caf/atom.hpp>
 
-#include "strategy/messages.hpp"
+#include "stagehand/strategy/messages.hpp"
 
 namespace stagehand {
 

@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/sharded_tensor.hpp"
-#include "core/status.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

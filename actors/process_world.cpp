@@ -1,11 +1,11 @@
-#include "actors/process_world.hpp"
+#include "stagehand/actors/process_world.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
 #include <thread>
 
-#include "actors/messages.hpp"
+#include "stagehand/actors/messages.hpp"
 
 namespace stagehand {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "actors/launch.hpp"
-#include "core/status.hpp"
+#include "stagehand/actors/launch.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

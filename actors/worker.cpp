@@ -1,8 +1,8 @@
-#include "actors/worker.hpp"
+#include "stagehand/actors/worker.hpp"
 
 #include <caf/all.hpp>
 
-#include "actors/messages.hpp"
+#include "stagehand/actors/messages.hpp"
 
 namespace stagehand {
 

@@ -3,8 +3,8 @@
 #include <caf/fwd.hpp>
 #include <memory>
 
-#include "actors/model.hpp"
-#include "strategy/megatron_strategy.hpp"
+#include "stagehand/actors/model.hpp"
+#include "stagehand/strategy/megatron_strategy.hpp"
 
 namespace stagehand {
 

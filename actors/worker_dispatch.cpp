@@ -1,4 +1,4 @@
-#include "actors/worker_dispatch.hpp"
+#include "stagehand/actors/worker_dispatch.hpp"
 
 #include <caf/all.hpp>
 
@@ -8,8 +8,8 @@
 #include <optional>
 #include <vector>
 
-#include "actors/messages.hpp"
-#include "core/status.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

@@ -13,17 +13,17 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "actors/dispatch_client.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
 #include "bench/synthetic_state.hpp"
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/format.hpp"
-#include "checkpoint/loader.hpp"
-#include "checkpoint/save_engine.hpp"
-#include "core/device.hpp"
-#include "core/host_buffer.hpp"
-#include "storage/destination.hpp"
-#include "storage/local_files.hpp"
-#include "strategy/messages.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/local_files.hpp"
+#include "stagehand/strategy/messages.hpp"
 
 using namespace stagehand;
 using Clock = std::chrono::steady_clock;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/host_buffer.hpp"
-#include "core/random.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/random.hpp"
 
 namespace stagehand {
 

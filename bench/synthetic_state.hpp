@@ -2,8 +2,8 @@
 
 #include <cstdint>
 
-#include "core/device.hpp"
-#include "core/sharded_tensor.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand {
 

@@ -1,9 +1,9 @@
-#include "checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
 
 #include <filesystem>
 
-#include "checkpoint/commit.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 

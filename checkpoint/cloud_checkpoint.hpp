@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/format.hpp"
-#include "core/status.hpp"
-#include "storage/object_store.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/commit.hpp"
+#include "stagehand/checkpoint/commit.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "storage/local_files.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace fs = std::filesystem;
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/format.hpp"
-#include "checkpoint/report.hpp"
-#include "core/status.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

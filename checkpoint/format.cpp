@@ -1,4 +1,4 @@
-#include "checkpoint/format.hpp"
+#include "stagehand/checkpoint/format.hpp"
 
 #include <xxhash.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "storage/local_files.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.hpp"
-#include "core/shape.hpp"
-#include "core/status.hpp"
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/shape.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

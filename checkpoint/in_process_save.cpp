@@ -1,9 +1,9 @@
-#include "checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
 
 #include <thread>
 
-#include "checkpoint/commit.hpp"
-#include "checkpoint/format.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/format.hpp"
 
 namespace stagehand {
 

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/report.hpp"
-#include "checkpoint/save_engine.hpp"
-#include "core/sharded_tensor.hpp"
+#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand {
 

@@ -1,15 +1,15 @@
-#include "checkpoint/loader.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
 
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/commit.hpp"
-#include "core/host_buffer.hpp"
-#include "storage/destination.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace fs = std::filesystem;
 

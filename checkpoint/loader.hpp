@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/format.hpp"
-#include "core/sharded_tensor.hpp"
-#include "storage/object_store.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 

@@ -1,9 +1,9 @@
-#include "checkpoint/planner.hpp"
+#include "stagehand/checkpoint/planner.hpp"
 
 #include <algorithm>
 #include <numeric>
 
-#include "checkpoint/format.hpp"
+#include "stagehand/checkpoint/format.hpp"
 
 namespace stagehand {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/sharded_tensor.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/sharded_tensor.hpp"
-#include "core/status.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

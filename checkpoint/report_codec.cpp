@@ -1,8 +1,8 @@
-#include "checkpoint/report_codec.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/format.hpp"
+#include "stagehand/checkpoint/format.hpp"
 
 namespace stagehand {
 

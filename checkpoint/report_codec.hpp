@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "checkpoint/report.hpp"
+#include "stagehand/checkpoint/report.hpp"
 
 namespace stagehand {
 

@@ -1,8 +1,8 @@
-#include "checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
 
 #include <future>
 
-#include "checkpoint/writer.hpp"
+#include "stagehand/checkpoint/writer.hpp"
 
 namespace stagehand {
 

@@ -6,12 +6,12 @@
 #include <optional>
 #include <string>
 
-#include "checkpoint/planner.hpp"
-#include "checkpoint/report.hpp"
-#include "checkpoint/stager.hpp"
-#include "core/sharded_tensor.hpp"
-#include "core/thread_pool.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/checkpoint/stager.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/thread_pool.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/stager.hpp"
+#include "stagehand/checkpoint/stager.hpp"
 
 #include <algorithm>
 #include <cstring>

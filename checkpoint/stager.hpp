@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "checkpoint/planner.hpp"
-#include "core/host_buffer.hpp"
-#include "core/sharded_tensor.hpp"
+#include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand {
 

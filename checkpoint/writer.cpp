@@ -1,8 +1,8 @@
-#include "checkpoint/writer.hpp"
+#include "stagehand/checkpoint/writer.hpp"
 
 #include <algorithm>
 
-#include "checkpoint/format.hpp"
+#include "stagehand/checkpoint/format.hpp"
 
 namespace stagehand {
 

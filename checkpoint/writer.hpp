@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/planner.hpp"
-#include "checkpoint/report.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 

@@ -1,12 +1,17 @@
-#include "config/config.hpp"
+#include "stagehand/config/config.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
 #include <charconv>
-#include <cstdlib>
-#include <fstream>
+#include <climits>
+#include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -32,23 +37,88 @@ const char* to_string(ResumeMode mode) {
 
 namespace {
 
-/// Reads one YAML document into a Config, remembering where each key stood.
+// Each limit below is what the program can run with; the error that refuses a value names it.
+
+/// Every wait's deadline is now() plus the timeout in steady_clock nanoseconds, which overflow
+/// past about 9.2e9 s; 1e6 s (11.5 days) is beyond any call that still makes progress.
+constexpr std::int64_t kMaxCallTimeoutS = 1'000'000;
+/// Matrix products take int sizes and leading dimensions (OpenBLAS, cuBLAS), so no matrix of the
+/// model, its activations or its sampled actions may hold more elements than an int counts; the
+/// bound also keeps each one below 8 GiB of floats.
+constexpr std::int64_t kMaxMatrixElements = INT_MAX;
+/// Each rank is a Worker with its own writer threads, and in-process ranks share one process.
+constexpr std::int64_t kMaxWorldSize = 1024;
+/// The fully-async trainer keeps this many batches generated ahead and stores them in each
+/// checkpoint.
+constexpr std::int64_t kMaxStalenessSteps = 1024;
+/// BanditTask::kEvalContextBase (models/, a layer above): training step s uses the contexts
+/// [s * batch_size, (s + 1) * batch_size), which must end before the evaluation contexts begin.
+constexpr std::int64_t kEvalContextBase = std::int64_t{1} << 40;
+/// Adam moves each weight by about learning_rate per step, and the weights start below 1.
+constexpr double kMaxLearningRate = 1.0;
+/// The rate limiter schedules each write bytes / rate later on the steady_clock (int64
+/// nanoseconds): near 0 one write overflows it, while at 1 KiB/s that takes 292 years of writes.
+/// 1 TiB/s is beyond any storage.
+constexpr double kMinWriteRateMiBs = 0.001;
+constexpr double kMaxWriteRateMiBs = 1 << 20;
+/// Config files are a few hundred bytes; the bound stops `--config /dev/zero` from filling memory.
+constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+/// The shortest text that reads back as `value` ("1", "0.005", "1048576").
+std::string number_text(double value) {
+  char buffer[32];  // the longest double, -2.2250738585072014e-308, takes 24
+  return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
+}
+
+/// The values a real-valued key accepts: [lowest, highest] or (lowest, highest], and 0 besides
+/// where 0 turns the feature off.
+struct RealRange {
+  double lowest = 0;
+  double highest = 0;
+  bool lowest_excluded = false;
+  bool zero_turns_off = false;
+
+  bool contains(double value) const {
+    if (zero_turns_off && value == 0) return true;
+    return (lowest_excluded ? value > lowest : value >= lowest) && value <= highest;
+  }
+
+  std::string to_string() const {
+    std::string range =
+        lowest_excluded
+            ? "greater than " + number_text(lowest) + " and at most " + number_text(highest)
+            : "between " + number_text(lowest) + " and " + number_text(highest);
+    return zero_turns_off ? "0 or " + range : range;
+  }
+};
+
+/// The override (`--set` assignment) that set each key path, by key path.
+using Overrides = std::map<std::string, std::string>;
+
+/// Reads one YAML document into a Config, remembering where each key stood: a line of `source`,
+/// or the override that set it.
 class ConfigReader {
  public:
-  explicit ConfigReader(std::string source) : source_(std::move(source)) {}
+  ConfigReader(std::string source, Overrides overrides)
+      : source_(std::move(source)), overrides_(std::move(overrides)) {}
 
   using Field = std::function<Status(const YAML::Node&, const std::string& path)>;
   using Fields = std::map<std::string, Field>;
 
   Status error_at(const YAML::Mark& mark, const std::string& path, const std::string& what) const {
-    std::string where = source_;
-    if (!mark.is_null()) where += ":" + std::to_string(mark.line + 1);
-    return {ErrorCode::config_error, where + ": " + path + ": " + what};
+    return {ErrorCode::config_error,
+            given_at(path, mark).value_or(source_) + ": " + path + ": " + what};
   }
 
-  Status error_at_key(const std::string& path, const std::string& what) const {
-    auto it = marks_.find(path);
-    return error_at(it == marks_.end() ? YAML::Mark::null_mark() : it->second, path, what);
+  /// An error about `keys.front()` in a rule that spans `keys`, placed where the first of them
+  /// that was given at all was given (a default has no place).
+  Status error_at_keys(const std::vector<std::string>& keys, const std::string& what) const {
+    for (const auto& key : keys) {
+      auto mark = marks_.find(key);
+      auto where = given_at(key, mark == marks_.end() ? YAML::Mark::null_mark() : mark->second);
+      if (where) return {ErrorCode::config_error, *where + ": " + keys.front() + ": " + what};
+    }
+    return {ErrorCode::config_error, source_ + ": " + keys.front() + ": " + what};
   }
 
   Status read_section(const YAML::Node& node, const std::string& path, const Fields& fields) {
@@ -56,7 +126,8 @@ class ConfigReader {
     if (!node.IsMap()) return error_at(node.Mark(), path, "expected a mapping of keys");
     std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key_node = it->first;
+      // By value: `it->first` belongs to a proxy that dies with this statement.
+      YAML::Node key_node = it->first;
       if (!key_node.IsScalar()) return error_at(key_node.Mark(), path, "keys must be plain names");
       std::string key = key_node.Scalar();
       std::string key_path = path.empty() ? key : path + "." + key;
@@ -78,13 +149,14 @@ class ConfigReader {
       SH_ASSIGN_OR_RETURN(std::string text, scalar(node, path, "an integer"));
       std::int64_t value = 0;
       auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (ec != std::errc() || end != text.data() + text.size()) {
+      if (ec == std::errc::invalid_argument || end != text.data() + text.size()) {
         return error_at(node.Mark(), path, "expected an integer, got '" + text + "'");
       }
-      if (value < min || value > max) {
-        std::string range = max == INT64_MAX ? "at least " + std::to_string(min)
-                                             : "between " + std::to_string(min) + " and " +
-                                                   std::to_string(max);
+      // Beyond int64 (ec) is out of range too, and its message gives both ends.
+      if (ec != std::errc() || value < min || value > max) {
+        std::string range = max == INT64_MAX && ec == std::errc()
+                                ? "at least " + std::to_string(min)
+                                : "between " + std::to_string(min) + " and " + std::to_string(max);
         return error_at(node.Mark(), path, "must be " + range + ", got " + text);
       }
       *out = value;
@@ -92,16 +164,18 @@ class ConfigReader {
     };
   }
 
-  Field real(double* out, double min_exclusive) {
-    return [this, out, min_exclusive](const YAML::Node& node, const std::string& path) -> Status {
+  Field real(double* out, RealRange range) {
+    return [this, out, range](const YAML::Node& node, const std::string& path) -> Status {
       SH_ASSIGN_OR_RETURN(std::string text, scalar(node, path, "a number"));
-      char* end = nullptr;
-      double value = std::strtod(text.c_str(), &end);
-      if (text.empty() || end != text.c_str() + text.size()) {
+      double value = 0;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec == std::errc::invalid_argument || end != text.data() + text.size()) {
         return error_at(node.Mark(), path, "expected a number, got '" + text + "'");
       }
-      if (!(value > min_exclusive)) {
-        return error_at(node.Mark(), path, "must be greater than " + std::to_string(min_exclusive) + ", got " + text);
+      // Out of range (1e999) and inf or nan never reach a use that could hold them.
+      if (ec != std::errc() || !std::isfinite(value) || !range.contains(value)) {
+        return error_at(node.Mark(), path,
+                        "must be a finite number, " + range.to_string() + ", got '" + text + "'");
       }
       *out = value;
       return Status::ok();
@@ -113,8 +187,12 @@ class ConfigReader {
       SH_ASSIGN_OR_RETURN(std::string text, scalar(node, path, "a non-negative integer"));
       std::uint64_t value = 0;
       auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (ec != std::errc() || end != text.data() + text.size()) {
+      if (ec == std::errc::invalid_argument || end != text.data() + text.size()) {
         return error_at(node.Mark(), path, "expected a non-negative integer, got '" + text + "'");
+      }
+      if (ec != std::errc()) {
+        return error_at(node.Mark(), path,
+                        "must be at most " + std::to_string(UINT64_MAX) + ", got " + text);
       }
       *out = value;
       return Status::ok();
@@ -172,49 +250,67 @@ class ConfigReader {
     return node.Scalar();
   }
 
+  /// Where the value at `path` was given: the override that set it, else its line in the source,
+  /// else the override that created it as a section on the way to its own key (`trainr` in
+  /// `--set trainr.seed=1`); nothing for a default.
+  std::optional<std::string> given_at(const std::string& path, const YAML::Mark& mark) const {
+    if (auto it = overrides_.find(path); it != overrides_.end()) return "--set " + it->second;
+    if (!mark.is_null()) {
+      std::string where = source_;
+      where += ':';
+      where += std::to_string(mark.line + 1);
+      return where;
+    }
+    const std::string inside = path + ".";
+    auto below = overrides_.lower_bound(inside);
+    if (below != overrides_.end() && below->first.starts_with(inside)) {
+      return "--set " + below->second;
+    }
+    return std::nullopt;
+  }
+
   std::string source_;
+  Overrides overrides_;
   std::map<std::string, YAML::Mark> marks_;
 };
 
-Status apply_override(YAML::Node root, const std::string& assignment, const std::string& source) {
+/// Sets the key that `assignment` ("dotted.key=value") names in `root`. The value is taken as it
+/// is, not as YAML: a `#` or `: ` in a path is part of the path.
+/// @return the dotted key path.
+Result<std::string> apply_override(YAML::Node root, const std::string& assignment) {
+  auto fail = [&assignment](const std::string& what) {
+    return Status{ErrorCode::config_error, "--set " + assignment + ": " + what};
+  };
   auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0) {
-    return {ErrorCode::config_error,
-            source + ": override '" + assignment + "' must look like key.path=value"};
-  }
+  if (eq == std::string::npos || eq == 0) return fail("must look like key.path=value");
   std::string path = assignment.substr(0, eq);
   std::vector<std::string> parts;
   std::stringstream ss(path);
   for (std::string part; std::getline(ss, part, '.');) {
-    if (part.empty()) {
-      return {ErrorCode::config_error, source + ": override '" + assignment + "' has an empty key"};
-    }
+    if (part.empty()) return fail("has an empty key");
     parts.push_back(part);
   }
-  YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    return {ErrorCode::config_error, source + ": override '" + assignment + "': " + e.msg};
-  }
+  if (path.back() == '.') return fail("has an empty key");
   // yaml-cpp nodes are handles; walk with reset() so that assignment never rebinds a parent.
   YAML::Node cursor;
   cursor.reset(root);
+  std::string section;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (i > 0) section += '.';
+    section += parts[i];
     if (cursor[parts[i]] && !cursor[parts[i]].IsMap() && !cursor[parts[i]].IsNull()) {
-      return {ErrorCode::config_error,
-              source + ": override '" + assignment + "': '" + parts[i] + "' is not a section"};
+      return fail(section + " is not a section");
     }
     YAML::Node next = cursor[parts[i]];
     cursor.reset(next);
   }
-  cursor[parts.back()] = value;
-  return Status::ok();
+  cursor[parts.back()] = YAML::Node(assignment.substr(eq + 1));
+  return path;
 }
 
-Result<Config> read_config(const YAML::Node& root, const std::string& source) {
+Result<Config> read_config(const YAML::Node& root, const std::string& source, Overrides overrides) {
   Config c;
-  ConfigReader r(source);
+  ConfigReader r(source, std::move(overrides));
   if (root && !root.IsNull() && !root.IsMap()) {
     return r.error_at(root.Mark(), "<top level>", "expected a mapping of sections");
   }
@@ -234,7 +330,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
                                                              ResumeMode::from_path})},
       {"resume_path", r.string(&c.trainer.resume_path, true)},
       {"seed", r.unsigned_integer(&c.trainer.seed)},
-      {"call_timeout_s", r.integer(&c.trainer.call_timeout_s, 1)},
+      {"call_timeout_s", r.integer(&c.trainer.call_timeout_s, 1, kMaxCallTimeoutS)},
   };
   ConfigReader::Fields megatron{
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},
@@ -242,14 +338,16 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
       {"ckpt_save_thread_count", r.integer(&c.megatron_config.ckpt_save_thread_count, 1, 256)},
       {"ckpt_writer_low_priority", r.boolean(&c.megatron_config.ckpt_writer_low_priority)},
       {"local_work_dir", r.string(&c.megatron_config.local_work_dir, false)},
-      {"ckpt_write_rate_limit_mib_s", r.real(&c.megatron_config.ckpt_write_rate_limit_mib_s, 0.0)},
+      {"ckpt_write_rate_limit_mib_s",
+       r.real(&c.megatron_config.ckpt_write_rate_limit_mib_s,
+              {.lowest = kMinWriteRateMiBs, .highest = kMaxWriteRateMiBs, .zero_turns_off = true})},
   };
   ConfigReader::Fields parallel{
       {"tensor_parallel", r.integer(&c.parallel.tensor_parallel, 1, 1024)},
       {"data_parallel", r.integer(&c.parallel.data_parallel, 1, 1024)},
   };
   ConfigReader::Fields fully_async{
-      {"max_staleness_steps", r.integer(&c.fully_async.max_staleness_steps, 0)},
+      {"max_staleness_steps", r.integer(&c.fully_async.max_staleness_steps, 0, kMaxStalenessSteps)},
       {"num_generators", r.integer(&c.fully_async.num_generators, 1, 1024)},
   };
   ConfigReader::Fields s3{
@@ -268,7 +366,8 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
       {"hidden", r.integer(&c.model.hidden, 1, 1 << 24)},
       {"batch_size", r.integer(&c.model.batch_size, 1, 1 << 24)},
       {"group_size", r.integer(&c.model.group_size, 1, 1 << 16)},
-      {"learning_rate", r.real(&c.model.learning_rate, 0.0)},
+      {"learning_rate",
+       r.real(&c.model.learning_rate, {.highest = kMaxLearningRate, .lowest_excluded = true})},
       {"eval_contexts", r.integer(&c.model.eval_contexts, 1, 1 << 24)},
   };
   ConfigReader::Fields top{
@@ -280,35 +379,105 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source) {
 
   const auto& m = c.megatron_config;
   if (m.ckpt_save_staging_buckets > m.ckpt_save_thread_count) {
-    return r.error_at_key("megatron_config.ckpt_save_staging_buckets",
-                          "must be at most megatron_config.ckpt_save_thread_count (" +
-                              std::to_string(m.ckpt_save_thread_count) + "), got " +
-                              std::to_string(m.ckpt_save_staging_buckets));
+    return r.error_at_keys(
+        {"megatron_config.ckpt_save_staging_buckets", "megatron_config.ckpt_save_thread_count"},
+        "must be at most megatron_config.ckpt_save_thread_count (" +
+            std::to_string(m.ckpt_save_thread_count) + "), got " +
+            std::to_string(m.ckpt_save_staging_buckets));
   }
   if (m.async_dist_ckpt_save && m.ckpt_save_staging_buckets > 0) {
-    return r.error_at_key(
-        "megatron_config.ckpt_save_staging_buckets",
+    return r.error_at_keys(
+        {"megatron_config.ckpt_save_staging_buckets", "megatron_config.async_dist_ckpt_save"},
         "must be 0 when async_dist_ckpt_save is true: waved staging writes each wave inside the "
         "training process before staging the next, while an async save must finish staging "
         "before training resumes, so waves would only make the async stall longer");
   }
+  const std::int64_t world_size = c.parallel.tensor_parallel * c.parallel.data_parallel;
+  if (world_size > kMaxWorldSize) {
+    return r.error_at_keys(
+        {"parallel.data_parallel", "parallel.tensor_parallel"},
+        "parallel.tensor_parallel x parallel.data_parallel (the world size) must be at most " +
+            std::to_string(kMaxWorldSize) + ", got " + std::to_string(world_size));
+  }
   if (c.model.hidden % c.parallel.tensor_parallel != 0) {
-    return r.error_at_key("model.hidden", "must be divisible by parallel.tensor_parallel (" +
-                                              std::to_string(c.parallel.tensor_parallel) + "), got " +
-                                              std::to_string(c.model.hidden));
+    return r.error_at_keys({"model.hidden", "parallel.tensor_parallel"},
+                           "must be divisible by parallel.tensor_parallel (" +
+                               std::to_string(c.parallel.tensor_parallel) + "), got " +
+                               std::to_string(c.model.hidden));
   }
   if (c.model.batch_size % c.parallel.data_parallel != 0) {
-    return r.error_at_key("model.batch_size", "must be divisible by parallel.data_parallel (" +
-                                                  std::to_string(c.parallel.data_parallel) + "), got " +
-                                                  std::to_string(c.model.batch_size));
+    return r.error_at_keys({"model.batch_size", "parallel.data_parallel"},
+                           "must be divisible by parallel.data_parallel (" +
+                               std::to_string(c.parallel.data_parallel) + "), got " +
+                               std::to_string(c.model.batch_size));
   }
   if (c.storage.s3.part_size_mib > c.storage.s3.multipart_threshold_mib) {
-    return r.error_at_key("storage.s3.part_size_mib", "must be at most storage.s3.multipart_threshold_mib (" +
-                                                          std::to_string(c.storage.s3.multipart_threshold_mib) +
-                                                          "), got " + std::to_string(c.storage.s3.part_size_mib));
+    return r.error_at_keys({"storage.s3.part_size_mib", "storage.s3.multipart_threshold_mib"},
+                           "must be at most storage.s3.multipart_threshold_mib (" +
+                               std::to_string(c.storage.s3.multipart_threshold_mib) + "), got " +
+                               std::to_string(c.storage.s3.part_size_mib));
   }
   if (c.trainer.resume_mode == ResumeMode::from_path && c.trainer.resume_path.empty()) {
-    return r.error_at_key("trainer.resume_mode", "from_path needs trainer.resume_path");
+    return r.error_at_keys({"trainer.resume_mode", "trainer.resume_path"},
+                           "from_path needs trainer.resume_path");
+  }
+
+  // Each key is at most 2^24, so no product below overflows. The first key is the one blamed.
+  struct Matrix {
+    const char* name;
+    const char* first_key;
+    std::int64_t first;
+    const char* second_key;
+    std::int64_t second;
+  };
+  const ModelConfig& mlp = c.model;
+  const Matrix matrices[] = {
+      {"model.fc1.weight", "model.hidden", mlp.hidden, "model.context_dim", mlp.context_dim},
+      {"model.fc2.weight", "model.hidden", mlp.hidden, "model.num_arms", mlp.num_arms},
+      {"the bandit's rule", "model.num_arms", mlp.num_arms, "model.context_dim", mlp.context_dim},
+      {"a step's contexts", "model.batch_size", mlp.batch_size, "model.context_dim",
+       mlp.context_dim},
+      {"a step's activations", "model.batch_size", mlp.batch_size, "model.hidden", mlp.hidden},
+      {"a step's logits", "model.batch_size", mlp.batch_size, "model.num_arms", mlp.num_arms},
+      {"a step's sampled actions", "model.batch_size", mlp.batch_size, "model.group_size",
+       mlp.group_size},
+      {"the evaluation's contexts", "model.eval_contexts", mlp.eval_contexts, "model.context_dim",
+       mlp.context_dim},
+      {"the evaluation's activations", "model.eval_contexts", mlp.eval_contexts, "model.hidden",
+       mlp.hidden},
+      {"the evaluation's logits", "model.eval_contexts", mlp.eval_contexts, "model.num_arms",
+       mlp.num_arms},
+  };
+  for (const Matrix& x : matrices) {
+    const std::int64_t elements = x.first * x.second;
+    if (elements > kMaxMatrixElements) {
+      return r.error_at_keys({x.first_key, x.second_key},
+                             std::string(x.first_key) + " x " + x.second_key + " = " +
+                                 std::to_string(x.first) + " x " + std::to_string(x.second) +
+                                 " = " + std::to_string(elements) + " elements in " + x.name +
+                                 ", more than the " + std::to_string(kMaxMatrixElements) +
+                                 " (2^31 - 1) that one matrix may hold");
+    }
+  }
+
+  // A fully-async checkpoint also holds the batches generated ahead, up to
+  // max_staleness_steps past the step it saves.
+  const bool generates_ahead = c.trainer.kind == TrainerKind::fully_async;
+  const std::int64_t ahead = generates_ahead ? c.fully_async.max_staleness_steps : 0;
+  const std::int64_t max_steps = kEvalContextBase / mlp.batch_size - 1 - ahead;
+  if (c.trainer.total_steps > max_steps) {
+    std::vector<std::string> keys{"trainer.total_steps", "model.batch_size"};
+    std::string given = "model.batch_size " + std::to_string(mlp.batch_size);
+    if (generates_ahead) {
+      keys.emplace_back("fully_async.max_staleness_steps");
+      given += " and fully_async.max_staleness_steps " + std::to_string(ahead);
+    }
+    return r.error_at_keys(
+        keys, "must be at most " + std::to_string(max_steps) + " with " + given +
+                  ": the contexts a run trains on must end before the evaluation contexts, "
+                  "which begin at context " +
+                  std::to_string(kEvalContextBase) + " (2^40); got " +
+                  std::to_string(c.trainer.total_steps));
   }
   return c;
 }
@@ -342,22 +511,54 @@ Result<Config> load_config_string(const std::string& text, const std::string& so
     return Status{ErrorCode::config_error,
                   source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg};
   }
+  Overrides set_by;
   if (!overrides.empty()) {
     if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
     if (!root.IsMap()) {
       return Status{ErrorCode::config_error, source + ": expected a mapping of sections"};
     }
-    for (const auto& o : overrides) SH_RETURN_IF_ERROR(apply_override(root, o, "--set"));
+    for (const auto& o : overrides) {
+      SH_ASSIGN_OR_RETURN(std::string path, apply_override(root, o));
+      set_by[path] = o;
+    }
   }
-  return read_config(root, source);
+  return read_config(root, source, std::move(set_by));
 }
 
 Result<Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) return Status::from_errno(errno, "cannot read config file '" + path + "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return load_config_string(buffer.str(), path, overrides);
+  // open(2), not std::ifstream: an ifstream opens a directory and swallows read errors, and
+  // either would then run on the defaults.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::from_errno(errno, "cannot read config file '" + path + "'");
+  struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } close_on_exit{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return Status::from_errno(errno, "cannot read config file '" + path + "'");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status{ErrorCode::invalid_argument,
+                  "config file '" + path + "' is a directory, not a YAML file"};
+  }
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::from_errno(errno, "cannot read config file '" + path + "'");
+    }
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigBytes) {
+      return Status{ErrorCode::invalid_argument, "config file '" + path + "' is larger than " +
+                                                     std::to_string(kMaxConfigBytes) +
+                                                     " bytes, the most a config file may hold"};
+    }
+  }
+  return load_config_string(text, path, overrides);
 }
 
 }  // namespace stagehand

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
@@ -103,16 +103,22 @@ struct Config {
   ModelConfig model;
 };
 
-/// Parses YAML text. Errors name `source`, the line and the key path.
-/// @param overrides "dotted.key=value" pairs applied on top of the text, as `--set` does.
+/// Parses YAML text. Errors name `source`, the line and the key path, or, for a key that an
+/// override set, the override ("--set model.hidden=abc: model.hidden: ..."). Every numeric key is
+/// bounded by what the program can run with, and its error gives the bound.
+/// @param overrides "dotted.key=value" pairs applied on top of the text, as `--set` does. A value
+///        is taken as it is, never as YAML: `trainer.ckpt_path=/data/run #3` keeps its `#`, and an
+///        empty value is the empty string.
 Result<Config> load_config_string(const std::string& text, const std::string& source = "<config>",
                                   const std::vector<std::string>& overrides = {});
 
-/// Reads and parses a YAML file; see load_config_string.
+/// Reads and parses a YAML file of at most 1 MiB; see load_config_string. A path that is missing,
+/// unreadable or a directory is an error naming it, never a run on the defaults.
 Result<Config> load_config_file(const std::string& path,
                                 const std::vector<std::string>& overrides = {});
 
-/// Checks the rules that span several keys (also applied by the loaders).
+/// Checks the megatron_config rules that span several keys, for a Config built in code. The
+/// loaders apply these and every other bound (key ranges, model sizes, world size).
 Status validate_config(const Config& config);
 
 }  // namespace stagehand

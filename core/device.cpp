@@ -1,4 +1,4 @@
-#include "core/device.hpp"
+#include "stagehand/core/device.hpp"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "core/dtype.hpp"
+#include "stagehand/core/dtype.hpp"
 
 namespace stagehand {
 

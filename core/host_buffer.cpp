@@ -1,8 +1,8 @@
-#include "core/host_buffer.hpp"
+#include "stagehand/core/host_buffer.hpp"
 
 #include <utility>
 
-#include "core/device.hpp"
+#include "stagehand/core/device.hpp"
 
 namespace stagehand {
 

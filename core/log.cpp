@@ -1,4 +1,4 @@
-#include "core/log.hpp"
+#include "stagehand/core/log.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

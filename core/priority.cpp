@@ -1,4 +1,4 @@
-#include "core/priority.hpp"
+#include "stagehand/core/priority.hpp"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>

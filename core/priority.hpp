@@ -1,6 +1,6 @@
 #pragma once
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "core/shape.hpp"
+#include "stagehand/core/shape.hpp"
 
 #include <algorithm>
 #include <cassert>

@@ -1,4 +1,4 @@
-#include "core/sharded_tensor.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 #include <set>
 

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.hpp"
-#include "core/shape.hpp"
-#include "core/status.hpp"
-#include "core/tensor.hpp"
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/shape.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/core/tensor.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 #include <cerrno>
 #include <cstring>

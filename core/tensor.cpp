@@ -1,4 +1,4 @@
-#include "core/tensor.hpp"
+#include "stagehand/core/tensor.hpp"
 
 namespace stagehand {
 
@@ -16,6 +16,28 @@ Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
                                            " bytes on " + device.to_string()};
   }
   t.storage_ = std::shared_ptr<void>(ptr, [device](void* p) { device_free(device, p); });
+  return t;
+}
+
+Result<Tensor> Tensor::from_blob(void* data, DType dtype, const Shape& shape, Device device,
+                                 std::function<void(void*)> deleter) {
+  for (std::int64_t d : shape.dims()) {
+    if (d < 0) return Status{ErrorCode::invalid_argument, "negative dimension in " + shape.to_string()};
+  }
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.device_ = device;
+  if (data == nullptr && t.nbytes() > 0) {
+    return Status{ErrorCode::invalid_argument,
+                  "Tensor::from_blob: null data for " + std::to_string(t.nbytes()) + " bytes of " + shape.to_string()};
+  }
+  // Not owned: nothing to free when the last copy goes.
+  if (deleter) {
+    t.storage_ = std::shared_ptr<void>(data, std::move(deleter));
+  } else {
+    t.storage_ = std::shared_ptr<void>(data, [](void*) {});
+  }
   return t;
 }
 

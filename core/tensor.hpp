@@ -2,12 +2,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
-#include "core/device.hpp"
-#include "core/dtype.hpp"
-#include "core/shape.hpp"
-#include "core/status.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/shape.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
@@ -20,6 +21,14 @@ class Tensor {
 
   /// Allocates an uninitialized tensor on `device`.
   static Result<Tensor> empty(DType dtype, const Shape& shape, Device device);
+
+  /// A view of memory the caller owns: `data` holds the dense row-major bytes of `shape` on
+  /// `device`. Nothing is copied; saves read and loads write that memory directly. Without a
+  /// `deleter` the caller keeps the memory alive while the tensor (and every copy of it, such as
+  /// a StateDict handed to a save) is in use; with one, it runs once the last copy is gone.
+  /// @pre data != nullptr unless shape has no elements.
+  static Result<Tensor> from_blob(void* data, DType dtype, const Shape& shape, Device device,
+                                  std::function<void(void*)> deleter = nullptr);
 
   // -- properties --
 

@@ -1,4 +1,4 @@
-#include "core/thread_pool.hpp"
+#include "stagehand/core/thread_pool.hpp"
 
 namespace stagehand {
 

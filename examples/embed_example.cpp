@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <numeric>
 
-#include "actors/dispatch_client.hpp"
-#include "actors/messages.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
+#include "stagehand/actors/messages.hpp"
 
 using namespace stagehand;
 

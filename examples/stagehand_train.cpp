@@ -12,17 +12,17 @@
 #include <cstdio>
 #include <memory>
 
-#include "actors/checkpoint_coordinator.hpp"
-#include "actors/launch.hpp"
-#include "actors/messages.hpp"
-#include "actors/process_world.hpp"
-#include "actors/worker.hpp"
-#include "actors/worker_dispatch.hpp"
-#include "config/config.hpp"
-#include "core/device.hpp"
-#include "models/bandit_mlp.hpp"
-#include "models/process_collectives.hpp"
-#include "trainers/trainer.hpp"
+#include "stagehand/actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/launch.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/actors/process_world.hpp"
+#include "stagehand/actors/worker.hpp"
+#include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/models/bandit_mlp.hpp"
+#include "stagehand/models/process_collectives.hpp"
+#include "stagehand/trainers/trainer.hpp"
 
 using namespace stagehand;
 

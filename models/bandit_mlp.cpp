@@ -1,11 +1,11 @@
-#include "models/bandit_mlp.hpp"
+#include "stagehand/models/bandit_mlp.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "models/bandit_task.hpp"
+#include "stagehand/models/bandit_task.hpp"
 
 namespace stagehand {
 

@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "actors/model.hpp"
-#include "config/config.hpp"
-#include "models/bandit_task.hpp"
-#include "models/collectives.hpp"
-#include "models/gemm.hpp"
-#include "models/weight_store.hpp"
+#include "stagehand/actors/model.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/models/bandit_task.hpp"
+#include "stagehand/models/collectives.hpp"
+#include "stagehand/models/gemm.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
 

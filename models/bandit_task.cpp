@@ -1,9 +1,9 @@
-#include "models/bandit_task.hpp"
+#include "stagehand/models/bandit_task.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/random.hpp"
+#include "stagehand/core/random.hpp"
 
 namespace stagehand {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/weight_store.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
 

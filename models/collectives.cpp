@@ -1,4 +1,4 @@
-#include "models/collectives.hpp"
+#include "stagehand/models/collectives.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "models/gemm.hpp"
+#include "stagehand/models/gemm.hpp"
 
 #include <cblas.h>
 

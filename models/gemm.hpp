@@ -2,8 +2,8 @@
 
 #include <memory>
 
-#include "core/device.hpp"
-#include "core/status.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

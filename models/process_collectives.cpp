@@ -1,10 +1,10 @@
-#include "models/process_collectives.hpp"
+#include "stagehand/models/process_collectives.hpp"
 
 #include <caf/all.hpp>
 
 #include <algorithm>
 
-#include "actors/messages.hpp"
+#include "stagehand/actors/messages.hpp"
 
 namespace stagehand {
 

@@ -13,8 +13,8 @@
 #include <tuple>
 #include <vector>
 
-#include "core/status.hpp"
-#include "models/collectives.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/models/collectives.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "models/weight_store.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
 

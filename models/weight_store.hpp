@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks that every library folder includes only its own layer and the layers before it.
+"""Checks that every library folder includes only its own layer and the layers before it, and
+always under the project's prefix (`"stagehand/core/status.hpp"`, never a bare `"core/..."` that
+could collide with a user's folder).
 
 The layers, lowest first (DESIGN.md "Folders"; README "Code layout"). Programs (tools/, bench/,
 examples/) and tests/ may include any layer. Prints each violation and exits 1 when there is one.
@@ -11,7 +13,7 @@ import re
 import sys
 
 LAYERS = ["core", "config", "storage", "checkpoint", "strategy", "actors", "models", "trainers"]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
+INCLUDE = re.compile(r'^\s*#\s*include\s+"(stagehand/)?([a-z_]+)/')
 
 
 def main():
@@ -28,8 +30,12 @@ def main():
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     m = INCLUDE.match(line)
-                    if m and m.group(1) not in allowed:
-                        bad.append(f"{layer}/{name}:{number}: includes {m.group(1)}/, a layer above {layer}/")
+                    if not m:
+                        continue
+                    if m.group(2) not in allowed:
+                        bad.append(f"{layer}/{name}:{number}: includes {m.group(2)}/, not {layer}/ or a layer below it")
+                    elif not m.group(1):
+                        bad.append(f"{layer}/{name}:{number}: includes \"{m.group(2)}/...\" without the stagehand/ prefix")
     for line in bad:
         print(line)
     print(f"{checked} files in {len(LAYERS)} layers checked, {len(bad)} includes against the layering")

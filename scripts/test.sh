@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v python3)"
+# ccache (when present) shares objects between checkouts in other folders.
+export CCACHE_BASEDIR="$PWD"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGEHAND_WERROR=ON -DPython3_EXECUTABLE="$(command -v python3)"
 cmake --build build -j"$(nproc)"
 cd build
 ctest --output-on-failure --timeout 600 -j2

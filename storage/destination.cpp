@@ -1,4 +1,4 @@
-#include "storage/destination.hpp"
+#include "stagehand/storage/destination.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "storage/local_files.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <thread>
 
-#include "storage/local_files.hpp"
-#include "storage/s3_request.hpp"
+#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/s3_request.hpp"
 
 // Uploading files: one PUT each below the multipart threshold, multipart uploads of many parts
 // in parallel above it, and aborts so that a failure leaves no parts stored.

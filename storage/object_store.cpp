@@ -1,10 +1,10 @@
-#include "storage/object_store.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "config/config.hpp"
-#include "storage/s3_request.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/storage/s3_request.hpp"
 
 namespace stagehand {
 

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/status.hpp"
-#include "storage/destination.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/storage/destination.hpp"
 
 namespace stagehand {
 

@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "storage/s3_request.hpp"
+#include "stagehand/storage/s3_request.hpp"
 
 // One HTTP exchange with an object store: libcurl's built-in AWS Signature V4 signs it, and
 // perform() retries what can succeed on a second try.

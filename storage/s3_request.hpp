@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "storage/object_store.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 

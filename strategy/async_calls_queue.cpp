@@ -1,4 +1,4 @@
-#include "strategy/async_calls_queue.hpp"
+#include "stagehand/strategy/async_calls_queue.hpp"
 
 namespace stagehand {
 

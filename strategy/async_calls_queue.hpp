@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/report.hpp"
+#include "stagehand/checkpoint/report.hpp"
 
 namespace stagehand {
 

@@ -1,4 +1,4 @@
-#include "strategy/megatron_strategy.hpp"
+#include "stagehand/strategy/megatron_strategy.hpp"
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -6,15 +6,15 @@
 #include <chrono>
 #include <filesystem>
 
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/loader.hpp"
-#include "checkpoint/report_codec.hpp"
-#include "checkpoint/save_engine.hpp"
-#include "core/log.hpp"
-#include "core/priority.hpp"
-#include "storage/destination.hpp"
-#include "strategy/async_calls_queue.hpp"
-#include "strategy/messages.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/core/log.hpp"
+#include "stagehand/core/priority.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/strategy/async_calls_queue.hpp"
+#include "stagehand/strategy/messages.hpp"
 
 namespace stagehand {
 
@@ -51,8 +51,13 @@ class MegatronStrategy : public caf::event_based_actor {
         },
         [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
           Status st = drain();
-          if (st.is_ok()) st = load_checkpoint(checkpoint_dir, *state_, options_.object_store);
-          if (!st.is_ok()) return to_caf_error(st.with_context("rank " + std::to_string(options_.rank) + " load"));
+          if (st.is_ok()) {
+            // A checkpoint root loads the step its tracker names; a step folder loads itself.
+            auto dir = resolve_checkpoint(checkpoint_dir, options_.object_store);
+            st = dir.is_ok() ? load_checkpoint(*dir, *state_, options_.object_store) : dir.status();
+          }
+          // The dispatch names the rank.
+          if (!st.is_ok()) return to_caf_error(st.with_context("load of '" + checkpoint_dir + "'"));
           return caf::unit;
         },
         [this](write_done_atom, std::int64_t) { accept_background(queue_->take_finished()); },

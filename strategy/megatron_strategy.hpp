@@ -3,9 +3,9 @@
 #include <caf/fwd.hpp>
 #include <memory>
 
-#include "core/sharded_tensor.hpp"
-#include "storage/local_files.hpp"
-#include "storage/object_store.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 
@@ -40,7 +40,8 @@ struct StrategyOptions {
 ///   `global_step_<step>/policy/`, removes the local copies, and only then reports.
 /// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
 ///   background write is returned (once) here, or by the next save or load.
-/// - (load_atom, checkpoint_dir) -> void: drains first, then loads into the live state.
+/// - (load_atom, path) -> void: drains first, then loads into the live state; `path` is a
+///   checkpoint root (the step its tracker names) or a `global_step_N` folder.
 /// - (stats_atom) -> (uint64 staging bytes, int32 pending writes, int64 saves started).
 /// On exit, a pending write is finished and pushed before the actor goes away.
 ///

@@ -1,4 +1,4 @@
-#include "strategy/messages.hpp"
+#include "stagehand/strategy/messages.hpp"
 
 #include <caf/all.hpp>
 

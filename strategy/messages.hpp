@@ -3,7 +3,7 @@
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 
-#include "core/status.hpp"
+#include "stagehand/core/status.hpp"
 
 namespace stagehand {
 

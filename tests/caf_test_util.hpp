@@ -2,7 +2,7 @@
 
 #include <caf/all.hpp>
 
-#include "strategy/messages.hpp"
+#include "stagehand/strategy/messages.hpp"
 
 namespace stagehand::test {
 

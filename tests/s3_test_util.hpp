@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "storage/object_store.hpp"
+#include "stagehand/storage/object_store.hpp"
 #include "tests/test_util.hpp"
 
 namespace stagehand::test {

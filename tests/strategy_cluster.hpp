@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/dispatch_client.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
 #include "bench/synthetic_state.hpp"
 #include "tests/caf_test_util.hpp"
 

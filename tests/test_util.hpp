@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/sharded_tensor.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand::test {
 

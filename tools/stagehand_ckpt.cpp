@@ -6,8 +6,8 @@
 #include <map>
 #include <set>
 
-#include "checkpoint/format.hpp"
-#include "checkpoint/loader.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 
 using namespace stagehand;
 

@@ -1,4 +1,4 @@
-#include "trainers/checkpoint_policy.hpp"
+#include "stagehand/trainers/checkpoint_policy.hpp"
 
 #include <unistd.h>
 
@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/format.hpp"
-#include "checkpoint/loader.hpp"
-#include "storage/destination.hpp"
-#include "storage/local_files.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/local_files.hpp"
 
 namespace fs = std::filesystem;
 

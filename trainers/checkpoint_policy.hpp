@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "config/config.hpp"
-#include "core/status.hpp"
-#include "storage/object_store.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
 

@@ -1,9 +1,9 @@
-#include "trainers/generator.hpp"
+#include "stagehand/trainers/generator.hpp"
 
 #include <caf/all.hpp>
 
-#include "actors/messages.hpp"
-#include "models/bandit_task.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/models/bandit_task.hpp"
 
 namespace stagehand {
 

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <memory>
 
-#include "config/config.hpp"
-#include "models/weight_store.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
 

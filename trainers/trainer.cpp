@@ -1,4 +1,4 @@
-#include "trainers/trainer.hpp"
+#include "stagehand/trainers/trainer.hpp"
 
 #include <caf/all.hpp>
 
@@ -9,13 +9,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "actors/messages.hpp"
-#include "actors/model.hpp"
-#include "checkpoint/format.hpp"
-#include "checkpoint/loader.hpp"
-#include "core/host_buffer.hpp"
-#include "trainers/checkpoint_policy.hpp"
-#include "trainers/generator.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/actors/model.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/trainers/checkpoint_policy.hpp"
+#include "stagehand/trainers/generator.hpp"
 
 namespace stagehand {
 

@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "config/config.hpp"
-#include "core/status.hpp"
-#include "models/weight_store.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
 

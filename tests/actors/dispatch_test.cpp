@@ -5,13 +5,13 @@
 
 #include <filesystem>
 
-#include "actors/checkpoint_coordinator.hpp"
-#include "actors/messages.hpp"
-#include "actors/worker.hpp"
-#include "actors/worker_dispatch.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/loader.hpp"
-#include "models/bandit_mlp.hpp"
+#include "stagehand/actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/messages.hpp"
+#include "stagehand/actors/worker.hpp"
+#include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/models/bandit_mlp.hpp"
 #include "tests/caf_test_util.hpp"
 #include "tests/test_util.hpp"
 

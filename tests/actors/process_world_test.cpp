@@ -7,10 +7,10 @@
 #include <future>
 #include <thread>
 
-#include "actors/launch.hpp"
-#include "actors/process_world.hpp"
-#include "models/process_collectives.hpp"
-#include "strategy/messages.hpp"
+#include "stagehand/actors/launch.hpp"
+#include "stagehand/actors/process_world.hpp"
+#include "stagehand/models/process_collectives.hpp"
+#include "stagehand/strategy/messages.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

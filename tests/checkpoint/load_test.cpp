@@ -7,10 +7,10 @@
 #include <filesystem>
 
 #include "bench/synthetic_state.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/in_process_save.hpp"
-#include "checkpoint/loader.hpp"
-#include "core/device.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/core/device.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

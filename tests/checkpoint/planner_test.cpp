@@ -5,9 +5,9 @@
 #include <random>
 #include <set>
 
-#include "checkpoint/format.hpp"
-#include "checkpoint/planner.hpp"
-#include "checkpoint/writer.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/checkpoint/writer.hpp"
 
 using namespace stagehand;
 

@@ -6,10 +6,10 @@
 #include <filesystem>
 
 #include "bench/synthetic_state.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/in_process_save.hpp"
-#include "checkpoint/save_engine.hpp"
-#include "core/host_buffer.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/core/host_buffer.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

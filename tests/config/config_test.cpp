@@ -1,11 +1,61 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 
-#include <fstream>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include "config/config.hpp"
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "stagehand/config/config.hpp"
 
 using namespace stagehand;
+
+namespace {
+
+/// The source tree, for the example configs; STAGEHAND_SOURCE_DIR in the environment overrides it.
+std::string source_dir() {
+  const char* env = std::getenv("STAGEHAND_SOURCE_DIR");
+  return env != nullptr ? env : STAGEHAND_SOURCE_DIR;
+}
+
+/// A fresh folder under the temporary directory, removed with its contents at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "stagehand-config-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+/// Checks that `result` is an error whose message contains every one of `expect`.
+void expect_error(const Result<Config>& result, ErrorCode code,
+                  const std::vector<std::string>& expect) {
+  BOOST_TEST(!result.is_ok(), "accepted, expected an error with '" << expect.front() << "'");
+  if (result.is_ok()) return;
+  BOOST_TEST(result.status().code() == code,
+             "code " << result.status().code() << ": " << result.status().message());
+  for (const auto& needle : expect) {
+    BOOST_TEST(result.status().message().find(needle) != std::string::npos,
+               "'" << needle << "' not in: " << result.status().message());
+  }
+}
+
+}  // namespace
 
 BOOST_AUTO_TEST_CASE(defaults_when_empty) {
   auto c = load_config_string("");
@@ -30,6 +80,7 @@ trainer:
   resume_path: /tmp/ck/global_step_5
   seed: 99
   call_timeout_s: 30
+  overwrite_checkpoints: true
 megatron_config:
   async_dist_ckpt_save: true
   ckpt_save_staging_buckets: 0
@@ -58,6 +109,7 @@ storage:
   BOOST_TEST(c->trainer.resume_path == "/tmp/ck/global_step_5");
   BOOST_TEST(c->trainer.seed == 99u);
   BOOST_TEST(c->trainer.call_timeout_s == 30);
+  BOOST_TEST(c->trainer.overwrite_checkpoints);
   BOOST_TEST(c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 8);
   BOOST_TEST(c->megatron_config.local_work_dir == "/tmp/work");
@@ -117,7 +169,8 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
       {"hidden not divisible", "parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
        {"bad.yaml:4", "model.hidden", "divisible by parallel.tensor_parallel (3)"}},
       {"bad learning rate", "model:\n  learning_rate: fast\n", {"model.learning_rate", "expected a number"}},
-      {"zero timeout", "trainer:\n  call_timeout_s: 0\n", {"trainer.call_timeout_s", "at least 1"}},
+      {"zero timeout", "trainer:\n  call_timeout_s: 0\n",
+       {"trainer.call_timeout_s", "between 1 and 1000000, got 0"}},
       {"negative write rate", "megatron_config:\n  ckpt_write_rate_limit_mib_s: -1\n",
        {"megatron_config.ckpt_write_rate_limit_mib_s"}},
       {"tiny part", "storage:\n  s3:\n    part_size_mib: 1\n", {"bad.yaml:3", "storage.s3.part_size_mib", "between 5 and 5120, got 1"}},
@@ -127,15 +180,128 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
   };
   for (const auto& c : cases) {
     auto result = load_config_string(c.yaml, "bad.yaml");
+    BOOST_TEST_CONTEXT(c.name) { expect_error(result, ErrorCode::config_error, c.expect); }
+  }
+}
+
+// Values that parse but that the program cannot run with: each key is bounded by what its use
+// can hold (a matrix, a clock, a float), and the error gives the limit.
+BOOST_AUTO_TEST_CASE(values_beyond_what_the_program_can_run_are_refused) {
+  const std::vector<BadCase> cases = {
+      {"fc1 too large",
+       "model:\n  context_dim: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.context_dim", "17592186044416",
+        "2147483647"}},
+      {"fc2 too large",
+       "model:\n  num_arms: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.num_arms", "2147483647"}},
+      {"task rule too large",
+       "model:\n  context_dim: 1048576\n  num_arms: 1048576\n",
+       {"bad.yaml:3", "model.num_arms", "model.num_arms x model.context_dim", "2147483647"}},
+      {"activations too large",
+       "model:\n  hidden: 16777216\n  batch_size: 16777216\n",
+       {"bad.yaml:3", "model.batch_size", "model.batch_size x model.hidden", "2147483647"}},
+      {"actions too many",
+       "model:\n  batch_size: 16777216\n  group_size: 65536\n",
+       {"bad.yaml:2", "model.batch_size", "model.batch_size x model.group_size", "2147483647"}},
+      {"evaluation too large",
+       "model:\n  hidden: 16777216\n  eval_contexts: 16777216\n",
+       {"bad.yaml:3", "model.eval_contexts", "model.eval_contexts x model.hidden", "2147483647"}},
+      {"timeout past the clock",
+       "trainer:\n  call_timeout_s: 9300000000\n",
+       {"bad.yaml:2", "trainer.call_timeout_s", "between 1 and 1000000, got 9300000000"}},
+      {"infinite learning rate",
+       "model:\n  learning_rate: inf\n",
+       {"bad.yaml:2", "model.learning_rate", "finite", "greater than 0 and at most 1, got 'inf'"}},
+      {"YAML infinity",
+       "model:\n  learning_rate: .inf\n",
+       {"bad.yaml:2", "model.learning_rate", "'.inf'"}},
+      {"NaN learning rate",
+       "model:\n  learning_rate: nan\n",
+       {"bad.yaml:2", "model.learning_rate", "finite", "got 'nan'"}},
+      {"overflowing learning rate",
+       "model:\n  learning_rate: 1e999\n",
+       {"bad.yaml:2", "model.learning_rate", "at most 1, got '1e999'"}},
+      {"learning rate above 1",
+       "model:\n  learning_rate: 2\n",
+       {"bad.yaml:2", "model.learning_rate", "greater than 0 and at most 1, got '2'"}},
+      {"zero learning rate",
+       "model:\n  learning_rate: 0\n",
+       {"bad.yaml:2", "model.learning_rate", "greater than 0 and at most 1, got '0'"}},
+      {"infinite write rate",
+       "megatron_config:\n  ckpt_write_rate_limit_mib_s: inf\n",
+       {"bad.yaml:2", "megatron_config.ckpt_write_rate_limit_mib_s",
+        "0 or between 0.001 and 1048576"}},
+      {"write rate near zero",
+       "megatron_config:\n  ckpt_write_rate_limit_mib_s: 1e-300\n",
+       {"bad.yaml:2", "megatron_config.ckpt_write_rate_limit_mib_s",
+        "0 or between 0.001 and 1048576, got '1e-300'"}},
+      {"endless staleness",
+       "fully_async:\n  max_staleness_steps: 1000000000000000000\n",
+       {"bad.yaml:2", "fully_async.max_staleness_steps", "between 0 and 1024"}},
+      {"world too large",
+       "parallel:\n  tensor_parallel: 1024\n  data_parallel: 1024\nmodel:\n  hidden: 1024\n  "
+       "batch_size: 1024\n",
+       {"bad.yaml:3", "parallel.data_parallel", "parallel.tensor_parallel x parallel.data_parallel",
+        "at most 1024, got 1048576"}},
+      {"steps into the evaluation contexts",
+       "trainer:\n  total_steps: 100000000000\nmodel:\n  batch_size: 64\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183", "1099511627776",
+        "got 100000000000"}},
+      {"steps beyond int64",
+       "trainer:\n  total_steps: 99999999999999999999\n",
+       {"bad.yaml:2", "trainer.total_steps",
+        "between 1 and 9223372036854775807, got 99999999999999999999"}},
+      {"seed beyond uint64",
+       "trainer:\n  seed: 18446744073709551616\n",
+       {"bad.yaml:2", "trainer.seed", "at most 18446744073709551615, got 18446744073709551616"}},
+      {"steps overflowing int64",
+       "trainer:\n  total_steps: 9223372036854775807\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183"}},
+  };
+  for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.name) {
-      BOOST_REQUIRE(!result.is_ok());
-      BOOST_TEST((result.status().code() == ErrorCode::config_error));
-      for (const auto& needle : c.expect) {
-        BOOST_TEST(result.status().message().find(needle) != std::string::npos,
-                   "'" << needle << "' not in: " << result.status().message());
-      }
+      expect_error(load_config_string(c.yaml, "bad.yaml"), ErrorCode::config_error, c.expect);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(values_at_the_limits_are_accepted) {
+  const std::vector<std::string> limits = {
+      "trainer:\n  call_timeout_s: 1000000\n",
+      "model:\n  learning_rate: 1\n",
+      "model:\n  learning_rate: 1e-9\n",
+      "megatron_config:\n  ckpt_write_rate_limit_mib_s: 0\n",
+      "megatron_config:\n  ckpt_write_rate_limit_mib_s: 0.001\n",
+      "megatron_config:\n  ckpt_write_rate_limit_mib_s: 1048576\n",
+      "fully_async:\n  max_staleness_steps: 1024\n",
+      "parallel:\n  tensor_parallel: 32\n  data_parallel: 32\n",
+      "trainer:\n  total_steps: 17179869183\nmodel:\n  batch_size: 64\n",
+      "model:\n  hidden: 16777216\n  context_dim: 127\n  num_arms: 127\n  batch_size: 127\n"
+      "  eval_contexts: 127\n",
+      "model:\n  batch_size: 32768\n  group_size: 65535\n",
+  };
+  for (const auto& yaml : limits) {
+    auto c = load_config_string(yaml, "limit.yaml");
+    BOOST_TEST(c.is_ok(), yaml << " -> " << c.status());
+  }
+  // The multi-process test slows its saves down with 10 KiB/s.
+  auto rate =
+      load_config_string("", "x.yaml", {"megatron_config.ckpt_write_rate_limit_mib_s=0.01"});
+  BOOST_REQUIRE_MESSAGE(rate.is_ok(), rate.status());
+  BOOST_TEST(rate->megatron_config.ckpt_write_rate_limit_mib_s == 0.01);
+}
+
+BOOST_AUTO_TEST_CASE(example_configs_stay_valid) {
+  int seen = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(source_dir() + "/examples/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    auto c = load_config_file(entry.path().string());
+    BOOST_TEST(c.is_ok(), entry.path() << ": " << c.status());
+    ++seen;
+  }
+  BOOST_TEST(seen >= 3);
 }
 
 BOOST_AUTO_TEST_CASE(overrides_apply_on_top) {
@@ -153,10 +319,106 @@ BOOST_AUTO_TEST_CASE(overrides_apply_on_top) {
   BOOST_TEST(unknown.status().message().find("trainer.nope") != std::string::npos);
 }
 
+// An override is not a line of the config file: its errors name the override.
+BOOST_AUTO_TEST_CASE(override_errors_name_the_override) {
+  const std::string file = "trainer:\n  total_steps: 5\nmodel:\n  hidden: 64\n";
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"model.hidden=abc"},
+       {"--set model.hidden=abc: model.hidden: expected an integer, got 'abc'"}},
+      {{"model.batch_size=abc"},
+       {"--set model.batch_size=abc: model.batch_size: expected an integer"}},
+      {{"trainer.nope=1"}, {"--set trainer.nope=1: trainer.nope: unknown key"}},
+      {{"trainr.seed=1"}, {"--set trainr.seed=1: trainr: unknown key"}},
+      {{"trainer.call_timeout_s=9300000000"},
+       {"--set trainer.call_timeout_s=9300000000: ", "between 1 and 1000000"}},
+      {{"model.hidden=100", "parallel.tensor_parallel=3"},
+       {"--set model.hidden=100: model.hidden: must be divisible by parallel.tensor_parallel (3)"}},
+      {{"model.hidden=1", "model.hidden=abc"}, {"--set model.hidden=abc: "}},
+      {{"trainer.total_steps"}, {"--set trainer.total_steps: ", "key.path=value"}},
+      {{"trainer..seed=1"}, {"--set trainer..seed=1: ", "empty key"}},
+      {{"trainer.=1"}, {"--set trainer.=1: ", "empty key"}},
+      {{"trainer.total_steps.x=1"},
+       {"--set trainer.total_steps.x=1: ", "trainer.total_steps is not a section"}},
+  };
+  for (const auto& [overrides, expect] : cases) {
+    auto c = load_config_string(file, "sync_rl.yaml", overrides);
+    BOOST_TEST_CONTEXT(overrides.back()) {
+      expect_error(c, ErrorCode::config_error, expect);
+      BOOST_TEST(c.status().message().find("sync_rl.yaml") == std::string::npos,
+                 c.status().message());
+    }
+  }
+  // A rule broken by an override and a default names the override.
+  expect_error(load_config_string("", "sync_rl.yaml", {"parallel.tensor_parallel=3"}),
+               ErrorCode::config_error,
+               {"--set parallel.tensor_parallel=3: model.hidden: must be divisible by "
+                "parallel.tensor_parallel (3)"});
+  // The file's own errors still name the file.
+  auto file_error =
+      load_config_string("trainer:\n  total_steps: x\n", "sync_rl.yaml", {"model.hidden=32"});
+  expect_error(file_error, ErrorCode::config_error, {"sync_rl.yaml:2: trainer.total_steps"});
+}
+
+// A `#` or a `: ` in a value is part of it (paths may hold both), not YAML syntax.
+BOOST_AUTO_TEST_CASE(override_values_are_taken_literally) {
+  struct Case {
+    std::string key;
+    std::string value;
+    std::function<std::string(const Config&)> read;
+  };
+  const std::vector<Case> cases = {
+      {"trainer.ckpt_path", "/data/run #3/ck", [](const Config& c) { return c.trainer.ckpt_path; }},
+      {"trainer.resume_path", "", [](const Config& c) { return c.trainer.resume_path; }},
+      {"megatron_config.local_work_dir", "/tmp/a: b",
+       [](const Config& c) { return c.megatron_config.local_work_dir; }},
+      {"storage.s3.endpoint", "[x]", [](const Config& c) { return c.storage.s3.endpoint; }},
+  };
+  for (const auto& x : cases) {
+    auto c = load_config_string("trainer:\n  ckpt_path: ck\n", "x.yaml", {x.key + "=" + x.value});
+    BOOST_TEST_CONTEXT(x.key + "=" + x.value) {
+      BOOST_REQUIRE_MESSAGE(c.is_ok(), c.status());
+      BOOST_TEST(x.read(*c) == x.value);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(missing_file_is_named) {
   auto c = load_config_file("/nonexistent/stagehand.yaml");
-  BOOST_REQUIRE(!c.is_ok());
-  BOOST_TEST(c.status().message().find("/nonexistent/stagehand.yaml") != std::string::npos);
+  expect_error(c, ErrorCode::not_found, {"/nonexistent/stagehand.yaml", "No such file"});
+}
+
+// A path that names no readable config file must never fall back to the defaults.
+BOOST_AUTO_TEST_CASE(config_path_that_is_no_readable_file_is_refused) {
+  TempDir dir;
+  expect_error(load_config_file(dir.path(), {"trainer.total_steps=3"}), ErrorCode::invalid_argument,
+               {"'" + dir.path() + "'", "is a directory"});
+
+  const std::string big = dir / "big.yaml";
+  {
+    std::ofstream out(big);
+    for (int i = 0; i < 40000; ++i) out << "# a comment line that pads the file beyond its limit\n";
+  }
+  expect_error(load_config_file(big), ErrorCode::invalid_argument,
+               {"'" + big + "'", "larger than 1048576 bytes"});
+
+  // Opens but cannot be read (EIO at offset 0).
+  if (std::filesystem::exists("/proc/self/mem")) {
+    expect_error(load_config_file("/proc/self/mem"), ErrorCode::io_error,
+                 {"'/proc/self/mem'", "cannot read"});
+  }
+
+  const std::string locked = dir / "locked.yaml";
+  std::ofstream(locked) << "trainer:\n  total_steps: 3\n";
+  ::chmod(locked.c_str(), 0);
+  if (::geteuid() == 0) {
+    BOOST_TEST_MESSAGE("running as root, which reads any file: skipping the permission case");
+  } else {
+    expect_error(load_config_file(locked), ErrorCode::permission_denied,
+                 {"'" + locked + "'", "Permission denied"});
+  }
+
+  auto piped = load_config_file("/dev/null");
+  BOOST_TEST(piped.is_ok(), piped.status());
 }
 
 BOOST_AUTO_TEST_CASE(api_level_validation_refuses_async_with_staging) {

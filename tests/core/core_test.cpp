@@ -3,11 +3,11 @@
 
 #include <cerrno>
 
-#include "core/device.hpp"
-#include "core/host_buffer.hpp"
-#include "core/sharded_tensor.hpp"
-#include "core/status.hpp"
-#include "core/tensor.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/core/tensor.hpp"
 
 using namespace stagehand;
 

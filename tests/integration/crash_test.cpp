@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "bench/synthetic_state.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/in_process_save.hpp"
-#include "checkpoint/loader.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "checkpoint/commit.hpp"
+#include "stagehand/checkpoint/commit.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

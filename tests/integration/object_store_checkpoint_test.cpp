@@ -7,18 +7,18 @@
 #include <filesystem>
 #include <sstream>
 
-#include "actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
-#include "checkpoint/cloud_checkpoint.hpp"
-#include "checkpoint/commit.hpp"
-#include "checkpoint/loader.hpp"
-#include "config/config.hpp"
-#include "core/log.hpp"
-#include "strategy/megatron_strategy.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/config/config.hpp"
+#include "stagehand/core/log.hpp"
+#include "stagehand/strategy/megatron_strategy.hpp"
 #include "tests/s3_test_util.hpp"
 #include "tests/strategy_cluster.hpp"
 #include "tests/test_util.hpp"
-#include "trainers/checkpoint_policy.hpp"
+#include "stagehand/trainers/checkpoint_policy.hpp"
 
 using namespace stagehand;
 using namespace stagehand::test;
@@ -206,7 +206,7 @@ BOOST_AUTO_TEST_CASE(a_server_that_stops_mid_upload_fails_the_save_and_keeps_the
     BOOST_REQUIRE(server.command("down_after 30000000") == "ok");
     auto second = cluster.save(2);
     BOOST_REQUIRE(!second.is_ok());
-    const std::string& why = second.status().message();
+    const std::string why = second.status().message();
     BOOST_TEST(why.find("global_step_2/policy/__") != std::string::npos, why);
     BOOST_TEST(why.find("gave up after 4 attempts") != std::string::npos, why);
     BOOST_TEST(why.find("cannot reach the object store") != std::string::npos, why);

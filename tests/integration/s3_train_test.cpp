@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "tests/s3_test_util.hpp"
 #include "tests/test_util.hpp"
 

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "checkpoint/commit.hpp"
-#include "checkpoint/loader.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

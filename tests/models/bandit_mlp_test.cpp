@@ -3,10 +3,10 @@
 
 #include <thread>
 
-#include "checkpoint/commit.hpp"
-#include "checkpoint/in_process_save.hpp"
-#include "models/bandit_mlp.hpp"
-#include "models/gemm.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/models/bandit_mlp.hpp"
+#include "stagehand/models/gemm.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

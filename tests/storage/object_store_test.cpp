@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "storage/object_store.hpp"
+#include "stagehand/storage/object_store.hpp"
 #include "tests/s3_test_util.hpp"
 #include "tests/test_util.hpp"
 

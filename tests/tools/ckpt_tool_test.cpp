@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "checkpoint/loader.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds tests/consumer (an outside project) against Stagehand two ways and runs it each time:
+# find_package(Stagehand) after `cmake --install` of BUILD_DIR, and add_subdirectory of this source.
+# Also checks that the add_subdirectory build built nothing of Stagehand's beyond what the consumer
+# links (no tests, no programs) and never looked for Boost.
+#
+#   scripts/consumer-check.sh [BUILD_DIR]     (default: build, as scripts/test.sh leaves it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=$PWD
+build=$(realpath "${1:-build}")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== consumer against an installed prefix (find_package)"
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+test -f "$work/prefix/include/stagehand/actors/checkpointer.hpp"
+test -f "$work/prefix/lib/cmake/Stagehand/StagehandConfig.cmake"
+cmake -S tests/consumer -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/installed.log"
+cmake --build "$work/installed" -j"$(nproc)" > "$work/installed-build.log"
+"$work/installed/consumer" "$work/ckpt-installed"
+
+echo "== consumer with add_subdirectory"
+launcher=()
+if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S tests/consumer -B "$work/subdir" -DSTAGEHAND_SOURCE="$src" "${launcher[@]}" > "$work/subdir.log"
+cmake --build "$work/subdir" -j"$(nproc)" > "$work/subdir-build.log"
+"$work/subdir/consumer" "$work/ckpt-subdir"
+
+built=$(find "$work/subdir" -type f \( -name '*_test' -o -name 'stagehand-*' -o -name 'libstagehand_models.a' \
+  -o -name 'libstagehand_trainers.a' \) | wc -l)
+if [ "$built" -ne 0 ]; then
+  echo "consumer-check: the add_subdirectory build built Stagehand tests, programs or the reference model" >&2
+  exit 1
+fi
+if grep -q '^Boost_DIR\|^CLI11_DIR\|^BLAS' "$work/subdir/CMakeCache.txt"; then
+  echo "consumer-check: the add_subdirectory build looked for Boost, CLI11 or BLAS" >&2
+  exit 1
+fi
+echo "consumer-check: passed (find_package and add_subdirectory)"

@@ -1,0 +1,163 @@
+#define BOOST_TEST_MODULE checkpointer
+#include <boost/test/unit_test.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// One rank's rows of an [8, 16] f32 weight (split across `ranks`) in the caller's own vector,
+/// plus a bias replicated on every rank.
+struct UserModel {
+  std::vector<float> weight;
+  std::vector<float> bias = std::vector<float>(16);
+
+  UserModel(int rank, int ranks, float base) : weight(static_cast<std::size_t>(128 / ranks)) {
+    std::iota(weight.begin(), weight.end(), base + 100.0f * static_cast<float>(rank));
+    std::iota(bias.begin(), bias.end(), base);
+  }
+
+  StateDict state(int rank, int ranks) {
+    StateDict s;
+    s.add("w", *Tensor::from_blob(weight.data(), DType::f32, Shape{8 / ranks, 16}, Device::host()),
+          Shape{8, 16}, Shape{8 / ranks * rank, 0});
+    s.add_full("b", *Tensor::from_blob(bias.data(), DType::f32, Shape{16}, Device::host()), rank == 0 ? 0 : 1);
+    s.objects["step.rank" + std::to_string(rank)] = "\"r" + std::to_string(rank) + "\"";
+    return s;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(from_blob_views_the_callers_memory_and_runs_its_deleter_once) {
+  std::vector<float> mine(6, 1.0f);
+  auto view = Tensor::from_blob(mine.data(), DType::f32, Shape{2, 3}, Device::host());
+  BOOST_REQUIRE(view.is_ok());
+  BOOST_TEST(view->data() == static_cast<void*>(mine.data()));
+  BOOST_TEST(view->nbytes() == 24u);
+  std::atomic<int> freed{0};
+  {
+    auto owned = Tensor::from_blob(new float[4], DType::f32, Shape{4}, Device::host(), [&](void* p) {
+      delete[] static_cast<float*>(p);
+      ++freed;
+    });
+    BOOST_REQUIRE(owned.is_ok());
+    Tensor copy = *owned;
+    BOOST_TEST(freed == 0);
+  }
+  BOOST_TEST(freed == 1);
+  BOOST_TEST(!Tensor::from_blob(nullptr, DType::f32, Shape{4}, Device::host()).is_ok());
+  BOOST_TEST(!Tensor::from_blob(mine.data(), DType::f32, Shape{-1, 3}, Device::host()).is_ok());
+}
+
+BOOST_AUTO_TEST_CASE(save_async_save_and_load_round_trip_the_callers_tensors) {
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  StateDict state = model.state(0, 1);
+  {
+    Checkpointer ckpt({.root = dir.path(), .thread_count = 3});
+    BOOST_REQUIRE_MESSAGE(ckpt.save(1, state).is_ok(), "sync save");
+    BOOST_TEST(**read_tracker(dir.path()) == 1);  // committed on return
+
+    auto pending = ckpt.async_save(2, state);
+    BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+    const std::vector<float> at_step_2 = model.weight;
+    model.weight.assign(model.weight.size(), -1.0f);  // after async_save returned: must not reach step 2
+    Status committed = pending->wait();
+    BOOST_REQUIRE_MESSAGE(committed.is_ok(), committed.to_string());
+    BOOST_TEST(**read_tracker(dir.path()) == 2);
+
+    state.objects["step.rank0"] = "\"changed\"";
+    Status loaded = ckpt.load(state, dir.path());  // the root resolves to step 2
+    BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
+    BOOST_TEST(model.weight == at_step_2);
+    BOOST_TEST(state.objects["step.rank0"] == "\"r0\"");
+
+    model.weight.assign(model.weight.size(), 0.0f);
+    loaded = ckpt.load(state, (fs::path(dir.path()) / "global_step_1").string());
+    BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
+    BOOST_TEST(model.weight == at_step_2);  // nothing changed the weights between steps 1 and 2
+  }
+}
+
+BOOST_AUTO_TEST_CASE(several_ranks_in_one_process_load_under_another_sharding) {
+  TempDir dir;
+  std::vector<UserModel> two{UserModel(0, 2, 1.0f), UserModel(1, 2, 1.0f)};
+  {
+    Checkpointer ckpt({.root = dir.path(), .world_size = 2});
+    Status saved = ckpt.save(5, std::vector<StateDict>{two[0].state(0, 2), two[1].state(1, 2)});
+    BOOST_REQUIRE_MESSAGE(saved.is_ok(), saved.to_string());
+  }
+  // One rank now holds the whole [8, 16] weight.
+  std::vector<float> whole(128, 0.0f);
+  std::vector<float> bias(16, 0.0f);
+  StateDict one;
+  one.add_full("w", *Tensor::from_blob(whole.data(), DType::f32, Shape{8, 16}, Device::host()));
+  one.add_full("b", *Tensor::from_blob(bias.data(), DType::f32, Shape{16}, Device::host()));
+  Checkpointer reader({.root = dir.path()});
+  Status loaded = reader.load(one, dir.path());
+  BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < 64; ++i) {
+      BOOST_TEST(whole[static_cast<std::size_t>(r) * 64 + i] == two[static_cast<std::size_t>(r)].weight[i]);
+    }
+  }
+  BOOST_TEST(bias == two[0].bias);
+}
+
+BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {
+  TempDir dir;
+  UserModel model(0, 1, 3.0f);
+  {
+    Checkpointer ckpt({.root = dir.path()});
+    BOOST_REQUIRE(ckpt.async_save(7, model.state(0, 1)).is_ok());
+  }
+  BOOST_TEST(**read_tracker(dir.path()) == 7);
+  BOOST_TEST(fs::exists(fs::path(dir.path()) / "global_step_7" / "policy" / "metadata.json"));
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  {
+    Checkpointer ckpt({.root = dir.path(), .world_size = 2});
+    Status st = ckpt.save(1, model.state(0, 1));
+    BOOST_TEST(!st.is_ok());
+    BOOST_TEST(st.message().find("world_size") != std::string::npos, st.message());
+  }
+  {
+    Checkpointer ckpt({.root = dir.path(), .staging_buckets = 1});
+    auto pending = ckpt.async_save(1, model.state(0, 1));
+    BOOST_TEST(!pending.is_ok());
+    BOOST_TEST(pending.status().message().find("staging_buckets") != std::string::npos);
+    BOOST_TEST(ckpt.save(1, model.state(0, 1)).is_ok());  // a staged sync save works
+  }
+  {
+    Checkpointer ckpt({.root = dir.path()});
+    BOOST_TEST(ckpt.save(2, model.state(0, 1)).is_ok());
+    StateDict other;
+    std::vector<float> x(4);
+    other.add_full("x", *Tensor::from_blob(x.data(), DType::f32, Shape{4}, Device::host()));
+    Status st = ckpt.save(3, other);
+    BOOST_TEST(!st.is_ok());
+    BOOST_TEST(st.message().find("one structure") != std::string::npos, st.message());
+    StateDict same = model.state(0, 1);
+    Status missing = ckpt.load(same, (fs::path(dir.path()) / "global_step_9").string());
+    BOOST_TEST(!missing.is_ok());
+    BOOST_TEST(missing.message().find("global_step_9") != std::string::npos, missing.message());
+  }
+  {
+    Checkpointer ckpt({.root = ""});
+    BOOST_TEST(!ckpt.save(1, model.state(0, 1)).is_ok());
+  }
+}
