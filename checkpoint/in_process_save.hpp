@@ -12,6 +12,8 @@ namespace stagehand {
 
 /// The synchronous in-process save of several ranks: prepares `global_step_N.tmp`, runs every
 /// rank's engine at once, gathers one report per rank and commits only when all succeeded.
+/// A seam for the checkpoint layer's own tests: programs save through the WorkerDispatch (see
+/// actors/dispatch_client.hpp), which drives the same engines through the strategies.
 /// @pre engines.size() == states.size(); engine i has rank i.
 /// @return the reports (for figures) or the first rank's error.
 Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string& root, std::int64_t step,
