@@ -2,7 +2,7 @@
 
 namespace stagehand {
 
-Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
+Result<Tensor> Tensor::describe(DType dtype, const Shape& shape, Device device) {
   for (std::int64_t d : shape.dims()) {
     if (d < 0) return Status{ErrorCode::invalid_argument, "negative dimension in " + shape.to_string()};
   }
@@ -10,6 +10,11 @@ Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.device_ = device;
+  return t;
+}
+
+Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
+  SH_ASSIGN_OR_RETURN(Tensor t, describe(dtype, shape, device));
   void* ptr = device_alloc(device, t.nbytes());
   if (ptr == nullptr) {
     return Status{ErrorCode::no_space, "cannot allocate " + std::to_string(t.nbytes()) +
@@ -21,13 +26,7 @@ Result<Tensor> Tensor::empty(DType dtype, const Shape& shape, Device device) {
 
 Result<Tensor> Tensor::from_blob(void* data, DType dtype, const Shape& shape, Device device,
                                  std::function<void(void*)> deleter) {
-  for (std::int64_t d : shape.dims()) {
-    if (d < 0) return Status{ErrorCode::invalid_argument, "negative dimension in " + shape.to_string()};
-  }
-  Tensor t;
-  t.dtype_ = dtype;
-  t.shape_ = shape;
-  t.device_ = device;
+  SH_ASSIGN_OR_RETURN(Tensor t, describe(dtype, shape, device));
   if (data == nullptr && t.nbytes() > 0) {
     return Status{ErrorCode::invalid_argument,
                   "Tensor::from_blob: null data for " + std::to_string(t.nbytes()) + " bytes of " + shape.to_string()};

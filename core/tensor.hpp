@@ -57,6 +57,10 @@ class Tensor {
   Status copy_from_host(const void* src);
 
  private:
+  /// A tensor with `dtype`, `shape` and `device` and no storage yet; an error for a negative
+  /// dimension.
+  static Result<Tensor> describe(DType dtype, const Shape& shape, Device device);
+
   DType dtype_ = DType::f32;
   Shape shape_;
   Device device_;
