@@ -209,15 +209,26 @@ Status Bucket::remove(const std::string& key) {
 }
 
 Result<std::vector<MultipartUpload>> Bucket::open_uploads(const std::string& prefix) {
-  Request r;
-  r.query = "prefix=" + query_value(prefix) + "&uploads=";
-  SH_ASSIGN_OR_RETURN(Response response, perform(r, "list multipart uploads"));
-  pugi::xml_document doc;
-  SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListMultipartUploadsResult",
-                                               "list multipart uploads '" + url(prefix) + "'"));
   std::vector<MultipartUpload> out;
-  for (auto u = result.child("Upload"); u; u = u.next_sibling("Upload")) {
-    out.push_back({u.child_value("Key"), u.child_value("UploadId")});
+  MultipartUpload marker;
+  // S3 answers at most 1000 uploads at a time: follow the markers until it says no more.
+  for (;;) {
+    Request r;
+    r.query = (marker.key.empty() ? "" : "key-marker=" + query_value(marker.key) + "&") + "prefix=" +
+              query_value(prefix) +
+              (marker.key.empty() ? "" : "&upload-id-marker=" + query_value(marker.upload_id)) + "&uploads=";
+    SH_ASSIGN_OR_RETURN(Response response, perform(r, "list multipart uploads"));
+    pugi::xml_document doc;
+    SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListMultipartUploadsResult",
+                                                 "list multipart uploads '" + url(prefix) + "'"));
+    const std::size_t before = out.size();
+    for (auto u = result.child("Upload"); u; u = u.next_sibling("Upload")) {
+      out.push_back({u.child_value("Key"), u.child_value("UploadId")});
+    }
+    const bool truncated = std::string(result.child_value("IsTruncated")) == "true";
+    MultipartUpload next{result.child_value("NextKeyMarker"), result.child_value("NextUploadIdMarker")};
+    if (!truncated || out.size() == before || next.key.empty()) break;
+    marker = std::move(next);
   }
   return out;
 }

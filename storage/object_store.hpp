@@ -130,7 +130,8 @@ class Bucket {
   Result<std::vector<ObjectInfo>> list(const std::string& prefix);
   /// Deletes object `key`; a missing one is not an error.
   Status remove(const std::string& key);
-  /// Multipart uploads begun and neither completed nor aborted, below `prefix`.
+  /// Multipart uploads begun and neither completed nor aborted, below `prefix`: all of them,
+  /// page after page.
   Result<std::vector<MultipartUpload>> open_uploads(const std::string& prefix);
   Status abort_upload(const MultipartUpload& upload);
 

@@ -152,6 +152,45 @@ def verify_signatures_like_s3():
     access_control.S3IAMRequest._create_aws_request = create_aws_request
 
 
+# Uploads per ListMultipartUploads answer; S3 answers at most 1000. The "uploads_page N" command
+# lowers it so that a test can see a client follow the markers without making 1000 uploads.
+UPLOADS_PAGE = [1000]
+
+
+def page_multipart_uploads_like_s3():
+    """Makes moto page ListMultipartUploads as S3 does.
+
+    moto answers every open upload at once and ignores key-marker and upload-id-marker. S3 sorts
+    uploads by key, then by upload id, answers at most max-uploads (1000) of them after the markers,
+    and says IsTruncated with NextKeyMarker and NextUploadIdMarker when more follow.
+    """
+    from moto.core.responses import ActionResult
+    from moto.s3.responses import S3Response
+
+    def list_multipart_uploads(self):
+        query = self.querystring
+        prefix = query.get("prefix", [""])[0] or ""
+        key_marker = query.get("key-marker", [""])[0] or ""
+        id_marker = query.get("upload-id-marker", [""])[0] or ""
+        page = min(int(query.get("max-uploads", [1000])[0]), UPLOADS_PAGE[0])
+        uploads = sorted((u for u in self.backend.list_multipart_uploads(self.bucket_name).values()
+                          if u.key_name.startswith(prefix)), key=lambda u: (u.key_name, u.id))
+        if key_marker:
+            uploads = [u for u in uploads if (u.key_name, u.id) > (key_marker, id_marker)]
+        shown, more = uploads[:page], len(uploads) > page
+        result = {"Bucket": self.bucket_name, "KeyMarker": key_marker, "UploadIdMarker": id_marker,
+                  "MaxUploads": page, "IsTruncated": more,
+                  "Uploads": [{"Key": u.key_name, "UploadId": u.id, "StorageClass": "STANDARD",
+                               "Initiated": "2010-11-10T20:48:33.000Z"} for u in shown]}
+        if more:
+            result["NextKeyMarker"] = shown[-1].key_name
+            result["NextUploadIdMarker"] = shown[-1].id
+        self.data["Action"] = "ListMultipartUploads"
+        return self.serialized(ActionResult(result))
+
+    S3Response.list_multipart_uploads = list_multipart_uploads
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bucket", action="append", default=[])
@@ -167,6 +206,7 @@ def main():
     from moto.server import ThreadedMotoServer
 
     verify_signatures_like_s3()
+    page_multipart_uploads_like_s3()
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -204,6 +244,12 @@ def main():
             r = s3.list_multipart_uploads(Bucket=cmd[1])
             print(json.dumps([{"key": u["Key"], "upload_id": u["UploadId"]} for u in r.get("Uploads", [])]),
                   flush=True)
+        elif cmd[0] == "uploads_page" and len(cmd) == 2:
+            UPLOADS_PAGE[0] = int(cmd[1])
+            print("ok", flush=True)
+        elif cmd[0] == "open_upload" and len(cmd) == 3:
+            s3.create_multipart_upload(Bucket=cmd[1], Key=cmd[2])
+            print("ok", flush=True)
         elif cmd[0] == "stats" and proxy:
             with proxy.lock:
                 print(json.dumps({"sent": proxy.sent, "received": proxy.received}), flush=True)

@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE object_store
 #include <boost/test/unit_test.hpp>
 
+#include <set>
 #include <thread>
 
 #include "stagehand/storage/object_store.hpp"
@@ -187,4 +188,27 @@ BOOST_AUTO_TEST_CASE(a_multipart_upload_cut_off_by_a_dead_server_is_named_and_ca
   BOOST_TEST(st.message().find((*open)[0].upload_id) != std::string::npos);
   BOOST_REQUIRE(direct->abort_upload((*open)[0]).is_ok());
   BOOST_TEST(direct->open_uploads("m/")->empty());
+}
+
+BOOST_AUTO_TEST_CASE(open_uploads_are_listed_page_after_page) {
+  S3Server server({"ckpt-bucket"});
+  auto bucket = open_bucket(server.options());
+  // Five open uploads under pg/ (one key twice), answered two at a time as S3 answers 1000.
+  for (const char* key : {"pg/a", "pg/b", "pg/b", "pg/c", "pg/d"}) {
+    BOOST_REQUIRE(server.command(std::string("open_upload ckpt-bucket ") + key) == "ok");
+  }
+  BOOST_REQUIRE(server.command("open_upload ckpt-bucket other/x") == "ok");
+  BOOST_REQUIRE(server.command("uploads_page 2") == "ok");
+  auto open = bucket->open_uploads("pg/");
+  BOOST_REQUIRE_MESSAGE(open.is_ok(), open.status().to_string());
+  BOOST_TEST(open->size() == 5u);
+  std::set<std::string> ids;
+  for (const auto& u : *open) {
+    BOOST_TEST(u.key.rfind("pg/", 0) == 0u, u.key);
+    ids.insert(u.upload_id);
+  }
+  BOOST_TEST(ids.size() == 5u);
+  for (const auto& u : *open) BOOST_REQUIRE(bucket->abort_upload(u).is_ok());
+  BOOST_TEST(bucket->open_uploads("pg/")->empty());
+  BOOST_TEST(bucket->open_uploads("other/")->size() == 1u);
 }
