@@ -1,8 +1,11 @@
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/core/log.hpp"
 #include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
@@ -101,10 +104,16 @@ Result<int> CloudCheckpoints::clean_interrupted() const {
   SH_ASSIGN_OR_RETURN(auto by_step, objects_by_step());
   for (const auto& [step, entry] : by_step) {
     if (entry.committed) continue;
+    // Said before deleting, so that a run that dies here has still named what it was removing.
+    logger()->info("removing {} object(s) of uncommitted step {} under '{}'", entry.objects.size(), step,
+                   root_.str());
     for (const auto& o : entry.objects) SH_RETURN_IF_ERROR(bucket_->remove(o.key));
     ++cleaned;
   }
   SH_ASSIGN_OR_RETURN(auto uploads, bucket_->open_uploads(root_.key.empty() ? "" : root_.key + "/"));
+  if (!uploads.empty()) {
+    logger()->info("aborting {} open multipart upload(s) under '{}'", uploads.size(), root_.str());
+  }
   for (const auto& u : uploads) {
     SH_RETURN_IF_ERROR(bucket_->abort_upload(u));
     ++cleaned;

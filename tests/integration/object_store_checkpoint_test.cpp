@@ -301,3 +301,28 @@ BOOST_AUTO_TEST_CASE(gs_urls_use_the_same_protocol) {
   auto check = independent_check(server, std::string("s3://") + kBucket + "/gcs-run");
   BOOST_TEST(check["problems"].empty(), check.dump());
 }
+
+BOOST_AUTO_TEST_CASE(start_up_cleaning_says_what_it_removes) {
+  S3Server server({kBucket});
+  const std::string url = std::string("s3://") + kBucket + "/leftovers";
+  auto root = CloudCheckpoints::open(url, server.options());
+  BOOST_REQUIRE(root.is_ok());
+  // A killed save left two data objects of step 4 (no metadata) and two open uploads.
+  BOOST_REQUIRE(root->bucket().put("leftovers/global_step_4/policy/__0_0.safetensors", "x").is_ok());
+  BOOST_REQUIRE(root->bucket().put("leftovers/global_step_4/policy/__1_0.safetensors", "y").is_ok());
+  for (const char* key : {"leftovers/global_step_4/policy/__0_1.safetensors", "leftovers/global_step_4/policy/__1_1.safetensors"}) {
+    BOOST_REQUIRE(server.command(std::string("open_upload ") + kBucket + " " + key) == "ok");
+  }
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  logger()->sinks().push_back(sink);
+  auto cleaned = root->clean_interrupted();
+  logger()->sinks().pop_back();
+  BOOST_REQUIRE_MESSAGE(cleaned.is_ok(), cleaned.status().to_string());
+  BOOST_TEST(*cleaned == 3);
+  const std::string text = log.str();
+  BOOST_TEST(text.find("removing 2 object(s) of uncommitted step 4 under '" + url + "'") != std::string::npos, text);
+  BOOST_TEST(text.find("aborting 2 open multipart upload(s) under '" + url + "'") != std::string::npos, text);
+  BOOST_TEST(root->bucket().list("leftovers/")->empty());
+  BOOST_TEST(root->bucket().open_uploads("leftovers/")->empty());
+}
