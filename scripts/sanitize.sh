@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD"
 build=${1:-build-asan}
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# GCC's -Wmaybe-uninitialized misfires on instrumented code (in libstdc++'s own <regex> here); the
+# regular build keeps the warning.
+warn="-Wno-maybe-uninitialized"
 # Debug (the build type a user may pick, compiled here too) with -O1: quick to build, fast enough to run.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DSTAGEHAND_WERROR=ON \
-  -DCMAKE_CXX_FLAGS="-O1 $flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DPython3_EXECUTABLE="$(command -v python3)" \
+  -DCMAKE_CXX_FLAGS="-O1 $flags $warn" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DPython3_EXECUTABLE="$(command -v python3)" \
   > /dev/null
 cmake --build "$build" -j"$(nproc)"
 # Leaks are not checked: CAF keeps process-wide singletons alive until exit by design.
