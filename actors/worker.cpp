@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <exception>
+
 #include "stagehand/actors/messages.hpp"
 
 namespace stagehand {
@@ -61,8 +63,8 @@ class Worker : public caf::event_based_actor {
           auto rp = make_response_promise();
           request(strategy_, caf::infinite, load_atom::value, checkpoint_dir)
               .then(
-                  [this, rp]() mutable {
-                    Status st = owned_->on_loaded();
+                  [this, rp, checkpoint_dir]() mutable {
+                    Status st = loaded(checkpoint_dir);
                     if (st.is_ok()) {
                       rp.deliver(caf::unit);
                     } else {
@@ -88,6 +90,16 @@ class Worker : public caf::event_based_actor {
   }
 
  private:
+  /// The model's on_loaded(), whose exceptions (a user's model may throw) become the error: an
+  /// exception out of a handler would kill the Worker.
+  Status loaded(const std::string& checkpoint_dir) {
+    try {
+      return owned_->on_loaded().with_context("checkpoint '" + checkpoint_dir + "'");
+    } catch (const std::exception& e) {
+      return {ErrorCode::internal, "checkpoint '" + checkpoint_dir + "': the model's on_loaded() threw: " + e.what()};
+    }
+  }
+
   Status no_model() const {
     return {ErrorCode::invalid_argument,
             "rank " + std::to_string(rank_) + "'s Worker holds checkpointable state only, not a trainable Model"};

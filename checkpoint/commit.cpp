@@ -1,7 +1,9 @@
 #include "stagehand/checkpoint/commit.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "stagehand/storage/local_files.hpp"
 
@@ -32,6 +35,31 @@ Status remove_tree(const std::string& path) {
   return Status::ok();
 }
 
+/// Replaces the tracker: temp file, fsync, rename. The temp file does not outlive a failure: it
+/// would sit in the root until someone removed it by hand.
+Status write_tracker(StorageBackend& storage, const CheckpointLayout& layout, std::int64_t step) {
+  const std::string path = layout.tracker();
+  const std::string tmp = path + ".tmp";
+  const std::string text = std::to_string(step) + "\n";
+  Status st = [&]() -> Status {
+    SH_ASSIGN_OR_RETURN(auto file, storage.open_for_write(tmp));
+    SH_RETURN_IF_ERROR(file->append(text.data(), text.size()));
+    SH_RETURN_IF_ERROR(file->sync());
+    SH_RETURN_IF_ERROR(file->close());
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      return Status::from_errno(errno, "cannot rename '" + tmp + "' to '" + path + "'");
+    }
+    return Status::ok();
+  }();
+  if (!st.is_ok()) ::unlink(tmp.c_str());
+  return st;
+}
+
+std::string trim_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
 }  // namespace
 
 std::optional<std::int64_t> parse_step_dir_name(const std::string& name, bool tmp) {
@@ -53,8 +81,7 @@ std::optional<std::int64_t> parse_step_dir_name(const std::string& name, bool tm
 }
 
 Result<std::int64_t> parse_tracker(std::string text, const std::string& where) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  auto step = parse_step_dir_name("global_step_" + text, false);
+  auto step = parse_step_dir_name("global_step_" + trim_line(std::move(text)), false);
   if (!step) return Status{ErrorCode::corruption, "tracker '" + where + "' does not hold a step number"};
   return *step;
 }
@@ -64,12 +91,19 @@ Status check_checkpoint_root(const std::string& root) {
   std::error_code ec;
   if (fs::is_directory(root, ec)) return Status::ok();
   if (fs::exists(root, ec)) return {ErrorCode::invalid_argument, "ckpt_path '" + root + "' is not a folder"};
-  fs::path parent = fs::absolute(root, ec).parent_path();
+  std::string parent = checkpoint_root_parent(root);
   if (!fs::is_directory(parent, ec)) {
-    return {ErrorCode::not_found,
-            "the parent folder '" + parent.string() + "' of ckpt_path '" + root + "' does not exist"};
+    return {ErrorCode::not_found, "the parent folder '" + parent + "' of ckpt_path '" + root + "' does not exist"};
   }
   return Status::ok();
+}
+
+std::string checkpoint_root_parent(const std::string& root) {
+  std::error_code ec;
+  fs::path path = fs::absolute(root, ec).lexically_normal();
+  // "a/b/" names the folder b: its path has an empty last element.
+  if (!path.has_filename()) path = path.parent_path();
+  return path.parent_path().string();
 }
 
 Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t step) {
@@ -162,13 +196,23 @@ Status abort_checkpoint(const std::string& root, std::int64_t step) {
 }
 
 Status commit_checkpoint(const std::string& root, std::int64_t step,
-                         const std::vector<RankSaveReport>& reports, int world_size) {
+                         const std::vector<RankSaveReport>& reports, int world_size, StorageBackend& storage) {
   CheckpointLayout layout{root};
   std::string tmp = layout.tmp_dir(step);
   std::string final_dir = layout.step_dir(step);
+  // The caller names the step and says it is not committed (the coordinator does, once).
   auto fail = [&](const Status& st) {
     (void)abort_checkpoint(root, step);
-    return st.with_context("checkpoint step " + std::to_string(step) + " not committed");
+    return st;
+  };
+  // Once renamed, the step's folder is complete and stays: what is missing is the tracker.
+  auto tracker_not_updated = [&](const Status& st) {
+    auto tracked = read_tracker(root);
+    std::string now = !tracked.is_ok() ? "cannot be read"
+                      : *tracked        ? "still names step " + std::to_string(**tracked)
+                                        : "does not exist yet";
+    return st.with_context("the folder '" + final_dir + "' is complete and in place, but the tracker '" +
+                           layout.tracker() + "' was not updated (it " + now + ")");
   };
   auto metadata = build_metadata(step, reports, world_size);
   if (!metadata.is_ok()) return fail(metadata.status());
@@ -183,13 +227,17 @@ Status commit_checkpoint(const std::string& root, std::int64_t step,
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
       return fail(Status::from_errno(errno, "cannot swap '" + tmp + "' with '" + final_dir + "'"));
     }
-    SH_RETURN_IF_ERROR(fsync_dir(root));
-    SH_RETURN_IF_ERROR(remove_tree(tmp));
+    st = fsync_dir(root);
+    if (st.is_ok()) st = remove_tree(tmp);
+    if (!st.is_ok()) return tracker_not_updated(st);
   } else if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return fail(Status::from_errno(errno, "cannot rename '" + tmp + "' to '" + final_dir + "'"));
   }
-  SH_RETURN_IF_ERROR(fsync_dir(root));
-  return write_file_atomic(layout.tracker(), std::to_string(step) + "\n");
+  st = fsync_dir(root);
+  if (st.is_ok()) st = write_tracker(storage, layout, step);
+  if (!st.is_ok()) return tracker_not_updated(st);
+  return fsync_dir(root).with_context("the tracker '" + layout.tracker() + "' names step " + std::to_string(step) +
+                                      ", but its rename may not survive a crash");
 }
 
 Result<std::optional<std::int64_t>> read_tracker(const std::string& root) {
@@ -226,6 +274,49 @@ Result<int> clean_stale_tmp_dirs(const std::string& root) {
     ++removed;
   }
   return removed;
+}
+
+Result<CheckpointRootLock> CheckpointRootLock::acquire(const std::string& root) {
+  SH_RETURN_IF_ERROR(check_checkpoint_root(root));
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) SH_RETURN_IF_ERROR(make_dir(root).with_context("ckpt_path"));
+  const std::string path = root + "/" + kRootLockFile;
+  // Close-on-exec: a child the run starts must not keep the lock after the run ends.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::from_errno(errno, "cannot open the lock file '" + path + "'");
+  CheckpointRootLock lock(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return Status::from_errno(errno, "cannot lock '" + path + "'");
+    auto record = read_small_file(path);
+    std::string holder = record.is_ok() ? trim_line(*record) : "";
+    if (holder.empty()) holder = "which has not recorded its host and pid yet";
+    return Status{ErrorCode::already_exists,
+                  "ckpt_path '" + root + "' is in use by another run (" + holder + ", recorded in '" + path +
+                      "'); two runs on one ckpt_path would remove and overwrite each other's checkpoints: wait "
+                      "for that run to end or give this one another trainer.ckpt_path"};
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string record = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
+    return Status::from_errno(errno, "cannot record the holder in '" + path + "'");
+  }
+  return lock;
+}
+
+CheckpointRootLock::CheckpointRootLock(CheckpointRootLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+
+CheckpointRootLock& CheckpointRootLock::operator=(CheckpointRootLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+CheckpointRootLock::~CheckpointRootLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace stagehand

@@ -331,6 +331,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
       {"resume_path", r.string(&c.trainer.resume_path, true)},
       {"seed", r.unsigned_integer(&c.trainer.seed)},
       {"call_timeout_s", r.integer(&c.trainer.call_timeout_s, 1, kMaxCallTimeoutS)},
+      {"overwrite_checkpoints", r.boolean(&c.trainer.overwrite_checkpoints)},
   };
   ConfigReader::Fields megatron{
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},

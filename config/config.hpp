@@ -28,6 +28,10 @@ struct TrainerConfig {
   std::uint64_t seed = 1234;
   /// Limit of every wait on the dispatch, a Worker or the coordinator, in seconds.
   std::int64_t call_timeout_s = 600;
+  /// Lets a run start from scratch (resume_mode none, or latest without a tracker) over a
+  /// ckpt_path that already holds committed checkpoints: its saves then replace steps of the same
+  /// number, and retention may delete the others. False refuses such a start, naming what exists.
+  bool overwrite_checkpoints = false;
 };
 
 /// `megatron_config:` keys.

@@ -59,6 +59,28 @@ Result<caf::actor> spawn_rank(caf::actor_system& system, const Config& c, const 
   return worker;
 }
 
+/// Says what a stop by signal left committed.
+void report_stop(const TrainerSummary& summary, const std::string& ckpt_path) {
+  const auto step = static_cast<long long>(summary.signal_save_step);
+  if (summary.status.is_ok()) {
+    if (step > 0) {
+      std::printf("stopped by signal: checkpoint of step %lld is committed; exiting\n", step);
+    } else {
+      std::printf("stopped by signal before the first step: nothing to save; exiting\n");
+    }
+    return;
+  }
+  std::string committed = summary.tracked_step ? "the newest committed checkpoint is step " +
+                                                     std::to_string(*summary.tracked_step) + " (the tracker names it)"
+                                               : "there is no committed checkpoint in '" + ckpt_path + "' (no tracker)";
+  if (step > 0) {
+    std::printf("stopped by signal: the checkpoint of step %lld is not committed (the error is above); %s; exiting\n",
+                step, committed.c_str());
+  } else {
+    std::printf("stopped by signal: the run failed (the error is above); %s; exiting\n", committed.c_str());
+  }
+}
+
 /// Runs the trainer on `workers` until it ends, then finalizes every pending save.
 /// @param on_trainer_failed called when the trainer failed, before the teardown finalize.
 int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
@@ -80,7 +102,14 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
     caf::scoped_actor self{system};
     if (trainer.is_ok()) {
       self->monitor(*trainer);
-      self->receive([](const caf::down_msg&) {});
+      self->receive([&](const caf::down_msg& down) {
+        // A trainer ended by anything but its own return (an exit message, an exception) left
+        // its summary as it was.
+        if (down.reason && summary->status.is_ok()) {
+          summary->status = from_caf_error(down.reason).with_context("the trainer stopped");
+          fail(summary->status.message());
+        }
+      });
       if (!summary->status.is_ok()) code = 1;
     } else {
       fail(trainer.status().message());
@@ -97,17 +126,17 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
     self->send_exit(dispatch, caf::exit_reason::user_shutdown);
   }
   if (!quiet && trainer.is_ok()) {
-    std::printf("summary: steps %lld-%lld, accuracy %.3f, %lld checkpoints committed, total save stall %.3fs, "
+    const bool trained = summary->first_step > 0 && summary->last_step >= summary->first_step;
+    const std::string steps = trained ? "steps " + std::to_string(summary->first_step) + "-" +
+                                            std::to_string(summary->last_step)
+                                      : "no step trained";
+    std::printf("summary: %s, accuracy %.3f, %lld checkpoints committed, total save stall %.3fs, "
                 "latest checkpoint %s\n",
-                static_cast<long long>(summary->first_step), static_cast<long long>(summary->last_step),
-                summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
+                steps.c_str(), summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
                 summary->total_stall_s,
                 summary->latest_checkpoint.empty() ? "(none)" : summary->latest_checkpoint.c_str());
   }
-  if (summary->stopped_by_signal) {
-    std::printf("stopped by signal: checkpoint of step %lld is committed; exiting\n",
-                static_cast<long long>(summary->signal_save_step));
-  }
+  if (summary->stopped_by_signal) report_stop(*summary, c.trainer.ckpt_path);
   return code;
 }
 

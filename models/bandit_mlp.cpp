@@ -164,13 +164,22 @@ void BanditMlp::refresh_objects() {
 }
 
 Status BanditMlp::on_loaded() {
+  // The objects come from a file: check their types, since a wrong one would throw.
   auto scheduler = nlohmann::json::parse(state_->objects["scheduler"], nullptr, false);
-  if (scheduler.is_discarded() || !scheduler.contains("step")) {
-    return {ErrorCode::corruption, "the checkpoint's 'scheduler' object has no step"};
+  if (scheduler.is_discarded() || !scheduler.is_object() || !scheduler.contains("step") ||
+      !scheduler["step"].is_number_integer()) {
+    return {ErrorCode::corruption,
+            "the checkpoint's 'scheduler' object (policy/metadata.json): field 'step' is missing or not an integer"};
   }
   optimizer_step_ = scheduler["step"].get<std::int64_t>();
-  auto rng = nlohmann::json::parse(state_->objects["rng.rank" + std::to_string(rank_)], nullptr, false);
-  if (rng.is_discarded() || rng.value("seed", std::uint64_t{0}) != seed_) {
+  const std::string rng_name = "rng.rank" + std::to_string(rank_);
+  auto rng = nlohmann::json::parse(state_->objects[rng_name], nullptr, false);
+  if (rng.is_discarded() || !rng.is_object() || !rng.contains("seed") || !rng["seed"].is_number_unsigned()) {
+    return {ErrorCode::corruption,
+            "the checkpoint's '" + rng_name +
+                "' object (policy/metadata.json): field 'seed' is missing or not a non-negative integer"};
+  }
+  if (rng["seed"].get<std::uint64_t>() != seed_) {
     return {ErrorCode::invalid_argument, "the checkpoint's RNG of rank " + std::to_string(rank_) +
                                              " has another seed than trainer.seed"};
   }

@@ -11,5 +11,9 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(co
 cmake --build build -j"$(nproc)" --target stagehand-train stagehand-ckpt
 
 mkdir -p checkpoints  # the configs' ckpt_path is checkpoints/<name>; its parent must exist
+# The demo starts fresh each time it is run as is: a fresh start over committed checkpoints is
+# refused (trainer.overwrite_checkpoints), so its own previous output goes first. With arguments
+# (e.g. --set trainer.resume_mode=latest) nothing is removed.
+if [ "$#" -eq 0 ]; then rm -rf checkpoints/sync_rl; fi
 ./build/bin/stagehand-train --config examples/configs/sync_rl.yaml "$@"
 ./build/bin/stagehand-ckpt verify checkpoints/sync_rl

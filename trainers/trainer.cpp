@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -37,9 +38,12 @@ class TrainerBase : public caf::blocking_actor {
         timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)) {}
 
   void act() override {
-    summary_->status = run();
+    summary_->status = run_catching();
     on_stop();
     if (!summary_->status.is_ok()) {
+      if (summary_->stopped_by_signal) {
+        if (auto tracked = policy_.tracked_step(); tracked.is_ok()) summary_->tracked_step = *tracked;
+      }
       std::fprintf(stderr, "stagehand-train: %s\n", summary_->status.message().c_str());
     }
   }
@@ -50,8 +54,9 @@ class TrainerBase : public caf::blocking_actor {
 
   // -- hooks for trainers whose samples come from elsewhere --
 
-  /// After resume (or at a fresh start, `state` null), before the first step.
-  virtual Status on_start(std::int64_t, const TrainerState*) { return Status::ok(); }
+  /// After resume (or at a fresh start, `state` null), before the first step; `state_file` is
+  /// where `state` was read, for errors.
+  virtual Status on_start(std::int64_t, const TrainerState*, const std::string&) { return Status::ok(); }
   /// The behaviour actions of step `step`'s batch; empty: sampled on-policy by the Workers.
   virtual Result<std::vector<std::int32_t>> batch_actions(std::int64_t) { return std::vector<std::int32_t>{}; }
   /// After step `step` trained.
@@ -74,6 +79,16 @@ class TrainerBase : public caf::blocking_actor {
   }
 
  private:
+  /// run(), with any exception that code underneath lets out turned into the trainer's error: an
+  /// exception leaving act() would end the actor with the summary still saying ok.
+  Status run_catching() {
+    try {
+      return run();
+    } catch (const std::exception& e) {
+      return {ErrorCode::internal, std::string("the ") + name() + " trainer stopped on an exception: " + e.what()};
+    }
+  }
+
   Status run() {
     const auto& t = options_.config.trainer;
     if (!options_.metrics_out.empty()) {
@@ -82,10 +97,20 @@ class TrainerBase : public caf::blocking_actor {
     }
     std::int64_t step = 0;
     SH_RETURN_IF_ERROR(policy_.check_destination());
+    // Before anything is cleaned: another run's .tmp folder is its save in flight.
+    SH_ASSIGN_OR_RETURN(summary_->root_lock, policy_.lock_destination());
     SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
+    if (!resume) {
+      SH_RETURN_IF_ERROR(policy_.check_fresh_start());
+      if (t.resume_mode == ResumeMode::latest) {
+        say("resume_mode latest: nothing to resume in '%s' (no tracker); starting from step 1\n", t.ckpt_path.c_str());
+      }
+    }
     SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
     if (resume) {
       SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume, store_));
+      const std::string state_file = *resume + "/" + kTrainerStateFile;
+      if (state.kind.empty()) return {ErrorCode::corruption, "'" + state_file + "': field 'kind' is missing"};
       if (state.kind != name()) {
         return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' was written by the " + state.kind +
                                                  " trainer, not " + name()};
@@ -93,9 +118,9 @@ class TrainerBase : public caf::blocking_actor {
       SH_RETURN_IF_ERROR(call_void(caf::make_message(load_atom::value, *resume)).with_context("resume"));
       step = state.step;
       say("resumed from %s at step %lld\n", resume->c_str(), static_cast<long long>(step));
-      SH_RETURN_IF_ERROR(on_start(step, &state));
+      SH_RETURN_IF_ERROR(on_start(step, &state, state_file));
     } else {
-      SH_RETURN_IF_ERROR(on_start(step, nullptr));
+      SH_RETURN_IF_ERROR(on_start(step, nullptr, ""));
     }
     summary_->first_step = step + 1;
     summary_->last_step = step;
@@ -133,12 +158,13 @@ class TrainerBase : public caf::blocking_actor {
             objective() == Objective::rl ? metrics->first : metrics->second, *accuracy, rate, last_save_.c_str());
       }
     }
-    if (summary_->stopped_by_signal && saved_step != step && step > 0) {
-      say("stop requested: saving step %lld before exiting\n", static_cast<long long>(step));
-      SH_RETURN_IF_ERROR(save(step));
+    if (summary_->stopped_by_signal && step > 0) {
+      // Set before saving, so that a failed save is reported with its step.
       summary_->signal_save_step = step;
-    } else if (summary_->stopped_by_signal) {
-      summary_->signal_save_step = saved_step;
+      if (saved_step != step) {
+        say("stop requested: saving step %lld before exiting\n", static_cast<long long>(step));
+        SH_RETURN_IF_ERROR(save(step));
+      }
     }
     // End of training: every save is finished before the trainer reports done.
     SH_RETURN_IF_ERROR(finalize());
@@ -292,7 +318,7 @@ class FullyAsyncTrainer final : public TrainerBase {
   Objective objective() const override { return Objective::rl; }
   const char* name() const override { return "fully_async"; }
 
-  Status on_start(std::int64_t step, const TrainerState* state) override {
+  Status on_start(std::int64_t step, const TrainerState* state, const std::string& state_file) override {
     const auto& c = options().config;
     if (!options().weights) return {ErrorCode::invalid_argument, "the fully-async trainer needs a weight store"};
     staleness_ = c.fully_async.max_staleness_steps;
@@ -300,15 +326,10 @@ class FullyAsyncTrainer final : public TrainerBase {
       generators_.push_back(spawn_generator(system(), c.model, c.trainer.seed, options().weights, timeout()));
     }
     if (state != nullptr) {
-      auto j = nlohmann::json::parse(state->fully_async, nullptr, false);
-      if (j.is_discarded() || !j.contains("pending_batches")) {
-        return {ErrorCode::corruption, "the checkpoint's trainer state has no fully-async part"};
-      }
-      max_seen_ = j.value("max_staleness_seen", std::int64_t{0});
-      for (const auto& b : j["pending_batches"]) {
-        ready_[b.at("step").get<std::int64_t>()] = {b.at("version").get<std::int64_t>(),
-                                                    b.at("actions").get<std::vector<std::int32_t>>()};
-      }
+      if (!state->fully_async) return {ErrorCode::corruption, "'" + state_file + "': field 'fully_async' is missing"};
+      SH_RETURN_IF_ERROR(check_pending_batches(*state->fully_async, state_file));
+      max_seen_ = state->fully_async->max_staleness_seen;
+      for (const auto& b : state->fully_async->pending_batches) ready_[b.step] = {b.version, b.actions};
     }
     SH_RETURN_IF_ERROR(call_void(caf::make_message(export_atom::value, step)));
     for (std::int64_t s = step + 1; s <= step + staleness_ + 1; ++s) {
@@ -341,21 +362,15 @@ class FullyAsyncTrainer final : public TrainerBase {
   }
 
   Status fill_state(std::int64_t step, TrainerState& state) override {
-    nlohmann::json batches = nlohmann::json::array();
+    FullyAsyncState part{staleness_, static_cast<std::int64_t>(generators_.size()), step + staleness_ + 1, max_seen_,
+                         {}};
     for (std::int64_t s = step + 1; s <= step + staleness_; ++s) {
       schedule(s, true);
       SH_RETURN_IF_ERROR(collect(s));
       auto it = ready_.find(s);
-      if (it != ready_.end()) {
-        batches.push_back({{"step", s}, {"version", it->second.version}, {"actions", it->second.actions}});
-      }
+      if (it != ready_.end()) part.pending_batches.push_back({s, it->second.version, it->second.actions});
     }
-    state.fully_async = nlohmann::json{{"max_staleness_steps", staleness_},
-                                       {"num_generators", generators_.size()},
-                                       {"next_generation_step", step + staleness_ + 1},
-                                       {"max_staleness_seen", max_seen_},
-                                       {"pending_batches", batches}}
-                            .dump();
+    state.fully_async = std::move(part);
     return Status::ok();
   }
 
@@ -380,6 +395,30 @@ class FullyAsyncTrainer final : public TrainerBase {
     std::int64_t version = 0;
     std::vector<Handle> parts;
   };
+
+  /// The saved batches must fit this run's model: the trainer hands their actions to the Workers
+  /// as they are.
+  Status check_pending_batches(const FullyAsyncState& part, const std::string& state_file) const {
+    const auto& m = options().config.model;
+    const auto expected = static_cast<std::size_t>(m.batch_size * m.group_size);
+    for (std::size_t i = 0; i < part.pending_batches.size(); ++i) {
+      const auto& actions = part.pending_batches[i].actions;
+      const std::string field =
+          "'" + state_file + "': field 'fully_async.pending_batches[" + std::to_string(i) + "].actions'";
+      if (actions.size() != expected) {
+        return {ErrorCode::corruption, field + " holds " + std::to_string(actions.size()) +
+                                           " actions, not model.batch_size x model.group_size = " +
+                                           std::to_string(expected)};
+      }
+      for (std::int32_t a : actions) {
+        if (a < 0 || a >= m.num_arms) {
+          return {ErrorCode::corruption, field + " holds action " + std::to_string(a) + ", outside 0.." +
+                                             std::to_string(m.num_arms - 1) + " (model.num_arms)"};
+        }
+      }
+    }
+    return Status::ok();
+  }
 
   /// Asks the generators for batch `step`, each for its share of the contexts. Batches past the
   /// last step are generated only for a checkpoint (`for_checkpoint`), so that a resumed run

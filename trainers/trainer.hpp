@@ -4,8 +4,10 @@
 #include <caf/fwd.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/models/weight_store.hpp"
@@ -33,8 +35,16 @@ struct TrainerSummary {
   double total_stall_s = 0;
   double last_accuracy = 0;
   bool stopped_by_signal = false;
+  /// After a signal: the step saved on it (the last one trained); -1 when none was trained.
   std::int64_t signal_save_step = -1;
+  /// After a signal and a failure: the step the tracker names (the newest committed checkpoint);
+  /// none when there is no tracker or it cannot be read.
+  std::optional<std::int64_t> tracked_step;
   std::string latest_checkpoint;
+  /// The exclusive lock on a local ckpt_path, taken before anything is cleaned or saved. It lives
+  /// as long as this summary, so that a finalize after the trainer ended (teardown), which may
+  /// still commit a save, runs under it.
+  std::optional<CheckpointRootLock> root_lock;
 };
 
 /// Spawns the trainer named by `options.config.trainer.kind` (SyncTrainer: GRPO-style RL;

@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
+#include <functional>
 
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/commit.hpp"
@@ -128,4 +130,82 @@ BOOST_AUTO_TEST_CASE(bad_trackers_are_named) {
   std::ofstream(dir / "latest_ckpt_global_step.txt") << "7\n";
   auto resolved = resolve_checkpoint(dir.path());
   BOOST_TEST(resolved.status().message().find("names step 7") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_new_root_with_a_trailing_slash_is_accepted) {
+  TempDir dir;
+  BOOST_TEST(check_checkpoint_root(dir / "new/").is_ok(), check_checkpoint_root(dir / "new/").message());
+  BOOST_REQUIRE(save_synthetic(dir / "new/", 1, 1).is_ok());
+  BOOST_TEST(**read_tracker(dir / "new") == 1);
+  Status missing = check_checkpoint_root(dir / "no/such/");
+  BOOST_TEST(missing.message().find("the parent folder '" + dir / "no' of") != std::string::npos, missing.message());
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_tracker_update_says_the_folder_is_in_place_and_leaves_no_temp_file) {
+  struct Case {
+    const char* what;
+    /// Makes the tracker update of the next commit fail.
+    std::function<void(const TempDir&, test::FaultStorage&)> spoil;
+    const char* error;
+    /// What the message says of the tracker as it is.
+    const char* tracker_now;
+  };
+  const std::vector<Case> cases{
+      {"the disk is full", [](const TempDir&, test::FaultStorage& storage) {
+         storage.fail_file = "latest_ckpt_global_step.txt.tmp";
+         storage.fail_errno = ENOSPC;
+       }, "No space left on device", "(it still names step 1)"},
+      {"a folder stands where the tracker goes", [](const TempDir& dir, test::FaultStorage&) {
+         fs::remove(dir / "latest_ckpt_global_step.txt");
+         fs::create_directories(dir / "latest_ckpt_global_step.txt");
+       }, "Is a directory", "(it cannot be read)"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      TempDir dir;
+      BOOST_REQUIRE(save_synthetic(dir.path(), 1, 1).is_ok());
+      test::FaultStorage storage;
+      c.spoil(dir, storage);
+      auto state = *make_synthetic_state({1, 256u << 10, 6, 2}, 0, Device::host());
+      auto engine = *SaveEngine::create(0, {2, 0, false, {}});
+      auto tmp = *prepare_checkpoint_dir(dir.path(), 2);
+      RankSaveReport report = engine->save(state, CheckpointLayout::policy_dir(tmp), 2);
+      const std::string message = commit_checkpoint(dir.path(), 2, {report}, 1, storage).message();
+      BOOST_TEST(message.find(c.error) != std::string::npos, message);
+      // The coordinator adds "checkpoint step 2 not committed" once; the commit itself says how far it got.
+      BOOST_TEST(message.find("not committed") == std::string::npos, message);
+      BOOST_TEST(message.find("the folder '" + dir / "global_step_2' is complete and in place") != std::string::npos,
+                 message);
+      BOOST_TEST(message.find("the tracker '" + dir / "latest_ckpt_global_step.txt' was not updated") !=
+                     std::string::npos,
+                 message);
+      BOOST_TEST(message.find(c.tracker_now) != std::string::npos, message);
+      BOOST_TEST(!fs::exists(dir / "latest_ckpt_global_step.txt.tmp"));
+      BOOST_TEST(verify_checkpoint(dir / "global_step_2")->ok());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_root_lock_is_exclusive_names_its_holder_and_hides_from_listings) {
+  TempDir dir;
+  const std::string root = dir / "new";
+  {
+    auto held = CheckpointRootLock::acquire(root);
+    BOOST_REQUIRE_MESSAGE(held.is_ok(), held.status().message());
+    BOOST_TEST(fs::is_directory(root));
+    auto second = CheckpointRootLock::acquire(root + "/");
+    BOOST_REQUIRE(!second.is_ok());
+    BOOST_TEST((second.status().code() == ErrorCode::already_exists));
+    BOOST_TEST(second.status().message().find("pid " + std::to_string(::getpid())) != std::string::npos,
+               second.status().message());
+    // Every listing of the root passes over the lock file.
+    BOOST_REQUIRE(save_synthetic(root, 4, 1).is_ok());
+    BOOST_TEST((committed_steps(root) == std::vector<std::int64_t>{4}));
+    BOOST_TEST(*clean_stale_tmp_dirs(root) == 0);
+    BOOST_TEST(*resolve_checkpoint(root) == root + "/global_step_4");
+    BOOST_TEST(fs::exists(root + "/" + kRootLockFile));
+  }
+  // Released with its holder.
+  BOOST_TEST(CheckpointRootLock::acquire(root).is_ok());
+  BOOST_TEST(!CheckpointRootLock::acquire(dir / "no/such/root").is_ok());
 }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -29,11 +30,83 @@ const std::string kConfigs = test::source_dir() + "/examples/configs/";
 
 using Run = test::CommandRun;
 
-Run train(const std::string& config, const std::vector<std::string>& sets, const std::string& metrics = "") {
-  std::string cmd = kBin + "/stagehand-train --quiet --config " + kConfigs + config;
+std::string train_command(const std::string& config, const std::vector<std::string>& sets, bool quiet = true) {
+  std::string cmd = kBin + "/stagehand-train" + (quiet ? " --quiet" : "") + " --config " + kConfigs + config;
   for (const auto& s : sets) cmd += " --set " + s;
+  return cmd;
+}
+
+Run train(const std::string& config, const std::vector<std::string>& sets, const std::string& metrics = "") {
+  std::string cmd = train_command(config, sets);
   if (!metrics.empty()) cmd += " --metrics-out " + metrics;
   return test::run_command(cmd);
+}
+
+/// Like train(), with the progress lines (no --quiet).
+Run train_verbose(const std::string& config, const std::vector<std::string>& sets) {
+  return test::run_command(train_command(config, sets, false));
+}
+
+/// A stagehand-train run in the background, its output going to a file.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::string& config, const std::vector<std::string>& sets, std::string out)
+      : out_(std::move(out)) {
+    const std::string shell = "exec " + train_command(config, sets) + " > " + out_ + " 2>&1";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", shell.c_str(), nullptr);
+      ::_exit(127);
+    }
+  }
+  ~BackgroundRun() {
+    if (code_ == kRunning) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  /// The exit code, or -1 when it did not exit normally within `limit`.
+  int wait(std::chrono::seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (code_ == kRunning && std::chrono::steady_clock::now() < deadline) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return code_ == kRunning ? -1 : code_;
+  }
+  std::string output() const { return test::read_file(out_); }
+
+ private:
+  static constexpr int kRunning = -2;
+  std::string out_;
+  pid_t pid_ = -1;
+  int code_ = kRunning;
+};
+
+/// Waits up to `limit` for `path` to exist.
+bool wait_for_file(const std::string& path, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!fs::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(test::read_file(path)); }
+
+void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(1) << "\n"; }
+
+std::string hostname() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
 std::vector<nlohmann::json> lines_of(const std::string& path, const std::string& type) {
@@ -157,25 +230,15 @@ BOOST_AUTO_TEST_CASE(resume_errors_are_clear) {
 
 BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
   TempDir dir;
-  std::string out = dir / "out.txt";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    std::string cmd = kBin + "/stagehand-train --quiet --config " + kConfigs + "sync_rl.yaml --set trainer.ckpt_path=" +
-                      dir / "ckpt" + " --set trainer.total_steps=100000000 --set trainer.ckpt_interval=0" +
-                      " --set megatron_config.async_dist_ckpt_save=true --set model.hidden=2048 > " + out + " 2>&1";
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
-    ::_exit(127);
-  }
+  BackgroundRun run("sync_rl.yaml",
+                    {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000", "trainer.ckpt_interval=0",
+                     "megatron_config.async_dist_ckpt_save=true", "model.hidden=2048"},
+                    dir / "out.txt");
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (::waitpid(pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  BOOST_REQUIRE(WIFEXITED(status));
-  std::string text = test::read_file(out);
-  BOOST_TEST(WEXITSTATUS(status) == 0, text);
+  run.signal(SIGTERM);
+  int code = run.wait(std::chrono::seconds(120));
+  std::string text = run.output();
+  BOOST_TEST(code == 0, text);
   auto pos = text.find("stopped by signal: checkpoint of step ");
   BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
   std::int64_t step = std::stoll(text.substr(pos + 38));
@@ -188,4 +251,222 @@ BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
                                        "trainer.total_steps=" + std::to_string(step + 2), "model.hidden=2048"});
   BOOST_TEST(resumed.code == 0, resumed.output);
   BOOST_TEST(**read_tracker(dir / "ckpt") == step + 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and_field) {
+  TempDir dir;
+  for (std::string config : {"sync_rl.yaml", "fully_async_rl.yaml"}) {
+    Run base = train(config, {"trainer.ckpt_path=" + dir / config, "trainer.total_steps=3"});
+    BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  }
+  struct Case {
+    const char* what;
+    const char* config;
+    std::function<void(nlohmann::json&)> spoil;
+    const char* field;
+  };
+  const std::vector<Case> cases{
+      {"seed as a string", "sync_rl.yaml", [](nlohmann::json& j) { j["seed"] = "1234"; }, "seed"},
+      {"kind as a number", "sync_rl.yaml", [](nlohmann::json& j) { j["kind"] = 3; }, "kind"},
+      {"data_cursor as a string", "sync_rl.yaml", [](nlohmann::json& j) { j["data_cursor"] = "384"; }, "data_cursor"},
+      {"negative seed", "sync_rl.yaml", [](nlohmann::json& j) { j["seed"] = -1; }, "seed"},
+      {"fully_async not an object", "fully_async_rl.yaml", [](nlohmann::json& j) { j["fully_async"] = 7; },
+       "fully_async"},
+      {"batch actions not an array", "fully_async_rl.yaml",
+       [](nlohmann::json& j) { j["fully_async"]["pending_batches"][0]["actions"] = "many"; },
+       "fully_async.pending_batches[0].actions"},
+      {"batch version as a string", "fully_async_rl.yaml",
+       [](nlohmann::json& j) { j["fully_async"]["pending_batches"][0]["version"] = "2"; },
+       "fully_async.pending_batches[0].version"},
+      {"batch without a step", "fully_async_rl.yaml",
+       [](nlohmann::json& j) { j["fully_async"]["pending_batches"][0].erase("step"); },
+       "fully_async.pending_batches[0].step"},
+      {"batch with too few actions", "fully_async_rl.yaml",
+       [](nlohmann::json& j) { j["fully_async"]["pending_batches"][0]["actions"] = {1, 2}; },
+       "fully_async.pending_batches[0].actions"},
+      {"batch with an action out of range", "fully_async_rl.yaml",
+       [](nlohmann::json& j) { j["fully_async"]["pending_batches"][0]["actions"][0] = 99; },
+       "fully_async.pending_batches[0].actions"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      std::string root = dir / "spoiled";
+      fs::remove_all(root);
+      fs::copy(dir / c.config, root, fs::copy_options::recursive);
+      std::string state_file = root + "/global_step_3/trainer_state.json";
+      nlohmann::json state = read_json(state_file);
+      c.spoil(state);
+      write_json(state_file, state);
+      Run r = train_verbose(c.config, {"trainer.ckpt_path=" + root, "trainer.total_steps=6",
+                                       "trainer.resume_mode=latest"});
+      BOOST_TEST(r.code == 1, r.output);
+      BOOST_TEST(r.output.find(state_file) != std::string::npos, r.output);
+      BOOST_TEST(r.output.find("'" + std::string(c.field) + "'") != std::string::npos, r.output);
+      BOOST_TEST(r.output.find("unhandled exception") == std::string::npos, r.output);
+      BOOST_TEST(**read_tracker(root) == 3);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(malformed_model_objects_fail_the_run_naming_the_object_and_field) {
+  TempDir dir;
+  Run base = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "base", "trainer.total_steps=3"});
+  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  struct Case {
+    const char* object;
+    const char* field;
+    nlohmann::json value;
+  };
+  for (const Case& c : {Case{"scheduler", "step", "3"}, Case{"rng.rank0", "seed", "1234"}}) {
+    BOOST_TEST_CONTEXT(c.object << "." << c.field) {
+      std::string root = dir / "spoiled";
+      fs::remove_all(root);
+      fs::copy(dir / "base", root, fs::copy_options::recursive);
+      std::string metadata_file = root + "/global_step_3/policy/metadata.json";
+      nlohmann::json metadata = read_json(metadata_file);
+      auto object = nlohmann::json::parse(metadata["objects"][c.object].get<std::string>());
+      object[c.field] = c.value;
+      metadata["objects"][c.object] = object.dump();
+      write_json(metadata_file, metadata);
+      Run r = train("sync_rl.yaml",
+                    {"trainer.ckpt_path=" + root, "trainer.total_steps=6", "trainer.resume_mode=latest"});
+      BOOST_TEST(r.code == 1, r.output);
+      BOOST_TEST(r.output.find(c.object) != std::string::npos, r.output);
+      BOOST_TEST(r.output.find("'" + std::string(c.field) + "'") != std::string::npos, r.output);
+      BOOST_TEST(r.output.find("unhandled exception") == std::string::npos, r.output);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_with_a_failing_final_save_says_it_is_not_committed) {
+  TempDir dir;
+  std::string root = dir / "ckpt";
+  std::vector<std::string> common{"trainer.ckpt_path=" + root, "trainer.ckpt_interval=0", "model.hidden=2048",
+                                  "megatron_config.async_dist_ckpt_save=true"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  Run first = train("sync_rl.yaml", with({"trainer.total_steps=5"}));
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BackgroundRun run("sync_rl.yaml", with({"trainer.total_steps=100000000", "trainer.resume_mode=latest"}),
+                    dir / "out.txt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The final save cannot create its folder: a file stands where the checkpoint folder was.
+  fs::rename(root, dir / "moved");
+  std::ofstream(root) << "not a folder\n";
+  run.signal(SIGTERM);
+  int code = run.wait(std::chrono::seconds(120));
+  std::string text = run.output();
+  BOOST_TEST(code == 1, text);
+  BOOST_TEST(text.find("is committed") == std::string::npos, text);
+  auto pos = text.find("stopped by signal: the checkpoint of step ");
+  BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
+  BOOST_TEST(text.find("is not committed", pos) != std::string::npos, text);
+  BOOST_TEST(**read_tracker(dir / "moved") == 5);
+}
+
+BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
+  TempDir dir;
+  std::string root = dir / "ckpt";
+  Run first = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=5"});
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  auto before = test::files_of(root + "/global_step_5");
+
+  // resume_mode none over a committed step.
+  Run none = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=5"});
+  BOOST_TEST(none.code == 1, none.output);
+  BOOST_TEST(none.output.find("global_step_5") != std::string::npos, none.output);
+  BOOST_TEST(none.output.find("trainer.overwrite_checkpoints") != std::string::npos, none.output);
+  BOOST_TEST(none.output.find("trainer.resume_mode") != std::string::npos, none.output);
+  BOOST_TEST((test::files_of(root + "/global_step_5") == before));
+
+  // resume_mode latest with the tracker gone: retention would remove step 5 after a fresh start.
+  fs::remove(root + "/latest_ckpt_global_step.txt");
+  Run latest = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=10",
+                                      "trainer.resume_mode=latest", "trainer.max_ckpts_to_keep=1"});
+  BOOST_TEST(latest.code == 1, latest.output);
+  BOOST_TEST(latest.output.find("latest_ckpt_global_step.txt") != std::string::npos, latest.output);
+  BOOST_TEST(latest.output.find("global_step_5") != std::string::npos, latest.output);
+  BOOST_TEST(latest.output.find("trainer.overwrite_checkpoints") != std::string::npos, latest.output);
+  BOOST_TEST((committed_steps(root) == std::vector<std::int64_t>{5}));
+  BOOST_TEST((test::files_of(root + "/global_step_5") == before));
+
+  // Asked for: both start over.
+  for (std::string mode : {"none", "latest"}) {
+    BOOST_TEST_CONTEXT(mode) {
+      Run over = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=10",
+                                        "trainer.resume_mode=" + mode, "trainer.max_ckpts_to_keep=1",
+                                        "trainer.overwrite_checkpoints=true"});
+      BOOST_TEST(over.code == 0, over.output);
+      BOOST_TEST((committed_steps(root) == std::vector<std::int64_t>{10}));
+      fs::remove(root + "/latest_ckpt_global_step.txt");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_tracker_update_says_what_state_the_checkpoint_is_in) {
+  TempDir dir;
+  std::string root = dir / "ckpt";
+  // A folder where the tracker must go: the step's folder is renamed into place, the tracker fails.
+  fs::create_directories(root + "/latest_ckpt_global_step.txt");
+  Run r = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=3"});
+  BOOST_TEST(r.code == 1, r.output);
+  BOOST_TEST(r.output.find("'" + root + "/global_step_3' is complete") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("was not updated") != std::string::npos, r.output);
+  BOOST_TEST(!fs::exists(root + "/latest_ckpt_global_step.txt.tmp"));
+  BOOST_TEST(verify_checkpoint(root + "/global_step_3")->ok());
+}
+
+BOOST_AUTO_TEST_CASE(a_new_ckpt_path_with_a_trailing_slash_is_accepted) {
+  TempDir dir;
+  Run r = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "new/", "trainer.total_steps=3"});
+  BOOST_TEST(r.code == 0, r.output);
+  BOOST_TEST(**read_tracker(dir / "new") == 3);
+  Run resumed = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "new/", "trainer.total_steps=4",
+                                       "trainer.resume_mode=latest"});
+  BOOST_TEST(resumed.code == 0, resumed.output);
+  BOOST_TEST(**read_tracker(dir / "new") == 4);
+}
+
+BOOST_AUTO_TEST_CASE(resume_latest_with_nothing_to_resume_says_so) {
+  TempDir dir;
+  Run r = train_verbose("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=3",
+                                         "trainer.resume_mode=latest"});
+  BOOST_TEST(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("nothing to resume in '" + dir / "ckpt" + "'") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("starting from step 1") != std::string::npos, r.output);
+}
+
+BOOST_AUTO_TEST_CASE(a_second_run_on_the_same_ckpt_path_is_refused) {
+  TempDir dir;
+  std::string root = dir / "ckpt";
+  BackgroundRun first("sync_rl.yaml",
+                      {"trainer.ckpt_path=" + root, "trainer.total_steps=100000000", "trainer.ckpt_interval=1",
+                       "trainer.max_ckpts_to_keep=2", "megatron_config.async_dist_ckpt_save=true"},
+                      dir / "first.txt");
+  BOOST_REQUIRE_MESSAGE(wait_for_file(root + "/latest_ckpt_global_step.txt", std::chrono::seconds(60)), first.output());
+  Run second = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=3",
+                                      "trainer.resume_mode=latest", "trainer.max_ckpts_to_keep=1"});
+  BOOST_TEST(second.code == 1, second.output);
+  BOOST_TEST(second.output.find("pid " + std::to_string(first.pid())) != std::string::npos, second.output);
+  BOOST_TEST(second.output.find("host " + hostname()) != std::string::npos, second.output);
+  first.signal(SIGTERM);
+  std::string text;
+  int code = first.wait(std::chrono::seconds(120));
+  text = first.output();
+  BOOST_TEST(code == 0, text);
+  auto pos = text.find("stopped by signal: checkpoint of step ");
+  BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
+  std::int64_t step = std::stoll(text.substr(pos + 38));
+  // The lock file in the root is invisible to what lists or verifies checkpoints.
+  auto latest = resolve_checkpoint(root);
+  BOOST_REQUIRE_MESSAGE(latest.is_ok(), latest.status().message());
+  BOOST_TEST(verify_checkpoint(*latest)->ok());
+  BOOST_TEST(committed_steps(root).size() == 2u);
+  BOOST_TEST(*clean_stale_tmp_dirs(root) == 0);
+  // Once the first run is gone, the lock is free again.
+  Run third = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=" + std::to_string(step + 2),
+                                     "trainer.resume_mode=latest", "trainer.max_ckpts_to_keep=2"});
+  BOOST_TEST(third.code == 0, third.output);
 }
