@@ -2,10 +2,14 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
+#include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
@@ -63,24 +67,295 @@ std::string CheckpointLayout::bucket_file_name(int rank, int bucket) {
 
 namespace {
 
+/// The largest header parse_safetensors_header reads (safetensors' own reader has the same limit).
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
+
 json shape_to_json(const Shape& s) {
   json out = json::array();
   for (std::int64_t d : s.dims()) out.push_back(d);
   return out;
 }
 
-Result<Shape> shape_from_json(const json& j, const std::string& what) {
-  if (!j.is_array() || j.size() > Shape::kMaxRank) {
-    return Status{ErrorCode::corruption, what + " is not a list of at most 8 integers"};
+/// Bytes of a block of `shape` and elements of `elem_size` bytes; nullopt when they exceed
+/// INT64_MAX, so that every count, offset and stride derived from a valid shape fits an int64.
+std::optional<std::uint64_t> checked_nbytes(const Shape& shape, std::size_t elem_size) {
+  for (std::int64_t d : shape.dims()) {
+    if (d == 0) return 0;
   }
-  std::vector<std::int64_t> dims;
-  for (const auto& d : j) {
-    if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
-      return Status{ErrorCode::corruption, what + " holds a value that is not a size"};
+  std::uint64_t n = elem_size;
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::int64_t d : shape.dims()) {
+    if (d < 0 || n > kMax / static_cast<std::uint64_t>(d)) return std::nullopt;
+    n *= static_cast<std::uint64_t>(d);
+  }
+  return n;
+}
+
+/// Elements of a shape whose byte size checked_nbytes accepted (unlike Shape::numel, no
+/// intermediate product can overflow when a later dimension is 0).
+std::uint64_t elements(const Shape& shape) {
+  return *checked_nbytes(shape, 1);
+}
+
+std::string range_string(std::uint64_t begin, std::uint64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+/// Names a JSON value in a message without printing the whole of it (it may be huge).
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float:
+      return v.dump();
+    case json::value_t::string: {
+      const auto& text = v.get_ref<const std::string&>();
+      return text.size() <= 64 ? "'" + text + "'"
+                               : "a string of " + std::to_string(text.size()) + " characters";
     }
-    dims.push_back(d.get<std::int64_t>());
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "a list";
+    case json::value_t::boolean:
+      return v.get<bool>() ? "true" : "false";
+    default:
+      return "null";
   }
-  return Shape(std::span<const std::int64_t>(dims));
+}
+
+/// Reads typed values out of parsed JSON without exceptions. Every error is corruption naming
+/// the file and the path of the field ("tensors['w'].chunks[1].shape[0]").
+class JsonFields {
+ public:
+  explicit JsonFields(std::string file) : file_(std::move(file)) {}
+
+  Status error(const std::string& field, const std::string& why) const {
+    return {ErrorCode::corruption, "'" + file_ + "': " + (field.empty() ? "" : field + " ") + why};
+  }
+
+  Status expect_object(const json& v, const std::string& field) const {
+    if (v.is_object()) return Status::ok();
+    return error(field, "is " + describe(v) + ", not an object");
+  }
+
+  /// `object[key]`. @pre object.is_object()
+  Result<const json*> member(const json& object, const std::string& field, const char* key) const {
+    auto it = object.find(key);
+    std::string path = field.empty() ? key : field + "." + key;
+    if (it == object.end()) return error(path, "is missing");
+    return &*it;
+  }
+
+  Result<std::uint64_t> as_unsigned(const json& v, const std::string& field) const {
+    // Floats are refused, not truncated, and never converted when out of range.
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+      return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    return error(field, "is " + describe(v) + ", not an unsigned integer");
+  }
+
+  /// A dimension, offset or step: an unsigned integer that fits an int64.
+  Result<std::int64_t> as_size(const json& v, const std::string& field) const {
+    SH_ASSIGN_OR_RETURN(std::uint64_t value, as_unsigned(v, field));
+    if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      return error(field, "is " + describe(v) + ", beyond the largest size " +
+                              std::to_string(std::numeric_limits<std::int64_t>::max()));
+    }
+    return static_cast<std::int64_t>(value);
+  }
+
+  Result<std::string> as_string(const json& v, const std::string& field) const {
+    if (!v.is_string()) return error(field, "is " + describe(v) + ", not a string");
+    return v.get<std::string>();
+  }
+
+  Result<DType> as_dtype(const json& v, const std::string& field) const {
+    SH_ASSIGN_OR_RETURN(std::string name, as_string(v, field));
+    auto dtype = dtype_from_name(name);
+    if (!dtype) return error(field, "is " + describe(v) + ", not a known dtype");
+    return *dtype;
+  }
+
+  Result<std::uint64_t> as_xxh3(const json& v, const std::string& field) const {
+    SH_ASSIGN_OR_RETURN(std::string text, as_string(v, field));
+    auto hash = parse_xxh3_hex(text);
+    if (!hash) return error(field, "is " + describe(v) + ", not 16 lowercase hex digits");
+    return *hash;
+  }
+
+  Result<Shape> as_shape(const json& v, const std::string& field) const {
+    if (!v.is_array() || v.size() > Shape::kMaxRank) {
+      return error(field, "is " + describe(v) + ", not a list of at most " +
+                              std::to_string(Shape::kMaxRank) + " sizes");
+    }
+    Shape shape = Shape::zeros(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      SH_ASSIGN_OR_RETURN(shape[i], as_size(v[i], field + "[" + std::to_string(i) + "]"));
+    }
+    return shape;
+  }
+
+  /// A [begin, end] pair of unsigned integers with begin <= end.
+  Result<std::pair<std::uint64_t, std::uint64_t>> as_range(const json& v,
+                                                           const std::string& field) const {
+    if (!v.is_array() || v.size() != 2)
+      return error(field, "is " + describe(v) + ", not a list of two offsets");
+    SH_ASSIGN_OR_RETURN(std::uint64_t begin, as_unsigned(v[0], field + "[0]"));
+    SH_ASSIGN_OR_RETURN(std::uint64_t end, as_unsigned(v[1], field + "[1]"));
+    if (end < begin) return error(field, range_string(begin, end) + " ends before it begins");
+    return std::pair{begin, end};
+  }
+
+ private:
+  std::string file_;
+};
+
+std::string quoted_key(const std::string& parent, const std::string& key) {
+  return parent + "['" + key + "']";
+}
+
+Result<SafetensorsEntry> entry_from_json(const JsonFields& f, const std::string& key,
+                                         const json& value, std::uint64_t data_size) {
+  const std::string entry = "header entry '" + key + "'";
+  SH_RETURN_IF_ERROR(f.expect_object(value, entry));
+  SafetensorsEntry e;
+  e.key = key;
+  SH_ASSIGN_OR_RETURN(const json* dtype, f.member(value, entry, "dtype"));
+  SH_ASSIGN_OR_RETURN(e.dtype, f.as_dtype(*dtype, entry + ".dtype"));
+  SH_ASSIGN_OR_RETURN(const json* shape, f.member(value, entry, "shape"));
+  SH_ASSIGN_OR_RETURN(e.shape, f.as_shape(*shape, entry + ".shape"));
+  SH_ASSIGN_OR_RETURN(const json* offsets, f.member(value, entry, "data_offsets"));
+  SH_ASSIGN_OR_RETURN(auto range, f.as_range(*offsets, entry + ".data_offsets"));
+  std::tie(e.begin, e.end) = range;
+  if (e.end > data_size) {
+    return f.error(entry + ".data_offsets", range_string(e.begin, e.end) +
+                                                " run past the data section of " +
+                                                std::to_string(data_size) + " bytes");
+  }
+  auto nbytes = checked_nbytes(e.shape, dtype_size(e.dtype));
+  if (!nbytes) {
+    return f.error(entry + ".shape", e.shape.to_string() + " of " +
+                                         std::string(dtype_name(e.dtype)) +
+                                         " holds more bytes than an int64 counts");
+  }
+  if (e.end - e.begin != *nbytes) {
+    return f.error(entry + ".data_offsets",
+                   range_string(e.begin, e.end) + " do not hold the bytes of " +
+                       std::string(dtype_name(e.dtype)) + " " + e.shape.to_string());
+  }
+  return e;
+}
+
+Result<ChunkMeta> chunk_from_json(const JsonFields& f, const json& c, const std::string& field) {
+  SH_RETURN_IF_ERROR(f.expect_object(c, field));
+  ChunkMeta cm;
+  SH_ASSIGN_OR_RETURN(const json* offsets, f.member(c, field, "offsets"));
+  SH_ASSIGN_OR_RETURN(cm.offsets, f.as_shape(*offsets, field + ".offsets"));
+  SH_ASSIGN_OR_RETURN(const json* shape, f.member(c, field, "shape"));
+  SH_ASSIGN_OR_RETURN(cm.shape, f.as_shape(*shape, field + ".shape"));
+  SH_ASSIGN_OR_RETURN(const json* file, f.member(c, field, "file"));
+  SH_ASSIGN_OR_RETURN(cm.file, f.as_string(*file, field + ".file"));
+  SH_ASSIGN_OR_RETURN(const json* byte_range, f.member(c, field, "byte_range"));
+  SH_ASSIGN_OR_RETURN(auto range, f.as_range(*byte_range, field + ".byte_range"));
+  std::tie(cm.begin, cm.end) = range;
+  SH_ASSIGN_OR_RETURN(const json* hash, f.member(c, field, "xxh3"));
+  SH_ASSIGN_OR_RETURN(cm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  return cm;
+}
+
+Result<TensorMeta> tensor_from_json(const JsonFields& f, const json& t, const std::string& field) {
+  SH_RETURN_IF_ERROR(f.expect_object(t, field));
+  TensorMeta tm;
+  SH_ASSIGN_OR_RETURN(const json* dtype, f.member(t, field, "dtype"));
+  SH_ASSIGN_OR_RETURN(tm.dtype, f.as_dtype(*dtype, field + ".dtype"));
+  SH_ASSIGN_OR_RETURN(const json* shape, f.member(t, field, "shape"));
+  SH_ASSIGN_OR_RETURN(tm.global_shape, f.as_shape(*shape, field + ".shape"));
+  SH_ASSIGN_OR_RETURN(const json* chunks, f.member(t, field, "chunks"));
+  if (!chunks->is_array())
+    return f.error(field + ".chunks", "is " + describe(*chunks) + ", not a list");
+  for (std::size_t i = 0; i < chunks->size(); ++i) {
+    SH_ASSIGN_OR_RETURN(
+        ChunkMeta cm,
+        chunk_from_json(f, (*chunks)[i], field + ".chunks[" + std::to_string(i) + "]"));
+    tm.chunks.push_back(std::move(cm));
+  }
+  return tm;
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+/// Whether two blocks share an element (a block with an empty dimension shares none).
+/// @pre both have the same rank
+bool blocks_overlap(const ChunkMeta& a, const ChunkMeta& b) {
+  for (std::size_t i = 0; i < a.shape.rank(); ++i) {
+    if (std::max(a.offsets[i], b.offsets[i]) >=
+        std::min(a.offsets[i] + a.shape[i], b.offsets[i] + b.shape[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Proves that the chunks of `t` tile its global shape.
+/// @pre every chunk has the global rank and lies inside the global shape, whose byte size fits
+///      an int64 (so do the element counts of it and of every chunk).
+/// @return the first reason they do not; nullopt when they do.
+std::optional<std::string> tiling_error(const TensorMeta& t) {
+  std::vector<const ChunkMeta*> chunks;
+  for (const auto& c : t.chunks)
+    chunks.push_back(&c);
+  std::sort(chunks.begin(), chunks.end(),
+            [](const ChunkMeta* a, const ChunkMeta* b) { return a->offsets < b->offsets; });
+  for (std::size_t i = 1; i < chunks.size(); ++i) {
+    // Equal offsets mean equal chunk keys, even for chunks that hold no element.
+    if (chunks[i]->offsets == chunks[i - 1]->offsets)
+      return "two chunks at " + chunks[i]->offsets.to_string();
+  }
+  std::erase_if(chunks, [](const ChunkMeta* c) { return elements(c->shape) == 0; });
+  const std::size_t rank = t.global_shape.rank();
+  if (rank > 0 && chunks.size() > 1) {
+    // Sweep along the dimension with the most distinct offsets, comparing only chunks whose
+    // ranges along it meet: in a grid of chunks, each meets only its own slab.
+    std::size_t sweep = 0;
+    std::size_t most = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      std::vector<std::int64_t> starts;
+      for (const auto* c : chunks)
+        starts.push_back(c->offsets[d]);
+      std::sort(starts.begin(), starts.end());
+      auto distinct =
+          static_cast<std::size_t>(std::unique(starts.begin(), starts.end()) - starts.begin());
+      if (distinct > most) {
+        most = distinct;
+        sweep = d;
+      }
+    }
+    std::sort(chunks.begin(), chunks.end(), [sweep](const ChunkMeta* a, const ChunkMeta* b) {
+      return a->offsets[sweep] < b->offsets[sweep];
+    });
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const std::int64_t end = chunks[i]->offsets[sweep] + chunks[i]->shape[sweep];
+      for (std::size_t j = i + 1; j < chunks.size() && chunks[j]->offsets[sweep] < end; ++j) {
+        if (blocks_overlap(*chunks[i], *chunks[j])) {
+          return "chunks at " + chunks[i]->offsets.to_string() + " and " +
+                 chunks[j]->offsets.to_string() + " overlap";
+        }
+      }
+    }
+  }
+  // Disjoint blocks inside the global shape cover all of it exactly when their sizes add up.
+  std::uint64_t covered = 0;
+  for (const auto* c : chunks)
+    covered += elements(c->shape);
+  if (covered != elements(t.global_shape)) {
+    return "its chunks hold " + std::to_string(covered) + " of its " +
+           std::to_string(elements(t.global_shape)) + " elements";
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -111,38 +386,53 @@ Result<ParsedSafetensors> parse_safetensors_header(const std::string& path) {
       size, path);
 }
 
+const SafetensorsEntry* ParsedSafetensors::find(const std::string& key) const {
+  auto it =
+      std::lower_bound(entries.begin(), entries.end(), key,
+                       [](const SafetensorsEntry& e, const std::string& k) { return e.key < k; });
+  return it != entries.end() && it->key == key ? &*it : nullptr;
+}
+
 Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::uint64_t size, const std::string& path) {
   if (size < 8) return Status{ErrorCode::corruption, "'" + path + "' is too short for safetensors"};
   std::uint8_t len_bytes[8];
   SH_RETURN_IF_ERROR(read(0, len_bytes, 8));
   std::uint64_t len = 0;
   for (int i = 7; i >= 0; --i) len = len << 8 | len_bytes[i];
-  if (len > size - 8 || len > (100u << 20)) {
-    return Status{ErrorCode::corruption,
-                  "'" + path + "' has a header length of " + std::to_string(len) +
-                      " bytes, beyond its size of " + std::to_string(size)};
+  if (len > size - 8 || len > kMaxHeaderBytes) {
+    return Status{ErrorCode::corruption, "'" + path + "' has a header length of " +
+                                             std::to_string(len) + " bytes, beyond its size of " +
+                                             std::to_string(size) + " or the limit of " +
+                                             std::to_string(kMaxHeaderBytes)};
   }
   std::string text(len, '\0');
   SH_RETURN_IF_ERROR(read(8, text.data(), len));
-  json header = json::parse(text, nullptr, false);
+  const json header = json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return Status{ErrorCode::corruption, "'" + path + "' has a header that is not a JSON object"};
   }
+  JsonFields f(path);
   ParsedSafetensors out;
   out.data_start = 8 + len;
+  // A JSON object iterates in key order, so the entries come out sorted for find().
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") continue;
-    std::string what = "'" + path + "' entry '" + key + "'";
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("data_offsets") ||
-        !value["dtype"].is_string() || !value["data_offsets"].is_array() ||
-        value["data_offsets"].size() != 2) {
-      return Status{ErrorCode::corruption, what + " is malformed"};
+    SH_ASSIGN_OR_RETURN(SafetensorsEntry e, entry_from_json(f, key, value, size - out.data_start));
+    out.entries.push_back(std::move(e));
+  }
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : out.entries) {
+    if (e.end > e.begin) by_offset.push_back(&e);
+  }
+  std::sort(
+      by_offset.begin(), by_offset.end(),
+      [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
+  for (std::size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      return f.error(
+          "header entries '" + by_offset[i - 1]->key + "' and '" + by_offset[i]->key + "'",
+          "share bytes");
     }
-    auto dtype = dtype_from_name(value["dtype"].get<std::string>());
-    if (!dtype) return Status{ErrorCode::corruption, what + " has an unknown dtype"};
-    SH_ASSIGN_OR_RETURN(Shape shape, shape_from_json(value["shape"], what + " shape"));
-    out.entries.push_back({key, *dtype, shape, value["data_offsets"][0].get<std::uint64_t>(),
-                           value["data_offsets"][1].get<std::uint64_t>()});
   }
   return out;
 }
@@ -170,55 +460,126 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {
-  json root = json::parse(text, nullptr, false);
+  const json root = json::parse(text, nullptr, false);
+  JsonFields f(source);
+  if (root.is_discarded() || !root.is_object()) return f.error("", "is not a JSON object");
+  SH_ASSIGN_OR_RETURN(const json* format, f.member(root, "", "format"));
+  if (!format->is_string() || format->get_ref<const std::string&>() != kFormatName) {
+    return f.error("format", "is " + describe(*format) + ", not '" + kFormatName + "'");
+  }
+  SH_ASSIGN_OR_RETURN(const json* version_json, f.member(root, "", "version"));
+  SH_ASSIGN_OR_RETURN(std::uint64_t version, f.as_unsigned(*version_json, "version"));
+  if (version != kFormatVersion) {
+    return f.error("version " + std::to_string(version),
+                   "is not the supported version " + std::to_string(kFormatVersion));
+  }
+  CheckpointMetadata m;
+  SH_ASSIGN_OR_RETURN(const json* step, f.member(root, "", "step"));
+  SH_ASSIGN_OR_RETURN(m.step, f.as_size(*step, "step"));
+  SH_ASSIGN_OR_RETURN(const json* tensors, f.member(root, "", "tensors"));
+  SH_RETURN_IF_ERROR(f.expect_object(*tensors, "tensors"));
+  for (const auto& [name, t] : tensors->items()) {
+    SH_ASSIGN_OR_RETURN(TensorMeta tm, tensor_from_json(f, t, quoted_key("tensors", name)));
+    m.tensors.emplace(name, std::move(tm));
+  }
+  SH_ASSIGN_OR_RETURN(const json* objects, f.member(root, "", "objects"));
+  SH_RETURN_IF_ERROR(f.expect_object(*objects, "objects"));
+  for (const auto& [name, value] : objects->items()) {
+    SH_ASSIGN_OR_RETURN(m.objects[name], f.as_string(value, quoted_key("objects", name)));
+  }
+  SH_ASSIGN_OR_RETURN(const json* files, f.member(root, "", "files"));
+  SH_RETURN_IF_ERROR(f.expect_object(*files, "files"));
+  for (const auto& [name, value] : files->items()) {
+    const std::string field = quoted_key("files", name);
+    SH_RETURN_IF_ERROR(f.expect_object(value, field));
+    FileMeta fm;
+    SH_ASSIGN_OR_RETURN(const json* size, f.member(value, field, "size"));
+    SH_ASSIGN_OR_RETURN(fm.size, f.as_unsigned(*size, field + ".size"));
+    SH_ASSIGN_OR_RETURN(const json* hash, f.member(value, field, "xxh3"));
+    SH_ASSIGN_OR_RETURN(fm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+    m.files.emplace(name, fm);
+  }
+  SH_RETURN_IF_ERROR(validate_metadata(m, source));
+  return m;
+}
+
+Status validate_metadata(const CheckpointMetadata& m, const std::string& source) {
   auto bad = [&](const std::string& why) {
     return Status{ErrorCode::corruption, "'" + source + "': " + why};
   };
-  if (root.is_discarded() || !root.is_object()) return bad("not a JSON object");
-  if (root.value("format", "") != kFormatName) {
-    return bad("format is not '" + std::string(kFormatName) + "'");
+  if (m.step < 0) return bad("step " + std::to_string(m.step) + " is negative");
+  for (const auto& [name, f] : m.files) {
+    // Files are opened as policy/<name>: a path would reach outside the checkpoint.
+    if (!is_plain_file_name(name)) return bad("file '" + name + "' is not a plain file name");
   }
-  if (!root["version"].is_number_integer() || root["version"].get<int>() != kFormatVersion) {
-    return bad("version " + root["version"].dump() + " is not the supported version " +
-               std::to_string(kFormatVersion));
-  }
-  try {
-    CheckpointMetadata m;
-    m.step = root.at("step").get<std::int64_t>();
-    for (const auto& [name, t] : root.at("tensors").items()) {
-      TensorMeta tm;
-      auto dtype = dtype_from_name(t.at("dtype").get<std::string>());
-      if (!dtype) return bad("tensor '" + name + "' has an unknown dtype");
-      tm.dtype = *dtype;
-      SH_ASSIGN_OR_RETURN(tm.global_shape, shape_from_json(t.at("shape"), "tensor '" + name + "' shape"));
-      for (const auto& c : t.at("chunks")) {
-        ChunkMeta cm;
-        SH_ASSIGN_OR_RETURN(cm.offsets, shape_from_json(c.at("offsets"), "chunk offsets of '" + name + "'"));
-        SH_ASSIGN_OR_RETURN(cm.shape, shape_from_json(c.at("shape"), "chunk shape of '" + name + "'"));
-        cm.file = c.at("file").get<std::string>();
-        cm.begin = c.at("byte_range").at(0).get<std::uint64_t>();
-        cm.end = c.at("byte_range").at(1).get<std::uint64_t>();
-        auto hash = parse_xxh3_hex(c.at("xxh3").get<std::string>());
-        if (!hash) return bad("chunk of '" + name + "' has a malformed xxh3");
-        cm.xxh3 = *hash;
-        if (cm.end < cm.begin ||
-            cm.end - cm.begin != static_cast<std::uint64_t>(cm.shape.numel()) * dtype_size(tm.dtype)) {
-          return bad("chunk of '" + name + "' has a byte range that does not match its shape");
-        }
-        tm.chunks.push_back(std::move(cm));
+  for (const auto& [name, t] : m.tensors) {
+    const std::string tensor = "tensor '" + name + "'";
+    if (name.empty() || name.find('@') != std::string::npos) {
+      return bad(tensor +
+                 ": a tensor name must be non-empty and free of '@' (it starts every chunk key)");
+    }
+    if (!checked_nbytes(t.global_shape, dtype_size(t.dtype))) {
+      return bad(tensor + ": global shape " + t.global_shape.to_string() + " of " +
+                 std::string(dtype_name(t.dtype)) + " holds more bytes than an int64 counts");
+    }
+    const std::size_t rank = t.global_shape.rank();
+    for (const auto& c : t.chunks) {
+      const std::string chunk = tensor + " chunk " + c.offsets.to_string();
+      if (c.offsets.rank() != rank || c.shape.rank() != rank) {
+        return bad(chunk + ": offsets " + c.offsets.to_string() + " and shape " +
+                   c.shape.to_string() + " do not both have the rank of the global shape " +
+                   t.global_shape.to_string());
       }
-      m.tensors.emplace(name, std::move(tm));
+      for (std::size_t i = 0; i < rank; ++i) {
+        if (c.offsets[i] > t.global_shape[i] || c.shape[i] > t.global_shape[i] - c.offsets[i]) {
+          return bad(chunk + " of shape " + c.shape.to_string() +
+                     " lies outside the global shape " + t.global_shape.to_string());
+        }
+      }
+      // Inside the global shape, so its size fits too.
+      const std::uint64_t nbytes = *checked_nbytes(c.shape, dtype_size(t.dtype));
+      if (c.end < c.begin || c.end - c.begin != nbytes) {
+        return bad(chunk + ": byte_range " + range_string(c.begin, c.end) + " does not hold the " +
+                   std::to_string(nbytes) + " bytes of " + std::string(dtype_name(t.dtype)) + " " +
+                   c.shape.to_string());
+      }
+      auto file = m.files.find(c.file);
+      if (file == m.files.end())
+        return bad(chunk + ": its file '" + c.file + "' is not listed in files");
+      if (c.end > file->second.size) {
+        return bad(chunk + ": byte_range " + range_string(c.begin, c.end) + " runs past the " +
+                   std::to_string(file->second.size) + " bytes of '" + c.file + "'");
+      }
     }
-    m.objects = root.at("objects").get<std::map<std::string, std::string>>();
-    for (const auto& [name, f] : root.at("files").items()) {
-      auto hash = parse_xxh3_hex(f.at("xxh3").get<std::string>());
-      if (!hash) return bad("file '" + name + "' has a malformed xxh3");
-      m.files[name] = {f.at("size").get<std::uint64_t>(), *hash};
-    }
-    return m;
-  } catch (const json::exception& e) {
-    return bad(std::string("malformed metadata: ") + e.what());
+    if (auto why = tiling_error(t)) return bad(tensor + ": " + *why);
   }
+  return Status::ok();
+}
+
+Status check_chunk_in_header(const ParsedSafetensors& header, const std::string& path,
+                             const std::string& tensor, DType dtype, const ChunkMeta& chunk) {
+  const std::string key = chunk_key(tensor, chunk.offsets);
+  auto bad = [&](const std::string& why) {
+    return Status{ErrorCode::corruption, "'" + path + "': tensor '" + tensor + "' chunk " +
+                                             chunk.offsets.to_string() + ": " + why};
+  };
+  const SafetensorsEntry* e = header.find(key);
+  if (e == nullptr) return bad("the header has no entry '" + key + "'");
+  if (e->dtype != dtype) {
+    return bad("header entry '" + key + "' has dtype " + std::string(dtype_name(e->dtype)) +
+               ", the metadata says " + std::string(dtype_name(dtype)));
+  }
+  if (!(e->shape == chunk.shape)) {
+    return bad("header entry '" + key + "' has shape " + e->shape.to_string() +
+               ", the metadata says " + chunk.shape.to_string());
+  }
+  if (e->begin + header.data_start != chunk.begin || e->end + header.data_start != chunk.end) {
+    return bad("header entry '" + key + "' has bytes " +
+               range_string(e->begin + header.data_start, e->end + header.data_start) +
+               " of the file, the metadata's byte_range is " +
+               range_string(chunk.begin, chunk.end));
+  }
+  return Status::ok();
 }
 
 }  // namespace stagehand

@@ -73,19 +73,26 @@ struct SafetensorsEntry {
 /// starts at a multiple of kDataAlignment.
 std::string make_safetensors_header(const std::vector<SafetensorsEntry>& entries);
 
-/// Parses the header of a safetensors file whose first bytes are `prefix` (at least the header).
-/// @return the entries (data-relative ranges) and the data section's start offset.
+/// The header of a safetensors file.
 struct ParsedSafetensors {
+  /// Sorted by key; each range is relative to the data section, lies inside it, holds exactly
+  /// its dtype x shape bytes and shares no byte with another entry.
   std::vector<SafetensorsEntry> entries;
   std::uint64_t data_start = 0;
+
+  /// The entry named `key`; nullptr when there is none.
+  const SafetensorsEntry* find(const std::string& key) const;
 };
+
+/// Parses and checks the header of the safetensors file at `path`.
 Result<ParsedSafetensors> parse_safetensors_header(const std::string& path);
 
 /// Reads exactly `bytes` at `offset` into `dst`.
 using ByteReader = std::function<Status(std::uint64_t offset, void* dst, std::size_t bytes)>;
 
-/// The same for a file of `size` bytes read through `read` (a local file or an object);
-/// `path` names it in errors.
+/// The same for a file of `size` bytes read through `read` (a local file or an object); `path`
+/// names it in errors. Never throws: a malformed header is a corruption Status naming the file,
+/// the entry and the field.
 Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::uint64_t size, const std::string& path);
 
 // -- metadata.json --
@@ -120,7 +127,24 @@ struct CheckpointMetadata {
 };
 
 std::string metadata_to_json(const CheckpointMetadata& metadata);
-/// Parses and checks the format name and version; errors name `source`.
+
+/// Parses metadata.json, checks the format name and version and every field's type and range,
+/// then applies validate_metadata. Never throws: errors are corruption naming `source` and the
+/// field (for instance "tensors['w'].chunks[1].byte_range[0]").
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source);
+
+/// The one check of a checkpoint's structure that load and verify share, so that a checkpoint
+/// that verifies loads. Proves for every tensor that its global shape's byte size fits in an
+/// int64, that each chunk has the global shape's rank, lies inside it and names a listed file
+/// (a plain name) with a byte range that lies inside that file's size and holds exactly
+/// dtype x shape bytes, and that the chunks tile the global shape: no element in two chunks,
+/// none in no chunk. Errors are corruption naming `source`, the tensor and the chunk.
+Status validate_metadata(const CheckpointMetadata& metadata, const std::string& source);
+
+/// Checks that the header of the data file at `path` holds `chunk` of `tensor` (a `dtype`
+/// tensor) as metadata.json records it: an entry under its chunk key with the same dtype, shape
+/// and absolute byte range.
+Status check_chunk_in_header(const ParsedSafetensors& header, const std::string& path,
+                             const std::string& tensor, DType dtype, const ChunkMeta& chunk);
 
 }  // namespace stagehand

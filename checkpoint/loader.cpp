@@ -180,33 +180,45 @@ Result<CheckpointMetadata> read_metadata(const CheckpointSource& source) {
   return metadata_from_json(*text, source.where(kMetadataRel));
 }
 
-/// Opens each data file once, checking its size against the metadata.
+/// A data file opened for loading, with its parsed header.
+struct DataFile {
+  std::unique_ptr<SourceFile> file;
+  std::string path;
+  ParsedSafetensors header;
+};
+
+/// Opens each data file once, checking its size against the metadata and parsing its header.
 class FileCache {
  public:
   FileCache(const CheckpointSource& source, const CheckpointMetadata& m) : source_(source), metadata_(m) {}
 
-  Result<SourceFile*> get(const std::string& name) {
+  /// @pre `name` is listed in the metadata's files (validate_metadata proves it of every chunk's).
+  Result<const DataFile*> get(const std::string& name) {
     auto it = open_.find(name);
-    if (it != open_.end()) return it->second.get();
-    auto meta = metadata_.files.find(name);
+    if (it != open_.end()) return &it->second;
+    const std::uint64_t expected = metadata_.files.at(name).size;
     std::string rel = std::string(kPolicyDir) + "/" + name;
-    std::string path = source_.where(rel);
-    if (meta == metadata_.files.end()) {
-      return Status{ErrorCode::corruption, "'" + path + "' is not listed in the metadata"};
+    DataFile data{nullptr, source_.where(rel), {}};
+    SH_ASSIGN_OR_RETURN(data.file, source_.open(rel));
+    if (data.file->size() != expected) {
+      return Status{ErrorCode::corruption,
+                    "'" + data.path + "' has " + std::to_string(data.file->size()) +
+                        " bytes, the metadata says " + std::to_string(expected) + " (truncated?)"};
     }
-    SH_ASSIGN_OR_RETURN(auto file, source_.open(rel));
-    if (file->size() != meta->second.size) {
-      return Status{ErrorCode::corruption, "'" + path + "' has " + std::to_string(file->size()) +
-                                               " bytes, the metadata says " +
-                                               std::to_string(meta->second.size) + " (truncated?)"};
-    }
-    return open_.emplace(name, std::move(file)).first->second.get();
+    SourceFile& reader = *data.file;
+    SH_ASSIGN_OR_RETURN(data.header,
+                        parse_safetensors_header(
+                            [&reader](std::uint64_t offset, void* dst, std::size_t bytes) {
+                              return reader.read(offset, dst, bytes);
+                            },
+                            expected, data.path));
+    return &open_.emplace(name, std::move(data)).first->second;
   }
 
  private:
   const CheckpointSource& source_;
   const CheckpointMetadata& metadata_;
-  std::map<std::string, std::unique_ptr<SourceFile>> open_;
+  std::map<std::string, DataFile> open_;
 };
 
 }  // namespace
@@ -271,7 +283,6 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source));
   SH_RETURN_IF_ERROR(state.validate());
-  const std::string policy = CheckpointLayout::policy_dir(checkpoint_dir);
   FileCache files(*source, metadata);
   std::vector<HostBuffer> staged;
   std::vector<std::uint8_t> chunk_bytes;
@@ -298,20 +309,27 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
                                              " bytes to load '" + block.name + "'"};
     }
     const std::size_t elem = dtype_size(block.dtype);
+    // validate_metadata proved that the saved chunks tile the global shape, so their overlaps
+    // with this block are disjoint and counting their elements proves that they fill it: no byte
+    // of the buffer reaches the live state unwritten.
     std::int64_t covered = 0;
     for (const auto& chunk : saved.chunks) {
-      if (chunk.offsets.rank() != block.local_shape.rank()) return fail("chunk rank mismatch");
       if (block.local_shape.numel() == 0 || !overlaps(chunk, block)) continue;
-      auto where = "chunk " + chunk.offsets.to_string() + " of tensor '" + block.name + "' in '" +
-                   policy + "/" + chunk.file + "'";
+      const std::string context = "loading tensor '" + block.name + "'";
       auto file = files.get(chunk.file);
-      if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
+      if (!file.is_ok()) return file.status().with_context(context);
+      const DataFile& data = **file;
+      SH_RETURN_IF_ERROR(
+          check_chunk_in_header(data.header, data.path, block.name, saved.dtype, chunk));
+      // At most the file's size: validate_metadata keeps every byte range inside it.
       chunk_bytes.resize(chunk.end - chunk.begin);
-      SH_RETURN_IF_ERROR((*file)->read(chunk.begin, chunk_bytes.data(), chunk_bytes.size())
-                             .with_context("loading tensor '" + block.name + "'"));
-      if (xxh3(chunk_bytes.data(), chunk_bytes.size()) != chunk.xxh3) {
-        return Status{ErrorCode::corruption, where + ": checksum mismatch (XXH3 " +
-                                                 xxh3_hex(xxh3(chunk_bytes.data(), chunk_bytes.size())) +
+      SH_RETURN_IF_ERROR(data.file->read(chunk.begin, chunk_bytes.data(), chunk_bytes.size())
+                             .with_context(context));
+      const std::uint64_t hash = xxh3(chunk_bytes.data(), chunk_bytes.size());
+      if (hash != chunk.xxh3) {
+        return Status{ErrorCode::corruption, "'" + data.path + "': tensor '" + block.name +
+                                                 "' chunk " + chunk.offsets.to_string() +
+                                                 ": checksum mismatch (XXH3 " + xxh3_hex(hash) +
                                                  ", expected " + xxh3_hex(chunk.xxh3) + ")"};
       }
       covered += copy_overlap(chunk, block, elem, chunk_bytes.data(), buffer.data());
@@ -338,14 +356,21 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
 
 Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source));
   VerifyResult result;
+  auto metadata = read_metadata(*source);
+  if (!metadata.is_ok()) {
+    // Metadata that the loader would refuse is a finding about the checkpoint; a failure to read
+    // it is not.
+    if (metadata.status().code() != ErrorCode::corruption) return metadata.status();
+    result.problems.push_back(metadata.status().message());
+    return result;
+  }
   std::map<std::string, std::vector<std::pair<std::string, const ChunkMeta*>>> chunks_by_file;
-  for (const auto& [name, tensor] : metadata.tensors) {
+  for (const auto& [name, tensor] : metadata->tensors) {
     for (const auto& chunk : tensor.chunks) chunks_by_file[chunk.file].emplace_back(name, &chunk);
   }
   std::vector<std::uint8_t> buffer(8u << 20);
-  for (const auto& [name, meta] : metadata.files) {
+  for (const auto& [name, meta] : metadata->files) {
     std::string rel = std::string(kPolicyDir) + "/" + name;
     std::string path = source->where(rel);
     ++result.files_checked;
@@ -367,18 +392,15 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const 
       result.problems.push_back(parsed.status().message());
       continue;
     }
-    std::map<std::string, const SafetensorsEntry*> entries;
-    for (const auto& e : parsed->entries) entries[e.key] = &e;
-    // Chunks whose header entry agrees with the metadata get their checksum checked below.
+    // Chunks whose header entry agrees with the metadata (as the loader checks) get their
+    // checksum checked below.
     std::vector<std::pair<std::string, const ChunkMeta*>> checked;
     for (const auto& [tensor, chunk] : chunks_by_file[name]) {
       ++result.chunks_checked;
-      std::string key = chunk_key(tensor, chunk->offsets);
-      auto entry = entries.find(key);
-      if (entry == entries.end() || entry->second->begin + parsed->data_start != chunk->begin ||
-          entry->second->end + parsed->data_start != chunk->end) {
-        result.problems.push_back("'" + path + "': header entry for '" + key +
-                                  "' is missing or disagrees with the metadata");
+      Status entry =
+          check_chunk_in_header(*parsed, path, tensor, metadata->tensors.at(tensor).dtype, *chunk);
+      if (!entry.is_ok()) {
+        result.problems.push_back(entry.message());
         continue;
       }
       checked.emplace_back(tensor, chunk);
@@ -413,12 +435,6 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const 
         result.problems.push_back("'" + path + "': tensor '" + checked[i].first + "' chunk " +
                                   checked[i].second->offsets.to_string() + " checksum mismatch");
       }
-    }
-  }
-  for (const auto& [file, chunks] : chunks_by_file) {
-    if (metadata.files.count(file) == 0) {
-      result.problems.push_back("chunks of '" + chunks.front().first + "' point at '" + file +
-                                "', which the metadata does not list");
     }
   }
   return result;

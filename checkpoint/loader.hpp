@@ -18,7 +18,8 @@ namespace stagehand {
 Result<std::string> resolve_checkpoint(const std::string& path,
                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
-/// Reads `policy/metadata.json` of a checkpoint folder and checks its format and version.
+/// Reads `policy/metadata.json` of a checkpoint folder: metadata_from_json, so its format,
+/// version, fields and validate_metadata are checked.
 Result<CheckpointMetadata> read_checkpoint_metadata(
     const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
@@ -29,8 +30,10 @@ Result<std::string> read_checkpoint_text(const std::string& checkpoint_dir, cons
 /// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
 /// `state` names (a rank's own objects, not the other ranks').
 /// Only the byte ranges of chunks that overlap each local block are read (ranged GETs from an
-/// object store), and each is verified against its XXH3 first; the saved and the live sharding
-/// may differ.
+/// object store); each chunk is checked against its file's safetensors header entry and its
+/// XXH3 first. The saved and the live sharding may differ: the saved chunks are proven to tile
+/// each tensor (validate_metadata), so every element of every local block is filled from
+/// exactly one chunk.
 /// @post on error, no tensor of `state` has been modified.
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state,
                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
@@ -44,8 +47,12 @@ struct VerifyResult {
   bool ok() const { return problems.empty(); }
 };
 
-/// Checks every file's size, XXH3 and safetensors header, and every chunk's XXH3, against the
-/// metadata. Problems are collected rather than stopping at the first.
+/// Checks what load_checkpoint relies on: the metadata (as read_checkpoint_metadata does), every
+/// file's size, XXH3 and safetensors header, every chunk's header entry (check_chunk_in_header)
+/// and XXH3. A checkpoint that verifies loads under any layout that matches its tensors.
+/// Problems in the files are collected rather than stopping at the first; metadata that does not
+/// validate is the one problem reported. Errors are left for what stops the check itself
+/// (metadata that cannot be read, an unreachable object store).
 Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir,
                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   CLI::App app{"stagehand-ckpt: inspect and verify Stagehand checkpoints"};
   app.require_subcommand(1);
   std::string path;
-  auto* verify = app.add_subcommand("verify", "check every file and chunk checksum against the metadata");
+  auto* verify = app.add_subcommand(
+      "verify", "check the metadata and headers as a load does, and every file and chunk checksum");
   verify->add_option("path", path, kPathHelp)
       ->required();
   auto* inspect = app.add_subcommand("inspect", "list tensors, shards, bytes and files");

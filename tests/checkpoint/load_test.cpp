@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <regex>
 
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/commit.hpp"
@@ -47,6 +49,45 @@ std::vector<StateDict> every_dtype_state() {
   }
   states[0].objects["scheduler"] = R"({"step": 17})";
   return states;
+}
+
+/// Rewrites the metadata.json of `ckpt` after `edit` changed it.
+void edit_metadata(const std::string& ckpt, const std::function<void(CheckpointMetadata&)>& edit) {
+  auto metadata = read_checkpoint_metadata(ckpt);
+  BOOST_REQUIRE_MESSAGE(metadata.is_ok(), metadata.status().to_string());
+  edit(*metadata);
+  std::ofstream(ckpt + "/policy/metadata.json") << metadata_to_json(*metadata);
+}
+
+/// The metadata.json text of a checkpoint of every_dtype_state().
+std::string every_dtype_metadata_text() {
+  TempDir dir;
+  auto states = every_dtype_state();
+  BOOST_REQUIRE(save_states(dir.path(), 1, states).is_ok());
+  return test::read_file(dir / "global_step_1/policy/metadata.json");
+}
+
+/// `text` with the first match of `pattern` replaced by `replacement` ($1 for its group).
+std::string replace_first(const std::string& text, const std::string& pattern,
+                          const std::string& replacement) {
+  std::string out = std::regex_replace(text, std::regex(pattern), replacement,
+                                       std::regex_constants::format_first_only);
+  BOOST_REQUIRE_MESSAGE(out != text, "no match for " << pattern);
+  return out;
+}
+
+void fill_bytes(StateDict& state, std::uint8_t value) {
+  for (auto& t : state.tensors) {
+    std::fill_n(t.tensor.host_data<std::uint8_t>(), t.tensor.nbytes(), value);
+  }
+}
+
+bool all_bytes_are(const StateDict& state, std::uint8_t value) {
+  return std::all_of(state.tensors.begin(), state.tensors.end(), [&](const ShardedTensor& t) {
+    const auto* bytes = static_cast<const std::uint8_t*>(t.tensor.data());
+    return std::all_of(bytes, bytes + t.tensor.nbytes(),
+                       [&](std::uint8_t b) { return b == value; });
+  });
 }
 
 void flip_byte(const std::string& path, std::uint64_t offset) {
@@ -231,5 +272,139 @@ BOOST_AUTO_TEST_CASE(round_trip_on_the_default_device) {
   for (const auto& e : std::filesystem::directory_iterator(host_dir / "global_step_1/policy")) {
     std::string name = e.path().filename().string();
     BOOST_TEST((test::read_file(e.path().string()) == test::read_file(dir / ("global_step_1/policy/" + name))), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(resharded_load_refuses_chunks_that_do_not_tile_the_tensor) {
+  // Saved: a [4, 1024] f32 tensor in two column blocks at [0, 0] and [0, 512]; loaded as two row
+  // blocks, so that each live block takes half of each saved chunk.
+  for (std::string damage : {"shift", "swap", "dtype"}) {
+    BOOST_TEST_CONTEXT(damage) {
+      TempDir dir;
+      Tensor full = test::random_tensor(DType::f32, Shape{4, 1024}, 8);
+      std::vector<StateDict> states(2);
+      for (int r = 0; r < 2; ++r) {
+        Tensor block = *Tensor::empty(DType::f32, Shape{4, 512}, Device::host());
+        for (int i = 0; i < 4; ++i) {
+          std::copy_n(full.host_data<float>() + i * 1024 + r * 512, 512,
+                      block.host_data<float>() + i * 512);
+        }
+        states[static_cast<std::size_t>(r)].add("w", block, Shape{4, 1024}, Shape{0, 512 * r});
+      }
+      BOOST_REQUIRE(save_states(dir.path(), 1, states).is_ok());
+      std::string ckpt = dir / "global_step_1";
+      edit_metadata(ckpt, [&](CheckpointMetadata& m) {
+        TensorMeta& w = m.tensors.at("w");
+        BOOST_REQUIRE(w.chunks.size() == 2u);
+        // [0, 500]: the chunks overlap on 12 columns and leave the last 12 uncovered, while the
+        // counted overlap still equals each live block's size.
+        if (damage == "shift") w.chunks[1].offsets = Shape{0, 500};
+        // Each chunk now claims the other's place: exact coverage, but the files disagree.
+        if (damage == "swap") std::swap(w.chunks[0].offsets, w.chunks[1].offsets);
+        // Same element size, so only the files' headers can tell.
+        if (damage == "dtype") w.dtype = DType::i32;
+      });
+      for (int r = 0; r < 2; ++r) {
+        StateDict rows;
+        rows.add("w",
+                 test::zero_tensor(damage == "dtype" ? DType::i32 : DType::f32, Shape{2, 1024}),
+                 Shape{4, 1024}, Shape{2 * r, 0});
+        fill_bytes(rows, 0x5a);
+        Status st = load_checkpoint(ckpt, rows);
+        BOOST_TEST(!st.is_ok(), "rank " << r);
+        BOOST_TEST(st.message().find("tensor 'w'") != std::string::npos, st.message());
+        BOOST_TEST(all_bytes_are(rows, 0x5a));
+      }
+      auto verified = verify_checkpoint(ckpt);
+      BOOST_REQUIRE(verified.is_ok());
+      BOOST_TEST(!verified->ok());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(numbers_of_the_wrong_kind_or_range_are_refused) {
+  const std::string text = every_dtype_metadata_text();
+  BOOST_REQUIRE(metadata_from_json(text, "m.json").is_ok());
+  struct Edit {
+    std::string pattern;
+    std::string replacement;
+    std::string named;
+  };
+  const Edit edits[] = {
+      // 2^40 + 1 once read as an int became 1.
+      {R"("version": 1)", R"("version": 1099511627777)", "version"},
+      {R"("version": 1)", R"("version": 1.0)", "version"},
+      {R"("step": 1)", R"("step": 1.5)", "step"},
+      {R"("step": 1)", R"("step": -1)", "step"},
+      {R"("size": (\d+))", R"("size": $1.0)", "size"},
+      // Beyond every integer type: converting it was undefined behaviour.
+      {R"("size": (\d+))", R"("size": 1e30)", "size"},
+      {R"("byte_range": \[\s*(\d+))", R"("byte_range": [ $1.0)", "byte_range"},
+      {R"("byte_range": \[\s*(\d+))", R"("byte_range": [ 1e300)", "byte_range"},
+      {R"("offsets": \[\s*(\d+))", R"("offsets": [ 9223372036854775808)", "offsets"},
+      {R"("shape": \[\s*(\d+))", R"("shape": [ 5.0)", "shape"},
+  };
+  for (const auto& edit : edits) {
+    BOOST_TEST_CONTEXT(edit.replacement) {
+      auto m = metadata_from_json(replace_first(text, edit.pattern, edit.replacement), "m.json");
+      BOOST_TEST(m.status().code() == ErrorCode::corruption);
+      BOOST_TEST(m.status().message().find("'m.json'") != std::string::npos, m.status().message());
+      BOOST_TEST(m.status().message().find(edit.named) != std::string::npos, m.status().message());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sizes_that_overflow_or_exceed_their_file_are_refused) {
+  constexpr std::int64_t k2to32 = std::int64_t{1} << 32;
+  constexpr std::int64_t k2to62 = std::int64_t{1} << 62;
+  for (std::string damage : {"numel", "file", "rank"}) {
+    BOOST_TEST_CONTEXT(damage) {
+      TempDir dir;
+      auto states = every_dtype_state();
+      BOOST_REQUIRE(save_states(dir.path(), 1, states).is_ok());
+      std::string ckpt = dir / "global_step_1";
+      std::string file;
+      edit_metadata(ckpt, [&](CheckpointMetadata& m) {
+        file = m.files.begin()->first;
+        TensorMeta big{DType::u8, {}, {}};
+        ChunkMeta chunk{{}, {}, file, 4096, 4096, 0};
+        if (damage == "numel") {
+          // 2^64 elements: a product that wrapped to 0 matched an empty byte range.
+          big.global_shape = chunk.shape = Shape{k2to32, k2to32};
+          chunk.offsets = Shape{0, 0};
+        } else if (damage == "file") {
+          // Consistent with its dtype, but far beyond its file: reading it allocated 2^62 bytes.
+          big.global_shape = chunk.shape = Shape{k2to62};
+          chunk.offsets = Shape{0};
+          chunk.end = 4096 + static_cast<std::uint64_t>(k2to62);
+        } else {
+          big.global_shape = Shape{4, 4};
+          chunk.shape = Shape{16};
+          chunk.offsets = Shape{0, 0};
+          chunk.end = 4096 + 16;
+        }
+        big.chunks.push_back(chunk);
+        m.tensors["big"] = big;
+      });
+      auto m = read_checkpoint_metadata(ckpt);
+      BOOST_TEST(!m.is_ok());
+      BOOST_TEST(m.status().message().find("metadata.json") != std::string::npos,
+                 m.status().message());
+      BOOST_TEST(m.status().message().find("'big'") != std::string::npos, m.status().message());
+      if (damage == "file")
+        BOOST_TEST(m.status().message().find(file) != std::string::npos, m.status().message());
+
+      StateDict live;
+      Shape local = damage == "numel" ? Shape{1, 16} : damage == "file" ? Shape{16} : Shape{4, 4};
+      Shape global = damage == "numel"  ? Shape{k2to32, k2to32}
+                     : damage == "file" ? Shape{k2to62}
+                                        : Shape{4, 4};
+      live.add("big", test::zero_tensor(DType::u8, local), global, Shape::zeros(local.rank()));
+      fill_bytes(live, 0x5a);
+      Status st = load_checkpoint(ckpt, live);
+      BOOST_TEST(!st.is_ok());
+      BOOST_TEST(st.message().find("'big'") != std::string::npos, st.message());
+      BOOST_TEST(all_bytes_are(live, 0x5a));
+    }
   }
 }
