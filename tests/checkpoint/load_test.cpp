@@ -13,10 +13,12 @@
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/core/device.hpp"
+#include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
 using stagehand::test::TempDir;
+using stagehand::test::edit_metadata;
 
 namespace {
 
@@ -49,14 +51,6 @@ std::vector<StateDict> every_dtype_state() {
   }
   states[0].objects["scheduler"] = R"({"step": 17})";
   return states;
-}
-
-/// Rewrites the metadata.json of `ckpt` after `edit` changed it.
-void edit_metadata(const std::string& ckpt, const std::function<void(CheckpointMetadata&)>& edit) {
-  auto metadata = read_checkpoint_metadata(ckpt);
-  BOOST_REQUIRE_MESSAGE(metadata.is_ok(), metadata.status().to_string());
-  edit(*metadata);
-  std::ofstream(ckpt + "/policy/metadata.json") << metadata_to_json(*metadata);
 }
 
 /// The metadata.json text of a checkpoint of every_dtype_state().

@@ -11,10 +11,12 @@
 
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
 using stagehand::test::TempDir;
+using stagehand::test::edit_metadata;
 
 namespace {
 
@@ -39,14 +41,6 @@ bool every_rank_loads(const std::string& ckpt) {
     if (!load_checkpoint(*dir, loaded).is_ok()) return false;
   }
   return true;
-}
-
-/// Rewrites the metadata.json of `ckpt` after `edit` changed it.
-void edit_metadata(const std::string& ckpt, const std::function<void(CheckpointMetadata&)>& edit) {
-  auto metadata = read_checkpoint_metadata(ckpt);
-  BOOST_REQUIRE_MESSAGE(metadata.is_ok(), metadata.status().to_string());
-  edit(*metadata);
-  std::ofstream(ckpt + "/policy/metadata.json") << metadata_to_json(*metadata);
 }
 
 /// Replaces the first match of `pattern` in a file's text.
