@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "stagehand/core/log.hpp"
 #include "stagehand/storage/local_files.hpp"
 
 namespace fs = std::filesystem;
@@ -191,6 +193,15 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
   return m;
 }
 
+Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir) {
+  const std::string path = checkpoint_dir + "/" + kTrainerStateFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::ok();
+  SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
+  metadata.trainer_state = FileMeta{text.size(), xxh3(text.data(), text.size())};
+  return Status::ok();
+}
+
 Status abort_checkpoint(const std::string& root, std::int64_t step) {
   return remove_tree(CheckpointLayout{root}.tmp_dir(step));
 }
@@ -216,6 +227,7 @@ Status commit_checkpoint(const std::string& root, std::int64_t step,
   };
   auto metadata = build_metadata(step, reports, world_size);
   if (!metadata.is_ok()) return fail(metadata.status());
+  if (Status recorded = record_trainer_state(*metadata, tmp); !recorded.is_ok()) return fail(recorded);
   std::string policy = CheckpointLayout::policy_dir(tmp);
   Status st = write_file_atomic(policy + "/" + kMetadataFile, metadata_to_json(*metadata));
   if (st.is_ok()) st = fsync_dir(tmp);
@@ -270,6 +282,7 @@ Result<int> clean_stale_tmp_dirs(const std::string& root) {
     if (parse_step_dir_name(entry.path().filename().string(), true)) stale.push_back(entry.path().string());
   }
   for (const auto& path : stale) {
+    logger()->info("removing '{}', left by an interrupted save", path);
     SH_RETURN_IF_ERROR(remove_tree(path));
     ++removed;
   }

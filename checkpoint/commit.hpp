@@ -36,6 +36,10 @@ Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t
 Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
                                           int world_size);
 
+/// Records the size and XXH3 of `<checkpoint_dir>/trainer_state.json` in `metadata` when the
+/// file exists (the coordinator wrote it when the step began); leaves it unrecorded otherwise.
+Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir);
+
 /// Commits a checkpoint whose ranks all reported: writes metadata.json (temp, fsync, rename),
 /// renames `global_step_N.tmp` to `global_step_N` (atomically swapping out an older copy of the
 /// same step), fsyncs the parent, and only then replaces the tracker (temp, fsync, rename).
@@ -56,7 +60,7 @@ Result<std::optional<std::int64_t>> read_tracker(const std::string& root);
 /// Steps of committed checkpoints under `root` (those with metadata), ascending.
 std::vector<std::int64_t> committed_steps(const std::string& root);
 
-/// Removes leftover `global_step_*.tmp` folders of interrupted saves.
+/// Removes leftover `global_step_*.tmp` folders of interrupted saves, logging each.
 /// @return how many were removed.
 Result<int> clean_stale_tmp_dirs(const std::string& root);
 

@@ -283,6 +283,24 @@ Result<TensorMeta> tensor_from_json(const JsonFields& f, const json& t, const st
   return tm;
 }
 
+Result<FileMeta> file_meta_from_json(const JsonFields& f, const json& value, const std::string& field) {
+  SH_RETURN_IF_ERROR(f.expect_object(value, field));
+  FileMeta fm;
+  SH_ASSIGN_OR_RETURN(const json* size, f.member(value, field, "size"));
+  SH_ASSIGN_OR_RETURN(fm.size, f.as_unsigned(*size, field + ".size"));
+  SH_ASSIGN_OR_RETURN(const json* hash, f.member(value, field, "xxh3"));
+  SH_ASSIGN_OR_RETURN(fm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  return fm;
+}
+
+/// XXH3 of the compact JSON text of `root` without its "checksum" field: what metadata.json's
+/// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
+std::uint64_t metadata_checksum(json root) {
+  root.erase("checksum");
+  const std::string text = root.dump();
+  return xxh3(text.data(), text.size());
+}
+
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
@@ -456,6 +474,10 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
   for (const auto& [name, f] : m.files) files[name] = {{"size", f.size}, {"xxh3", xxh3_hex(f.xxh3)}};
   json root = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step},
                {"tensors", tensors},    {"objects", m.objects},      {"files", files}};
+  if (m.trainer_state) {
+    root["trainer_state"] = {{"size", m.trainer_state->size}, {"xxh3", xxh3_hex(m.trainer_state->xxh3)}};
+  }
+  root["checksum"] = xxh3_hex(metadata_checksum(root));
   return root.dump(1) + "\n";
 }
 
@@ -490,16 +512,22 @@ Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std
   SH_ASSIGN_OR_RETURN(const json* files, f.member(root, "", "files"));
   SH_RETURN_IF_ERROR(f.expect_object(*files, "files"));
   for (const auto& [name, value] : files->items()) {
-    const std::string field = quoted_key("files", name);
-    SH_RETURN_IF_ERROR(f.expect_object(value, field));
-    FileMeta fm;
-    SH_ASSIGN_OR_RETURN(const json* size, f.member(value, field, "size"));
-    SH_ASSIGN_OR_RETURN(fm.size, f.as_unsigned(*size, field + ".size"));
-    SH_ASSIGN_OR_RETURN(const json* hash, f.member(value, field, "xxh3"));
-    SH_ASSIGN_OR_RETURN(fm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+    SH_ASSIGN_OR_RETURN(FileMeta fm, file_meta_from_json(f, value, quoted_key("files", name)));
     m.files.emplace(name, fm);
   }
+  // Absent when the save had no trainer state.
+  auto trainer_state = root.find("trainer_state");
+  if (trainer_state != root.end()) {
+    SH_ASSIGN_OR_RETURN(m.trainer_state, file_meta_from_json(f, *trainer_state, "trainer_state"));
+  }
   SH_RETURN_IF_ERROR(validate_metadata(m, source));
+  // Last, so that a damaged field is named rather than only the checksum.
+  SH_ASSIGN_OR_RETURN(const json* checksum, f.member(root, "", "checksum"));
+  SH_ASSIGN_OR_RETURN(std::uint64_t expected, f.as_xxh3(*checksum, "checksum"));
+  if (std::uint64_t actual = metadata_checksum(root); actual != expected) {
+    return f.error("", "was changed after it was written: its content has XXH3 " + xxh3_hex(actual) +
+                           ", its field checksum says " + xxh3_hex(expected));
+  }
   return m;
 }
 

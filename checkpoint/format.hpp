@@ -123,14 +123,19 @@ struct CheckpointMetadata {
   std::int64_t step = 0;
   std::map<std::string, TensorMeta> tensors;
   std::map<std::string, std::string> objects;
+  /// Data files in policy/, by name.
   std::map<std::string, FileMeta> files;
+  /// trainer_state.json beside policy/; none when the save had no trainer state.
+  std::optional<FileMeta> trainer_state;
 };
 
 std::string metadata_to_json(const CheckpointMetadata& metadata);
 
 /// Parses metadata.json, checks the format name and version and every field's type and range,
-/// then applies validate_metadata. Never throws: errors are corruption naming `source` and the
-/// field (for instance "tensors['w'].chunks[1].byte_range[0]").
+/// then applies validate_metadata, then checks the file's "checksum" (XXH3 of its compact JSON
+/// without that field, which metadata_to_json writes), so that a hand edit of any field is found.
+/// Never throws: errors are corruption naming `source` and the field (for instance
+/// "tensors['w'].chunks[1].byte_range[0]").
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source);
 
 /// The one check of a checkpoint's structure that load and verify share, so that a checkpoint

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/commit.hpp"
@@ -174,10 +176,53 @@ Result<std::unique_ptr<CheckpointSource>> open_source(const std::string& dir, co
 
 const std::string kMetadataRel = std::string(kPolicyDir) + "/" + kMetadataFile;
 
-Result<CheckpointMetadata> read_metadata(const CheckpointSource& source) {
+/// The step in the name of a checkpoint folder (`.../global_step_N`, `/` at the end allowed);
+/// nullopt for a folder named otherwise (a copy a user renamed).
+std::optional<std::int64_t> folder_step(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return parse_step_dir_name(dir.substr(dir.find_last_of('/') + 1), false);
+}
+
+/// Reads and checks metadata.json, and that the folder's name (which the tracker names) holds its step.
+Result<CheckpointMetadata> read_metadata(const CheckpointSource& source, const std::string& dir) {
   SH_ASSIGN_OR_RETURN(auto text, source.read_text(kMetadataRel));
-  if (!text) return Status{ErrorCode::not_found, "'" + source.where(kMetadataRel) + "' does not exist"};
-  return metadata_from_json(*text, source.where(kMetadataRel));
+  const std::string where = source.where(kMetadataRel);
+  if (!text) return Status{ErrorCode::not_found, "'" + where + "' does not exist"};
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata m, metadata_from_json(*text, where));
+  if (auto step = folder_step(dir); step && *step != m.step) {
+    return Status{ErrorCode::corruption, "'" + where + "' holds step " + std::to_string(m.step) +
+                                             ", but its folder is named for step " + std::to_string(*step)};
+  }
+  return m;
+}
+
+/// Reads trainer_state.json and proves it is the one committed with `m`: recorded in the
+/// metadata with its size and XXH3, and holding the metadata's step.
+Result<std::string> read_trainer_state(const CheckpointSource& source, const CheckpointMetadata& m) {
+  const std::string where = source.where(kTrainerStateFile);
+  SH_ASSIGN_OR_RETURN(auto text, source.read_text(kTrainerStateFile));
+  if (!m.trainer_state) {
+    return Status{text ? ErrorCode::corruption : ErrorCode::not_found,
+                  "'" + where + "' " + (text ? "is not" : "does not exist and is not") + " recorded in '" +
+                      source.where(kMetadataRel) + "'"};
+  }
+  if (!text) return Status{ErrorCode::corruption, "'" + where + "' does not exist, but the metadata records it"};
+  const FileMeta& expected = *m.trainer_state;
+  if (text->size() != expected.size || xxh3(text->data(), text->size()) != expected.xxh3) {
+    return Status{ErrorCode::corruption,
+                  "'" + where + "' was changed after it was saved: " + std::to_string(text->size()) + " bytes with XXH3 " +
+                      xxh3_hex(xxh3(text->data(), text->size())) + ", the metadata records " +
+                      std::to_string(expected.size) + " bytes with XXH3 " + xxh3_hex(expected.xxh3)};
+  }
+  // The step is the one field every trainer state has; the trainer reads the rest.
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  auto step = j.is_object() ? j.find("step") : j.end();
+  if (step == j.end() || !step->is_number_integer() || step->get<std::int64_t>() != m.step) {
+    return Status{ErrorCode::corruption, "'" + where + "': field 'step' is " +
+                                             (step == j.end() ? std::string("missing") : step->dump()) +
+                                             ", not the checkpoint's step " + std::to_string(m.step)};
+  }
+  return std::move(*text);
 }
 
 /// A data file opened for loading, with its parsed header.
@@ -268,20 +313,18 @@ Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStor
 
 Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  return read_metadata(*source);
+  return read_metadata(*source, checkpoint_dir);
 }
 
-Result<std::string> read_checkpoint_text(const std::string& checkpoint_dir, const std::string& rel,
-                                         const ObjectStoreOptions& store) {
+Result<std::string> read_trainer_state_text(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  SH_ASSIGN_OR_RETURN(auto text, source->read_text(rel));
-  if (!text) return Status{ErrorCode::not_found, "'" + source->where(rel) + "' does not exist"};
-  return std::move(*text);
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source, checkpoint_dir));
+  return read_trainer_state(*source, metadata);
 }
 
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source));
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source, checkpoint_dir));
   SH_RETURN_IF_ERROR(state.validate());
   FileCache files(*source, metadata);
   std::vector<HostBuffer> staged;
@@ -357,13 +400,24 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
 Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   VerifyResult result;
-  auto metadata = read_metadata(*source);
+  auto metadata = read_metadata(*source, checkpoint_dir);
   if (!metadata.is_ok()) {
     // Metadata that the loader would refuse is a finding about the checkpoint; a failure to read
     // it is not.
     if (metadata.status().code() != ErrorCode::corruption) return metadata.status();
     result.problems.push_back(metadata.status().message());
     return result;
+  }
+  // A checkpoint saved without a trainer state (not by a trainer) has none to check.
+  if (auto state = read_trainer_state(*source, *metadata); !state.is_ok()) {
+    if (state.status().code() == ErrorCode::corruption) {
+      result.problems.push_back(state.status().message());
+    } else if (state.status().code() != ErrorCode::not_found) {
+      return state.status();
+    }
+  } else {
+    ++result.files_checked;
+    result.bytes_checked += state->size();
   }
   std::map<std::string, std::vector<std::pair<std::string, const ChunkMeta*>>> chunks_by_file;
   for (const auto& [name, tensor] : metadata->tensors) {

@@ -19,13 +19,17 @@ Result<std::string> resolve_checkpoint(const std::string& path,
                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 /// Reads `policy/metadata.json` of a checkpoint folder: metadata_from_json, so its format,
-/// version, fields and validate_metadata are checked.
+/// version, fields, checksum and validate_metadata are checked, and a folder named
+/// `global_step_N` must hold step N.
 Result<CheckpointMetadata> read_checkpoint_metadata(
     const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
-/// Reads a small file of a checkpoint folder, such as trainer_state.json; not_found when missing.
-Result<std::string> read_checkpoint_text(const std::string& checkpoint_dir, const std::string& rel,
-                                         const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+/// Reads the trainer_state.json of a checkpoint folder, proven to be the one committed with its
+/// metadata: recorded in metadata.json with its size and XXH3, its field "step" equal to the
+/// metadata's step, which equals the step in the folder's name (`global_step_N`, which is what
+/// the tracker names). not_found when the checkpoint was saved without one; corruption otherwise.
+Result<std::string> read_trainer_state_text(
+    const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 /// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
 /// `state` names (a rank's own objects, not the other ranks').
@@ -47,7 +51,8 @@ struct VerifyResult {
   bool ok() const { return problems.empty(); }
 };
 
-/// Checks what load_checkpoint relies on: the metadata (as read_checkpoint_metadata does), every
+/// Checks what load_checkpoint and a trainer's resume rely on: the metadata (as
+/// read_checkpoint_metadata does), the trainer state (as read_trainer_state_text does), every
 /// file's size, XXH3 and safetensors header, every chunk's header entry (check_chunk_in_header)
 /// and XXH3. A checkpoint that verifies loads under any layout that matches its tensors.
 /// Problems in the files are collected rather than stopping at the first; metadata that does not

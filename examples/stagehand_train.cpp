@@ -22,6 +22,7 @@
 #include "stagehand/core/device.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/process_collectives.hpp"
+#include "stagehand/storage/destination.hpp"
 #include "stagehand/trainers/trainer.hpp"
 
 using namespace stagehand;
@@ -91,10 +92,13 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
   auto dispatch = spawn_worker_dispatch(system, workers, std::move(coordinator), {c.trainer.ckpt_path, timeout});
   auto summary = std::make_shared<TrainerSummary>();
   if (!quiet) {
+    // Saves to an object store are sync whatever async_dist_ckpt_save says (MegatronStrategy).
+    const char* saves = !c.megatron_config.async_dist_ckpt_save ? "sync"
+                        : is_cloud(c.trainer.ckpt_path)      ? "sync (an object store; async_dist_ckpt_save is ignored)"
+                                                             : "async";
     std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) %s on %s, checkpoints %s in %s\n",
                 to_string(c.trainer.kind), layout.world_size(), layout.tensor_parallel, layout.data_parallel,
-                where.c_str(), default_device(0).to_string().c_str(),
-                c.megatron_config.async_dist_ckpt_save ? "async" : "sync", c.trainer.ckpt_path.c_str());
+                where.c_str(), default_device(0).to_string().c_str(), saves, c.trainer.ckpt_path.c_str());
   }
   auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights}, summary);
   int code = 0;

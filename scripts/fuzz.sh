@@ -18,9 +18,11 @@ if ! command -v clang++ >/dev/null; then
 fi
 
 # target:max_len:dictionary, where max_len is the largest input worth mutating (a data file's
-# header page, a metadata.json of a few dozen tensors, a tracker line, a config, a few overrides)
+# header page, a metadata.json of a few dozen tensors, a tracker line, a trainer state with a few
+# pending batches, a config, a few overrides)
 # and the dictionary in tests/fuzz/ lists the tokens of its format.
 targets=(safetensors_header_fuzz:16384:json.dict metadata_fuzz:16384:json.dict tracker_fuzz:64:
+         trainer_state_fuzz:16384:json.dict
          config_yaml_fuzz:8192:config.dict config_set_fuzz:1024:config.dict)
 
 export CCACHE_BASEDIR="$PWD"

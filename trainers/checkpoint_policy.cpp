@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/commit.hpp"
@@ -151,154 +150,12 @@ Status CheckpointPolicy::clean_interrupted_saves() const {
   std::error_code ec;
   if (is_cloud(config_.ckpt_path)) {
     SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(config_.ckpt_path, store_));
-    return cloud.clean_interrupted().status().with_context("cleaning '" + config_.ckpt_path + "'");
+    SH_RETURN_IF_ERROR(cloud.clean_interrupted().status().with_context("cleaning '" + config_.ckpt_path + "'"));
   }
-  if (!fs::is_directory(config_.ckpt_path, ec)) return Status::ok();
-  return clean_stale_tmp_dirs(config_.ckpt_path).status();
-}
-
-std::string trainer_state_to_json(const TrainerState& s) {
-  nlohmann::json j{{"step", s.step}, {"kind", s.kind}, {"seed", s.seed}, {"data_cursor", s.data_cursor}};
-  if (s.fully_async) {
-    nlohmann::json batches = nlohmann::json::array();
-    for (const auto& b : s.fully_async->pending_batches) {
-      batches.push_back({{"step", b.step}, {"version", b.version}, {"actions", b.actions}});
-    }
-    j["fully_async"] = {{"max_staleness_steps", s.fully_async->max_staleness_steps},
-                        {"num_generators", s.fully_async->num_generators},
-                        {"next_generation_step", s.fully_async->next_generation_step},
-                        {"max_staleness_seen", s.fully_async->max_staleness_seen},
-                        {"pending_batches", std::move(batches)}};
-  }
-  return j.dump(1) + "\n";
-}
-
-namespace {
-
-/// One JSON object of a trainer_state.json: reads its fields by type, and says which field of
-/// which file is wrong instead of letting nlohmann::json throw.
-class StateObject {
- public:
-  StateObject(const nlohmann::json& j, const std::string& file, std::string path)
-      : j_(j), file_(file), path_(std::move(path)) {}
-
-  /// Reads `key` into `out`; a missing key leaves `out` as it is unless `required`.
-  Status integer(const char* key, std::int64_t& out, bool required = false) const {
-    const nlohmann::json* v = find(key);
-    if (v == nullptr) return required ? missing(key) : Status::ok();
-    if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<std::uint64_t>() > kMaxInt64)) {
-      return wrong(key, *v, "an integer");
-    }
-    out = v->get<std::int64_t>();
-    return Status::ok();
-  }
-
-  Status unsigned_integer(const char* key, std::uint64_t& out) const {
-    const nlohmann::json* v = find(key);
-    if (v == nullptr) return Status::ok();
-    if (!v->is_number_unsigned()) return wrong(key, *v, "a non-negative integer");
-    out = v->get<std::uint64_t>();
-    return Status::ok();
-  }
-
-  Status string(const char* key, std::string& out) const {
-    const nlohmann::json* v = find(key);
-    if (v == nullptr) return Status::ok();
-    if (!v->is_string()) return wrong(key, *v, "a string");
-    out = v->get<std::string>();
-    return Status::ok();
-  }
-
-  Status int32_array(const char* key, std::vector<std::int32_t>& out) const {
-    const nlohmann::json* v = find(key);
-    if (v == nullptr) return missing(key);
-    if (!v->is_array()) return wrong(key, *v, "an array of integers");
-    out.clear();
-    for (const auto& e : *v) {
-      const bool fits = e.is_number_unsigned() ? e.get<std::uint64_t>() <= INT32_MAX
-                                               : e.is_number_integer() && e.get<std::int64_t>() >= INT32_MIN &&
-                                                     e.get<std::int64_t>() <= INT32_MAX;
-      if (!fits) return error(key, "holds " + e.dump() + ", not a 32-bit integer");
-      out.push_back(e.get<std::int32_t>());
-    }
-    return Status::ok();
-  }
-
-  /// The object or array at `key`; null when missing and not `required`.
-  Result<const nlohmann::json*> nested(const char* key, nlohmann::json::value_t type, bool required) const {
-    const nlohmann::json* v = find(key);
-    if (v == nullptr && required) return missing(key);
-    if (v != nullptr && v->type() != type) {
-      return wrong(key, *v, type == nlohmann::json::value_t::array ? "an array" : "an object");
-    }
-    return v;
-  }
-
-  std::string field(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-
-  Status error(const std::string& key, const std::string& why) const {
-    return {ErrorCode::corruption, "'" + file_ + "': field '" + field(key) + "' " + why};
-  }
-
- private:
-  static constexpr std::uint64_t kMaxInt64 = static_cast<std::uint64_t>(INT64_MAX);
-
-  const nlohmann::json* find(const char* key) const {
-    auto it = j_.find(key);
-    return it == j_.end() ? nullptr : &*it;
-  }
-  Status missing(const std::string& key) const { return error(key, "is missing"); }
-  Status wrong(const std::string& key, const nlohmann::json& v, const std::string& expected) const {
-    return error(key, "is " + std::string(v.type_name()) + " " + v.dump() + ", not " + expected);
-  }
-
-  const nlohmann::json& j_;
-  const std::string& file_;
-  std::string path_;
-};
-
-Result<FullyAsyncState> read_fully_async_state(const nlohmann::json& j, const std::string& file) {
-  const StateObject part(j, file, "fully_async");
-  FullyAsyncState s;
-  SH_RETURN_IF_ERROR(part.integer("max_staleness_steps", s.max_staleness_steps));
-  SH_RETURN_IF_ERROR(part.integer("num_generators", s.num_generators));
-  SH_RETURN_IF_ERROR(part.integer("next_generation_step", s.next_generation_step));
-  SH_RETURN_IF_ERROR(part.integer("max_staleness_seen", s.max_staleness_seen));
-  SH_ASSIGN_OR_RETURN(const nlohmann::json* batches,
-                      part.nested("pending_batches", nlohmann::json::value_t::array, true));
-  for (std::size_t i = 0; i < batches->size(); ++i) {
-    const std::string key = "pending_batches[" + std::to_string(i) + "]";
-    const nlohmann::json& b = (*batches)[i];
-    if (!b.is_object()) return part.error(key, "is " + std::string(b.type_name()) + ", not an object");
-    const StateObject batch(b, file, part.field(key));
-    PendingBatch p;
-    SH_RETURN_IF_ERROR(batch.integer("step", p.step, true));
-    SH_RETURN_IF_ERROR(batch.integer("version", p.version, true));
-    SH_RETURN_IF_ERROR(batch.int32_array("actions", p.actions));
-    s.pending_batches.push_back(std::move(p));
-  }
-  return s;
-}
-
-}  // namespace
-
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
-  std::string path = checkpoint_dir + "/" + kTrainerStateFile;
-  SH_ASSIGN_OR_RETURN(std::string text, read_checkpoint_text(checkpoint_dir, kTrainerStateFile, store));
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status{ErrorCode::corruption, "'" + path + "' is not a JSON object"};
-  const StateObject top(j, path, "");
-  TrainerState s;
-  SH_RETURN_IF_ERROR(top.integer("step", s.step, true));
-  SH_RETURN_IF_ERROR(top.string("kind", s.kind));
-  SH_RETURN_IF_ERROR(top.unsigned_integer("seed", s.seed));
-  SH_RETURN_IF_ERROR(top.integer("data_cursor", s.data_cursor));
-  SH_ASSIGN_OR_RETURN(const nlohmann::json* fully_async,
-                      top.nested("fully_async", nlohmann::json::value_t::object, false));
-  if (fully_async != nullptr) {
-    SH_ASSIGN_OR_RETURN(s.fully_async, read_fully_async_state(*fully_async, path));
-  }
-  return s;
+  // For an object store, the folder the killed run wrote into before uploading.
+  const std::string local = local_staging_root(config_.ckpt_path, local_work_dir_);
+  if (!fs::is_directory(local, ec)) return Status::ok();
+  return clean_stale_tmp_dirs(local).status();
 }
 
 }  // namespace stagehand

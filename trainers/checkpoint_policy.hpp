@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/trainer_state.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/storage/object_store.hpp"
@@ -16,9 +17,12 @@ namespace stagehand {
 /// every trainer shares.
 class CheckpointPolicy {
  public:
+  /// @param local_work_dir megatron_config.local_work_dir: where saves to an object-store
+  ///        `ckpt_path` are written before upload.
   /// @param store how to reach an object-store `ckpt_path`.
-  explicit CheckpointPolicy(TrainerConfig config, ObjectStoreOptions store = ObjectStoreOptions::from_environment())
-      : config_(std::move(config)), store_(std::move(store)) {}
+  CheckpointPolicy(TrainerConfig config, std::string local_work_dir,
+                   ObjectStoreOptions store = ObjectStoreOptions::from_environment())
+      : config_(std::move(config)), local_work_dir_(std::move(local_work_dir)), store_(std::move(store)) {}
 
   /// Every `ckpt_interval` steps (when > 0) and always at the last step.
   bool should_save(std::int64_t step) const;
@@ -50,52 +54,17 @@ class CheckpointPolicy {
   /// @pre check_destination() passed.
   Result<std::optional<CheckpointRootLock>> lock_destination() const;
 
-  /// Removes what interrupted saves left (at start-up, before anything is saved): `.tmp`
-  /// folders; in an object store, the objects of steps without metadata and open multipart
-  /// uploads below `ckpt_path`.
+  /// Removes what interrupted saves left (at start-up, before anything is saved), saying what:
+  /// `.tmp` folders; for an object store, the objects of steps without metadata and open
+  /// multipart uploads below `ckpt_path`, and the `.tmp` folders in its local work folder.
   Status clean_interrupted_saves() const;
 
  private:
   Result<std::vector<std::int64_t>> apply_cloud_retention() const;
 
   TrainerConfig config_;
+  std::string local_work_dir_;
   ObjectStoreOptions store_;
 };
-
-/// A batch the fully-async trainer had generated but not trained when it saved.
-struct PendingBatch {
-  std::int64_t step = 0;
-  /// The weights version its actions were sampled with.
-  std::int64_t version = 0;
-  std::vector<std::int32_t> actions;
-};
-
-/// The fully-async trainer's part of the trainer state.
-struct FullyAsyncState {
-  std::int64_t max_staleness_steps = 0;
-  std::int64_t num_generators = 0;
-  std::int64_t next_generation_step = 0;
-  std::int64_t max_staleness_seen = 0;
-  std::vector<PendingBatch> pending_batches;
-};
-
-/// What a checkpoint's trainer_state.json holds.
-struct TrainerState {
-  std::int64_t step = 0;
-  std::string kind;
-  std::uint64_t seed = 0;
-  /// Contexts consumed so far (the data cursor).
-  std::int64_t data_cursor = 0;
-  /// Only for the fully-async trainer.
-  std::optional<FullyAsyncState> fully_async;
-};
-
-std::string trainer_state_to_json(const TrainerState& state);
-
-/// Reads `<checkpoint_dir>/trainer_state.json`. `step` is required; the other fields may be
-/// missing (then they keep their defaults), but a field of the wrong type or out of range is an
-/// error naming the file and the field (`fully_async.pending_batches[0].actions`).
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir,
-                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 }  // namespace stagehand

@@ -34,7 +34,7 @@ class TrainerBase : public caf::blocking_actor {
         options_(std::move(options)),
         summary_(std::move(summary)),
         store_(ObjectStoreOptions::from_config(options_.config.storage.s3)),
-        policy_(options_.config.trainer, store_),
+        policy_(options_.config.trainer, options_.config.megatron_config.local_work_dir, store_),
         timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)) {}
 
   void act() override {
@@ -114,6 +114,10 @@ class TrainerBase : public caf::blocking_actor {
       if (state.kind != name()) {
         return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' was written by the " + state.kind +
                                                  " trainer, not " + name()};
+      }
+      if (state.step > t.total_steps) {
+        return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' is at step " + std::to_string(state.step) +
+                                                 ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
       }
       SH_RETURN_IF_ERROR(call_void(caf::make_message(load_atom::value, *resume)).with_context("resume"));
       step = state.step;

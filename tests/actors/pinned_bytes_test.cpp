@@ -33,7 +33,8 @@ const std::map<std::string, std::string> kPinned = {
     {"global_step_1/policy/__1_0.safetensors", "7f9c839454ffe2a8"},
     {"global_step_1/policy/__1_1.safetensors", "dfe26c756437ca4e"},
     {"global_step_1/policy/__1_2.safetensors", "21652b0be5706201"},
-    {"global_step_1/policy/metadata.json", "6173993c2e56a354"},
+    // Changed on purpose with issue 12 case 5: metadata.json gained its "checksum" field.
+    {"global_step_1/policy/metadata.json", "e420158f564bb1f0"},
     {"latest_ckpt_global_step.txt", "2ef3a1a12238c2e5"},
 };
 

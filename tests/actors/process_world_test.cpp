@@ -34,9 +34,13 @@ caf::actor_system_config& wire_config(caf::actor_system_config& cfg) {
   return cfg;
 }
 
-caf::behavior idle() {
-  return {[](std::int32_t) {}};
-}
+/// A worker stand-in. A class, not a function: CAF 0.17 spawns a function actor without arguments
+/// through a null shared_ptr<tuple<>> that it dereferences (UBSan's reference binding to null).
+class Idle : public caf::event_based_actor {
+ public:
+  using caf::event_based_actor::event_based_actor;
+  caf::behavior make_behavior() override { return {[](std::int32_t) {}}; }
+};
 
 }  // namespace
 
@@ -85,14 +89,14 @@ BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_bot
   info.join_timeout = std::chrono::seconds(10);
   auto host = WorldHost::open(host_system, info);
   BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
-  auto worker0 = host_system.spawn(idle);
+  auto worker0 = host_system.spawn<Idle>();
   auto gathered = std::async(std::launch::async, [&] { return (*host)->gather(worker0, worker0, worker0); });
 
   LaunchInfo old = info;
   old.rank = 1;
   old.wire_version = "stagehand-wire/0";
   auto start = std::chrono::steady_clock::now();
-  auto member_worker = member_system.spawn(idle);
+  auto member_worker = member_system.spawn<Idle>();
   Result<JoinedWorld> joined = Status{ErrorCode::internal, "not run"};
   {
     WorldMember member(member_system, old);

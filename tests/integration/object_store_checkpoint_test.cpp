@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
@@ -107,7 +108,8 @@ BOOST_AUTO_TEST_CASE(an_async_request_to_s3_saves_synchronously_uploads_and_comm
   auto verified = verify_checkpoint(*resolved, server.options());
   BOOST_REQUIRE(verified.is_ok());
   BOOST_TEST(verified->ok());
-  BOOST_TEST(verified->files_checked == 8u);
+  // Eight data files and the trainer state.
+  BOOST_TEST(verified->files_checked == 9u);
   auto state = read_trainer_state(*resolved, server.options());
   BOOST_REQUIRE(state.is_ok());
   BOOST_TEST(state->step == 2);
@@ -220,7 +222,7 @@ BOOST_AUTO_TEST_CASE(a_server_that_stops_mid_upload_fails_the_save_and_keeps_the
   // What the dead server kept (parts, objects of step 2) is cleaned at the next start.
   TrainerConfig trainer;
   trainer.ckpt_path = url;
-  CheckpointPolicy policy(trainer, server.options());
+  CheckpointPolicy policy(trainer, work.path(), server.options());
   BOOST_REQUIRE(policy.clean_interrupted_saves().is_ok());
   BOOST_TEST(root->bucket().open_uploads("outage/")->empty());
   BOOST_TEST(root->bucket().list("outage/global_step_2")->empty());
@@ -237,7 +239,7 @@ BOOST_AUTO_TEST_CASE(retention_deletes_old_steps_objects_after_a_commit) {
   TrainerConfig trainer;
   trainer.ckpt_path = url;
   trainer.max_ckpts_to_keep = 2;
-  CheckpointPolicy policy(trainer, server.options());
+  CheckpointPolicy policy(trainer, work.path(), server.options());
   {
     Cluster cluster(kSmall, url, false, server.options(), work.path());
     for (std::int64_t step : {1, 2, 3, 4}) {
@@ -269,7 +271,7 @@ BOOST_AUTO_TEST_CASE(destination_checks_name_each_failure) {
   auto check = [&](const std::string& url, const ObjectStoreOptions& store) {
     TrainerConfig trainer;
     trainer.ckpt_path = url;
-    return CheckpointPolicy(trainer, store).check_destination();
+    return CheckpointPolicy(trainer, "/tmp/stagehand-work", store).check_destination();
   };
   BOOST_TEST(check(std::string("s3://") + kBucket + "/ok", server.options()).is_ok());
   auto wrong = server.options();
@@ -313,16 +315,24 @@ BOOST_AUTO_TEST_CASE(start_up_cleaning_says_what_it_removes) {
   for (const char* key : {"leftovers/global_step_4/policy/__0_1.safetensors", "leftovers/global_step_4/policy/__1_1.safetensors"}) {
     BOOST_REQUIRE(server.command(std::string("open_upload ") + kBucket + " " + key) == "ok");
   }
+  // It had written step 4's trainer state into its local work folder before it was killed.
+  TempDir work;
+  const std::string stale = work / (std::string("s3/") + kBucket + "/leftovers/global_step_4.tmp");
+  fs::create_directories(stale + "/policy");
+  std::ofstream(stale + "/trainer_state.json") << "{}";
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   logger()->sinks().push_back(sink);
-  auto cleaned = root->clean_interrupted();
+  TrainerConfig trainer;
+  trainer.ckpt_path = url;
+  Status cleaned = CheckpointPolicy(trainer, work.path(), server.options()).clean_interrupted_saves();
   logger()->sinks().pop_back();
-  BOOST_REQUIRE_MESSAGE(cleaned.is_ok(), cleaned.status().to_string());
-  BOOST_TEST(*cleaned == 3);
+  BOOST_REQUIRE_MESSAGE(cleaned.is_ok(), cleaned.to_string());
   const std::string text = log.str();
   BOOST_TEST(text.find("removing 2 object(s) of uncommitted step 4 under '" + url + "'") != std::string::npos, text);
   BOOST_TEST(text.find("aborting 2 open multipart upload(s) under '" + url + "'") != std::string::npos, text);
+  BOOST_TEST(text.find("removing '" + stale + "', left by an interrupted save") != std::string::npos, text);
   BOOST_TEST(root->bucket().list("leftovers/")->empty());
   BOOST_TEST(root->bucket().open_uploads("leftovers/")->empty());
+  BOOST_TEST(!fs::exists(stale));
 }

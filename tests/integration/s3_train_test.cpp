@@ -17,8 +17,9 @@ namespace {
 const std::string kBin = bin_dir();
 const std::string kConfigs = source_dir() + "/examples/configs/";
 
-CommandRun train(const std::string& env, const std::vector<std::string>& sets) {
-  std::string cmd = "env " + env + " " + kBin + "/stagehand-train --quiet --config " + kConfigs + "sync_rl.yaml";
+CommandRun train(const std::string& env, const std::vector<std::string>& sets, bool quiet = true) {
+  std::string cmd = "env " + env + " " + kBin + "/stagehand-train" + (quiet ? " --quiet" : "") + " --config " +
+                    kConfigs + "sync_rl.yaml";
   for (const auto& s : sets) cmd += " --set " + s;
   return run_command(cmd);
 }
@@ -38,8 +39,11 @@ BOOST_AUTO_TEST_CASE(train_save_resume_through_s3_is_exact_and_saves_synchronous
   CommandRun straight = train(server.env(), with({"trainer.ckpt_path=" + dir / "local", "trainer.total_steps=40"}));
   BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
   CommandRun first = train(server.env(), with({"trainer.ckpt_path=" + url, "trainer.total_steps=20",
-                                               "trainer.max_ckpts_to_keep=1"}));
+                                               "trainer.max_ckpts_to_keep=1"}), false);
   BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST(first.output.find("checkpoints sync (an object store; async_dist_ckpt_save is ignored) in " + url) !=
+                 std::string::npos,
+             first.output);
   BOOST_TEST(first.output.find("async_dist_ckpt_save is ignored and saves run synchronously") != std::string::npos,
              first.output);
   auto root = CloudCheckpoints::open(url, server.options());

@@ -16,6 +16,7 @@
 
 #include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -297,6 +298,10 @@ BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and
       nlohmann::json state = read_json(state_file);
       c.spoil(state);
       write_json(state_file, state);
+      // As if saved so: the metadata records the spoiled file, so that its fields are what fails.
+      test::edit_metadata(root + "/global_step_3", [&](CheckpointMetadata& m) {
+        BOOST_REQUIRE(record_trainer_state(m, root + "/global_step_3").is_ok());
+      });
       Run r = train_verbose(c.config, {"trainer.ckpt_path=" + root, "trainer.total_steps=6",
                                        "trainer.resume_mode=latest"});
       BOOST_TEST(r.code == 1, r.output);
@@ -322,12 +327,12 @@ BOOST_AUTO_TEST_CASE(malformed_model_objects_fail_the_run_naming_the_object_and_
       std::string root = dir / "spoiled";
       fs::remove_all(root);
       fs::copy(dir / "base", root, fs::copy_options::recursive);
-      std::string metadata_file = root + "/global_step_3/policy/metadata.json";
-      nlohmann::json metadata = read_json(metadata_file);
-      auto object = nlohmann::json::parse(metadata["objects"][c.object].get<std::string>());
-      object[c.field] = c.value;
-      metadata["objects"][c.object] = object.dump();
-      write_json(metadata_file, metadata);
+      // Saved so (the metadata's checksum matches), so that the object's field is what fails.
+      test::edit_metadata(root + "/global_step_3", [&](CheckpointMetadata& m) {
+        auto object = nlohmann::json::parse(m.objects.at(c.object));
+        object[c.field] = c.value;
+        m.objects[c.object] = object.dump();
+      });
       Run r = train("sync_rl.yaml",
                     {"trainer.ckpt_path=" + root, "trainer.total_steps=6", "trainer.resume_mode=latest"});
       BOOST_TEST(r.code == 1, r.output);
@@ -336,6 +341,81 @@ BOOST_AUTO_TEST_CASE(malformed_model_objects_fail_the_run_naming_the_object_and_
       BOOST_TEST(r.output.find("unhandled exception") == std::string::npos, r.output);
     }
   }
+}
+
+// Issue 12 case 5: the step a run resumes at is the checkpoint's, proven by its checksums and by
+// agreement of the tracker, the folder name, metadata.json and trainer_state.json.
+BOOST_AUTO_TEST_CASE(edited_steps_and_states_are_refused_not_resumed) {
+  TempDir dir;
+  Run base = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "base", "trainer.total_steps=3"});
+  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  const std::string root = dir / "spoiled";
+  const std::string ckpt = root + "/global_step_3";
+  const std::string state_file = ckpt + "/trainer_state.json";
+  auto set_state_step = [&](nlohmann::json step) {
+    nlohmann::json state = read_json(state_file);
+    state["step"] = std::move(step);
+    write_json(state_file, state);
+  };
+  struct Case {
+    std::string what;
+    std::function<void()> spoil;
+    std::vector<std::string> said;
+    std::int64_t total_steps = 6;
+  };
+  const std::vector<Case> cases{
+      {"trainer_state step 10", [&] { set_state_step(10); }, {state_file, "changed after it was saved"}},
+      {"trainer_state step -3", [&] { set_state_step(-3); }, {state_file, "changed after it was saved"}},
+      {"trainer_state step INT64_MAX", [&] { set_state_step(INT64_MAX); }, {state_file, "changed after it was saved"}},
+      {"trainer_state step 10, recorded in the metadata",
+       [&] {
+         set_state_step(10);
+         test::edit_metadata(ckpt, [&](CheckpointMetadata& m) { BOOST_REQUIRE(record_trainer_state(m, ckpt).is_ok()); });
+       },
+       {state_file, "field 'step' is 10, not the checkpoint's step 3"}},
+      {"trainer_state removed", [&] { fs::remove(state_file); }, {state_file, "does not exist"}},
+      {"metadata step 10", [&] { test::edit_metadata(ckpt, [](CheckpointMetadata& m) { m.step = 10; }); },
+       {"metadata.json' holds step 10, but its folder is named for step 3"}},
+      {"folder and tracker renamed to step 5",
+       [&] {
+         fs::rename(ckpt, root + "/global_step_5");
+         std::ofstream(root + "/latest_ckpt_global_step.txt") << "5\n";
+       },
+       {"holds step 3, but its folder is named for step 5"}},
+      {"scheduler object edited by hand",
+       [&] {
+         std::string meta = ckpt + "/policy/metadata.json";
+         std::string text = test::read_file(meta);
+         const std::string saved = R"({\"step\":3})";
+         auto at = text.find(saved);
+         BOOST_REQUIRE(at != std::string::npos);
+         text.replace(at, saved.size(), R"({\"step\":9})");
+         std::ofstream(meta) << text;
+       },
+       {"metadata.json", "was changed after it was written"}},
+      {"resume beyond total_steps", [] {}, {"is at step 3, beyond trainer.total_steps 2"}, 2},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      fs::remove_all(root);
+      fs::copy(dir / "base", root, fs::copy_options::recursive);
+      c.spoil();
+      const std::string tracked = test::read_file(root + "/latest_ckpt_global_step.txt");
+      Run r = train_verbose("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.resume_mode=latest",
+                                             "trainer.total_steps=" + std::to_string(c.total_steps)});
+      BOOST_TEST(r.code == 1, r.output);
+      for (const auto& s : c.said) BOOST_TEST(r.output.find(s) != std::string::npos, s << " in: " << r.output);
+      BOOST_TEST(r.output.find("resumed from") == std::string::npos, r.output);
+      BOOST_TEST(test::read_file(root + "/latest_ckpt_global_step.txt") == tracked);
+      if (c.total_steps != 2) {
+        // verify says the same as the resume: a checkpoint that verifies resumes.
+        Run verify = test::run_command(kBin + "/stagehand-ckpt verify " + root);
+        BOOST_TEST(verify.code != 0, verify.output);
+      }
+    }
+  }
+  Run verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "base");
+  BOOST_TEST(verify.code == 0, verify.output);
 }
 
 BOOST_AUTO_TEST_CASE(sigterm_with_a_failing_final_save_says_it_is_not_committed) {
