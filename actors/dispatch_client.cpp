@@ -36,6 +36,16 @@ Result<SaveTiming> DispatchClient::save(std::int64_t step, const std::string& tr
   return timing;
 }
 
+Result<double> DispatchClient::fence() {
+  caf::scoped_actor self{system_};
+  double waited = 0;
+  Status st;
+  self->request(dispatch_, timeout_, fence_atom::value)
+      .receive([&](double seconds) { waited = seconds; }, [&](caf::error& err) { st = from_caf_error(err); });
+  if (!st.is_ok()) return st;
+  return waited;
+}
+
 Status DispatchClient::finalize() {
   caf::scoped_actor self{system_};
   Status st;

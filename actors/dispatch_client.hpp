@@ -38,6 +38,12 @@ class DispatchClient {
   /// returns; an async one returns after staging and commits when every rank's write ends.
   Result<SaveTiming> save(std::int64_t step, const std::string& trainer_state_json = "");
 
+  /// Returns once no save reads any rank's state any more: every bucket of a pending async save
+  /// is staged (it may still be writing). Call it before modifying a state handed to an async
+  /// save with staging waves; free otherwise.
+  /// @return the longest wait of any rank, in seconds.
+  Result<double> fence();
+
   /// Drains every rank's queue and waits for the pending step's commit.
   /// @return the first error of any rank, or why the pending step did not commit.
   Status finalize();

@@ -10,10 +10,13 @@ namespace stagehand {
 // strategy/messages.hpp that the Worker passes on to its strategy: save, finalize, load) --
 
 /// train_atom, step, objective (0 rl, 1 sft), behaviour actions (empty: sample on-policy)
-///   -> (double reward, double loss)
+///   -> (double reward, double loss, double fence_wait_s)
 using train_atom = caf::atom_constant<caf::atom("train")>;
 /// eval_atom -> double greedy accuracy
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
+/// fence_atom -> double seconds waited: returns once no save reads the state any more (every
+/// bucket of a pending async save staged); the largest wait of any rank.
+using fence_atom = caf::atom_constant<caf::atom("fence")>;
 /// export_atom, version -> void: publish the current weights for generators.
 using export_atom = caf::atom_constant<caf::atom("export")>;
 /// generate_atom, batch step, weights version, first context, count -> vector<int32> actions

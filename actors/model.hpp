@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/staging_fence.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
@@ -24,6 +25,19 @@ class Checkpointable {
 
   /// Refreshes whatever is derived from the state after a checkpoint was loaded into it.
   virtual Status on_loaded() { return Status::ok(); }
+
+  /// Waits until no checkpoint save reads the state any more: call it before modifying a tensor
+  /// of state(). An async save with staging waves (ckpt_save_staging_buckets > 0) returns before
+  /// every bucket is staged and stages the rest from the live state in the background; otherwise
+  /// this returns at once.
+  /// @return the seconds waited.
+  double fence() { return fence_ ? fence_->wait() : 0; }
+
+  /// Called by the Worker that holds this, with the fence of its strategy.
+  void attach_fence(std::shared_ptr<StagingFence> fence) { fence_ = std::move(fence); }
+
+ private:
+  std::shared_ptr<StagingFence> fence_;
 };
 
 /// A checkpointable holding nothing but `state`.
@@ -38,6 +52,8 @@ struct StepMetrics {
   double reward = 0;
   /// Mean loss over the global batch.
   double loss = 0;
+  /// Seconds this rank waited at the fence for a save's background staging.
+  double fence_wait_s = 0;
 };
 
 /// One rank's share of a trainable model: what a Worker trains as well as checkpoints.
@@ -50,8 +66,15 @@ class Model : public Checkpointable {
   /// Trains step `step` (1-based) on this rank's part of the global batch. For RL,
   /// `behaviour_actions` holds the actions generators sampled for the whole global batch (group
   /// after group); empty means sample them here from the current policy.
+  /// The state may only be modified after fence(): a model that fences itself (see
+  /// fences_itself) calls it right before its optimizer step and reports the wait in
+  /// `fence_wait_s`; otherwise the Worker fences before calling this.
   virtual Result<StepMetrics> train_step(std::int64_t step, Objective objective,
                                          const std::vector<std::int32_t>& behaviour_actions) = 0;
+
+  /// Whether train_step calls fence() itself, as late as it can (right before it modifies the
+  /// state), so that a save's background staging overlaps the forward and backward passes.
+  virtual bool fences_itself() const { return false; }
 
   /// Publishes this rank's part of the current weights as `version` for generators.
   virtual Status export_weights(std::int64_t version) = 0;

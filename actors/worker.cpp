@@ -26,12 +26,16 @@ class Worker : public caf::event_based_actor {
           link_to(strategy_);
         },
         [this](train_atom, std::int64_t step, std::int32_t objective,
-               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double> {
+               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double, double> {
           if (model_ == nullptr) return to_caf_error(no_model());
+          // A model that does not fence right before its optimizer step is fenced here, before
+          // the whole step.
+          const double waited = model_->fences_itself() ? 0 : model_->fence();
           auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl, behaviour_actions);
           if (!metrics.is_ok()) return to_caf_error(metrics.status());
-          return caf::result<double, double>(metrics->reward, metrics->loss);
+          return caf::result<double, double, double>(metrics->reward, metrics->loss, metrics->fence_wait_s + waited);
         },
+        [this](fence_atom) -> double { return owned_->fence(); },
         [this](export_atom, std::int64_t version) -> caf::result<void> {
           if (model_ == nullptr) return to_caf_error(no_model());
           Status st = model_->export_weights(version);
@@ -137,6 +141,11 @@ Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Check
   auto state = state_owner->state();
   if (!state) return Status{ErrorCode::invalid_argument, "a Worker's checkpointable returned no state"};
   const int rank = strategy_options.rank;
+  // Shared by the strategy, which closes it while a save stages from the state in the
+  // background, and the state's owner, which waits at it before modifying the state.
+  auto fence = std::make_shared<StagingFence>();
+  strategy_options.fence = fence;
+  state_owner->attach_fence(fence);
   auto worker = system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator));
   auto strategy = spawn_megatron_strategy(system, std::move(strategy_options), state, worker);
   if (!strategy.is_ok()) {

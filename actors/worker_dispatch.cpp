@@ -2,10 +2,13 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "stagehand/actors/messages.hpp"
@@ -35,17 +38,34 @@ class WorkerDispatch : public caf::event_based_actor {
     set_down_handler([this](const caf::down_msg& down) { on_worker_down(down); });
     return {
         [this](train_atom, std::int64_t step, std::int32_t objective,
-               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double> {
-          auto rp = make_response_promise<double, double>();
-          auto metrics = std::make_shared<std::pair<double, double>>();
-          fan_out<double, double>(
+               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double, double> {
+          auto rp = make_response_promise<double, double, double>();
+          // Rank 0's reward and loss (global figures), the longest fence wait of any rank.
+          auto metrics = std::make_shared<std::array<double, 3>>();
+          fan_out<double, double, double>(
               caf::make_message(train_atom::value, step, objective, behaviour_actions),
-              [metrics](int rank, double reward, double loss) {
-                if (rank == 0) *metrics = {reward, loss};
+              [metrics](int rank, double reward, double loss, double fence_wait) {
+                if (rank == 0) std::tie((*metrics)[0], (*metrics)[1]) = std::tie(reward, loss);
+                (*metrics)[2] = std::max((*metrics)[2], fence_wait);
               },
               [rp, metrics](Status st) mutable {
                 if (st.is_ok()) {
-                  rp.deliver(metrics->first, metrics->second);
+                  rp.deliver((*metrics)[0], (*metrics)[1], (*metrics)[2]);
+                } else {
+                  rp.deliver(to_caf_error(st));
+                }
+              });
+          return rp;
+        },
+        [this](fence_atom) -> caf::result<double> {
+          auto rp = make_response_promise<double>();
+          auto longest = std::make_shared<double>(0);
+          fan_out<double>(
+              caf::make_message(fence_atom::value),
+              [longest](int, double waited) { *longest = std::max(*longest, waited); },
+              [rp, longest](Status st) mutable {
+                if (st.is_ok()) {
+                  rp.deliver(*longest);
                 } else {
                   rp.deliver(to_caf_error(st));
                 }

@@ -20,8 +20,9 @@ struct DispatchOptions {
 /// being saved (nothing partial is ever committed).
 ///
 /// Protocol (errors as values):
-/// - (train_atom, step, objective, behaviour_actions) -> (reward, loss) as rank 0 reports them
-///   (global figures).
+/// - (train_atom, step, objective, behaviour_actions) -> (reward, loss, fence_wait_s): reward and
+///   loss as rank 0 reports them (global figures), the longest wait of any rank at the fence.
+/// - (fence_atom) -> seconds: every rank's fence (see Checkpointable::fence), the longest wait.
 /// - (eval_atom) -> accuracy; (export_atom, version) -> void: weight sync for generators.
 /// - (save_atom, step, trainer_state_json) -> (stall_s, async): finalizes any pending save first,
 ///   begins the step at the coordinator (which writes trainer_state.json), then saves on every

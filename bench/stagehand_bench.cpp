@@ -117,6 +117,10 @@ struct SaveArgs {
   bool baseline = false;
   bool async = false;
   std::string work_dir = "/tmp/stagehand-work";
+  /// Seconds of simulated training work between a save's return and the fence.
+  double compute_s = 0;
+  /// ckpt_staging_memory: per_save.
+  bool per_save = false;
 };
 
 /// The figures every save prints.
@@ -137,7 +141,7 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
 
 /// File sizes the save of `state` by rank `rank` writes, for the raw-write baseline.
 Result<std::vector<std::uint64_t>> planned_file_sizes(const SaveArgs& args, int rank, const StateDict& state) {
-  SaveEngineOptions options{args.thread_count, args.staging_buckets, false, {}};
+  SaveEngineOptions options{args.thread_count, args.staging_buckets};
   SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(rank, options));
   SH_ASSIGN_OR_RETURN(auto plan, engine->plan_for(state));
   std::vector<std::uint64_t> sizes;
@@ -177,7 +181,8 @@ int run_save(const SaveArgs& args) {
   caf::actor_system system{cfg};
   CheckpointClusterOptions options;
   options.coordinator = {args.out, args.work_dir};
-  options.strategy = {0, args.thread_count, args.staging_buckets, args.async, true, local_storage()};
+  options.strategy = {0,    args.thread_count,    args.staging_buckets, args.async, true, local_storage(),
+                      ObjectStoreOptions::from_environment(), args.per_save};
   options.timeout = std::chrono::minutes(30);
   auto cluster = CheckpointCluster::spawn(system, std::move(ranks), options);
   if (!cluster.is_ok()) {
@@ -186,6 +191,7 @@ int run_save(const SaveArgs& args) {
   }
   DispatchClient& client = (*cluster)->client();
   std::vector<double> stalls;
+  std::vector<double> fence_waits;
   std::vector<double> totals;
   std::vector<double> raw_times;
   std::uint64_t bytes = 0;
@@ -202,7 +208,11 @@ int run_save(const SaveArgs& args) {
     const std::int64_t step = k + 1;
     auto start = Clock::now();
     auto timing = client.save(step);
-    Status committed = timing.is_ok() ? client.finalize() : timing.status();
+    // Training work after the save returned (forward and backward passes read the state), then
+    // the fence before the optimizer step writes it.
+    if (timing.is_ok() && args.compute_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(args.compute_s));
+    auto fence_wait = timing.is_ok() ? client.fence() : Result<double>(timing.status());
+    Status committed = fence_wait.is_ok() ? client.finalize() : fence_wait.status();
     double total = seconds_since(start);
     remove_previous_step(args.out, step);
     if (!committed.is_ok()) {
@@ -217,9 +227,13 @@ int run_save(const SaveArgs& args) {
     bytes = 0;
     for (const auto& [name, file] : metadata->files) bytes += file.size;
     stalls.push_back(timing->stall_s);
+    fence_waits.push_back(*fence_wait);
     totals.push_back(total);
     nlohmann::json line = save_line(args, timing->async ? "async" : "sync", k, bytes, total);
     line["stall_s"] = timing->stall_s;
+    line["compute_s"] = args.compute_s;
+    line["fence_wait_s"] = *fence_wait;
+    line["staging_memory"] = args.per_save ? "per_save" : "persistent";
     line["rss_bytes"] = current_rss_bytes();
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     if (args.baseline) {
@@ -233,6 +247,7 @@ int run_save(const SaveArgs& args) {
   summary["mode"] = args.async ? "async" : "sync";
   summary["repeats"] = args.repeat;
   summary["median_stall_s"] = median(stalls);
+  summary["median_fence_wait_s"] = median(fence_waits);
   summary["median_save_s"] = median(totals);
   summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(totals) / 1e9;
   if (args.baseline) {
@@ -264,6 +279,10 @@ int main(int argc, char** argv) {
   save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
   save->add_flag("--baseline", args.baseline, "also time raw writes of the same bytes");
   save->add_flag("--async", args.async, "async_dist_ckpt_save: the caller waits only for staging (stall_s)");
+  save->add_option("--compute-s", args.compute_s,
+                   "seconds of simulated training between a save's return and the fence (fence_wait_s)")
+      ->check(CLI::Range(0.0, 3600.0));
+  save->add_flag("--per-save-staging", args.per_save, "ckpt_staging_memory: per_save (else persistent)");
   try {
     app.parse(argc, argv);
     parse_size(args.bytes_per_rank);

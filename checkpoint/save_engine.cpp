@@ -1,6 +1,8 @@
 #include "stagehand/checkpoint/save_engine.hpp"
 
+#include <atomic>
 #include <future>
+#include <utility>
 
 #include "stagehand/checkpoint/writer.hpp"
 
@@ -45,6 +47,7 @@ Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
 
 Status SaveEngine::prepare(const StateDict& state) {
   SH_ASSIGN_OR_RETURN(const SavePlan* plan, plan_for(state));
+  if (options_.release_after_save) return Status::ok();
   return staging_.reserve(*plan, wave_size());
 }
 
@@ -79,7 +82,8 @@ std::vector<BucketWriteResult> SaveEngine::run_wave(
 
 std::vector<BucketWriteResult> SaveEngine::write_wave(int first, int last, int parts, const StateDict* state,
                                                       const std::string& policy_dir,
-                                                      std::vector<std::unique_ptr<WritableFile>>& unsynced) {
+                                                      std::vector<std::unique_ptr<WritableFile>>& unsynced,
+                                                      const std::function<void()>& on_staged) {
   const auto n = static_cast<std::size_t>(last - first);
   std::vector<BucketWriteResult> results(n);
   std::vector<std::vector<std::size_t>> bounds(n);
@@ -107,12 +111,16 @@ std::vector<BucketWriteResult> SaveEngine::write_wave(int first, int last, int p
   }
   std::vector<Status> part_status(tasks.size());
   std::vector<std::future<void>> done;
+  // The last part to finish staging (staged or failed) runs on_staged.
+  std::atomic<std::size_t> unstaged{tasks.size()};
+  if (tasks.empty() && on_staged) on_staged();
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     done.push_back(writers_.submit([&, t] {
       auto [j, p] = tasks[t];
       const PlannedBucket& bucket = plan_->buckets[static_cast<std::size_t>(first) + j];
       std::uint8_t* slot = staging_.slot(j);
       Status st = state ? stage_items(bucket, bounds[j][p], bounds[j][p + 1], *state, slot) : Status::ok();
+      if (unstaged.fetch_sub(1) == 1 && on_staged) on_staged();
       if (st.is_ok()) {
         st = write_bucket_items(*unsynced[static_cast<std::size_t>(bucket.index)], bucket, bounds[j][p],
                                 bounds[j][p + 1], slot, results[j].chunks);
@@ -145,14 +153,27 @@ std::string SaveEngine::bucket_context(const PlannedBucket& bucket) const {
 
 RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir,
                                 std::int64_t step) {
-  RankSaveReport report = make_report(step);
-  report.objects = state.objects;
   auto planned = plan_for(state);
   Status st = planned.is_ok() ? staging_.reserve(**planned, wave_size()) : planned.status();
   if (!st.is_ok()) {
+    if (options_.release_after_save) staging_.release();
+    RankSaveReport report = make_report(step);
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
+  return save_in_waves(state, false, policy_dir, step, {});
+}
+
+RankSaveReport SaveEngine::save_in_waves(const StateDict& state, bool first_wave_staged,
+                                         const std::string& policy_dir, std::int64_t step,
+                                         const std::function<void()>& on_all_staged) {
+  RankSaveReport report = make_report(step);
+  report.objects = first_wave_staged ? staged_objects_ : state.objects;
+  bool signalled = false;
+  auto all_staged = [&] {
+    if (std::exchange(signalled, true)) return;
+    if (on_all_staged) on_all_staged();
+  };
   // A wave of fewer buckets than writer threads splits each bucket among the idle threads, so
   // waves write as many streams at once as staging everything would. Files are fsynced together
   // at the end: a slot is free for the next wave once its bytes are written, not yet durable.
@@ -160,13 +181,22 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   const int parts = std::max(1, options_.thread_count / wave_size());
   std::vector<std::unique_ptr<WritableFile>> unsynced(static_cast<std::size_t>(buckets));
   for (int first = 0; first < buckets && report.status.is_ok(); first += wave_size()) {
-    auto results = write_wave(first, std::min(buckets, first + wave_size()), parts, &state, policy_dir, unsynced);
+    const int last = std::min(buckets, first + wave_size());
+    const bool staged = first == 0 && first_wave_staged;
+    std::function<void()> on_staged;
+    if (last == buckets) on_staged = all_staged;
+    if (staged && on_staged) on_staged();
+    auto results = write_wave(first, last, parts, staged ? nullptr : &state, policy_dir, unsynced,
+                              staged ? std::function<void()>{} : on_staged);
     for (auto& r : results) {
       if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
       report.buckets.push_back(std::move(r));
     }
   }
+  // Ended early on an error, or a plan without buckets: nothing reads the state any more.
+  all_staged();
   finish_all(report, unsynced);
+  if (options_.release_after_save) staging_.release();
   return report;
 }
 
@@ -183,33 +213,30 @@ void SaveEngine::finish_all(RankSaveReport& report, std::vector<std::unique_ptr<
   }
 }
 
-Status SaveEngine::stage_all(const StateDict& state) {
-  if (wave_size() < options_.thread_count) {
-    return {ErrorCode::invalid_argument,
-            "an async save stages every bucket at once; ckpt_save_staging_buckets must be 0"};
+Status SaveEngine::begin_async(const StateDict& state) {
+  Status st = [&]() -> Status {
+    auto planned = plan_for(state);
+    if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
+    SH_RETURN_IF_ERROR(staging_.reserve(**planned, wave_size()));
+    const int buckets = static_cast<int>(plan_->buckets.size());
+    auto results = run_wave(0, std::min(buckets, wave_size()), [&](const PlannedBucket& bucket, std::uint8_t* slot) {
+      return stage_result(bucket, stage_bucket(bucket, state, slot));
+    });
+    for (const auto& r : results) SH_RETURN_IF_ERROR(r.status);
+    return Status::ok();
+  }();
+  if (!st.is_ok()) {
+    // No write follows to free them.
+    if (options_.release_after_save) staging_.release();
+    return st;
   }
-  auto planned = plan_for(state);
-  if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
-  SH_RETURN_IF_ERROR(staging_.reserve(**planned, wave_size()));
-  auto results = run_wave(0, static_cast<int>(plan_->buckets.size()),
-                          [&](const PlannedBucket& bucket, std::uint8_t* slot) {
-                            return stage_result(bucket, stage_bucket(bucket, state, slot));
-                          });
-  for (const auto& r : results) SH_RETURN_IF_ERROR(r.status);
   staged_objects_ = state.objects;
   return Status::ok();
 }
 
-RankSaveReport SaveEngine::write_staged(const std::string& policy_dir, std::int64_t step) {
-  RankSaveReport report = make_report(step);
-  report.objects = staged_objects_;
-  std::vector<std::unique_ptr<WritableFile>> unsynced(plan_->buckets.size());
-  report.buckets = write_wave(0, static_cast<int>(plan_->buckets.size()), 1, nullptr, policy_dir, unsynced);
-  for (const auto& r : report.buckets) {
-    if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
-  }
-  finish_all(report, unsynced);
-  return report;
+RankSaveReport SaveEngine::write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
+                                       const std::function<void()>& on_all_staged) {
+  return save_in_waves(state, true, policy_dir, step, on_all_staged);
 }
 
 }  // namespace stagehand

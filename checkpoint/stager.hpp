@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -24,12 +25,15 @@ class StagingPool {
   Status reserve(const SavePlan& plan, int wave_size);
 
   std::uint8_t* slot(std::size_t j) { return slots_[j].data(); }
-  /// Bytes held by all slots.
-  std::size_t bytes() const;
+  /// Bytes held by all slots; may be read from any thread.
+  std::size_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  /// Frees every slot; the next reserve() allocates them again.
+  void release();
 
  private:
   bool pinned_;
   std::vector<HostBuffer> slots_;
+  std::atomic<std::size_t> bytes_{0};
 };
 
 /// Copies items [first, last) of `bucket` from `state` (device or host memory) into `dst`, laid

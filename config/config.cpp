@@ -35,6 +35,14 @@ const char* to_string(ResumeMode mode) {
   return "?";
 }
 
+const char* to_string(StagingMemory memory) {
+  switch (memory) {
+    case StagingMemory::persistent: return "persistent";
+    case StagingMemory::per_save: return "per_save";
+  }
+  return "?";
+}
+
 namespace {
 
 // Each limit below is what the program can run with; the error that refuses a value names it.
@@ -336,6 +344,8 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
   ConfigReader::Fields megatron{
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},
       {"ckpt_save_staging_buckets", r.integer(&c.megatron_config.ckpt_save_staging_buckets, 0)},
+      {"ckpt_staging_memory",
+       r.enumeration(&c.megatron_config.ckpt_staging_memory, {StagingMemory::persistent, StagingMemory::per_save})},
       {"ckpt_save_thread_count", r.integer(&c.megatron_config.ckpt_save_thread_count, 1, 256)},
       {"ckpt_writer_low_priority", r.boolean(&c.megatron_config.ckpt_writer_low_priority)},
       {"local_work_dir", r.string(&c.megatron_config.local_work_dir, false)},
@@ -385,13 +395,6 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
         "must be at most megatron_config.ckpt_save_thread_count (" +
             std::to_string(m.ckpt_save_thread_count) + "), got " +
             std::to_string(m.ckpt_save_staging_buckets));
-  }
-  if (m.async_dist_ckpt_save && m.ckpt_save_staging_buckets > 0) {
-    return r.error_at_keys(
-        {"megatron_config.ckpt_save_staging_buckets", "megatron_config.async_dist_ckpt_save"},
-        "must be 0 when async_dist_ckpt_save is true: waved staging writes each wave inside the "
-        "training process before staging the next, while an async save must finish staging "
-        "before training resumes, so waves would only make the async stall longer");
   }
   const std::int64_t world_size = c.parallel.tensor_parallel * c.parallel.data_parallel;
   if (world_size > kMaxWorldSize) {
@@ -494,11 +497,6 @@ Status validate_config(const Config& config) {
     return {ErrorCode::config_error,
             "megatron_config.ckpt_save_staging_buckets must be between 0 and "
             "ckpt_save_thread_count"};
-  }
-  if (m.async_dist_ckpt_save && m.ckpt_save_staging_buckets > 0) {
-    return {ErrorCode::config_error,
-            "megatron_config.ckpt_save_staging_buckets must be 0 when async_dist_ckpt_save is "
-            "true: an async save must finish staging before training resumes"};
   }
   return Status::ok();
 }

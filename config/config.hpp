@@ -10,9 +10,12 @@ namespace stagehand {
 
 enum class TrainerKind { sync, fully_async, sft };
 enum class ResumeMode { none, latest, from_path };
+/// Host staging buffers: kept for the run, or freed when each save's last bucket is written.
+enum class StagingMemory { persistent, per_save };
 
 const char* to_string(TrainerKind kind);
 const char* to_string(ResumeMode mode);
+const char* to_string(StagingMemory memory);
 
 /// `trainer:` keys.
 struct TrainerConfig {
@@ -37,8 +40,12 @@ struct TrainerConfig {
 /// `megatron_config:` keys.
 struct MegatronConfig {
   bool async_dist_ckpt_save = false;
-  /// Buckets staged at a time; 0 stages every bucket at once.
+  /// Buckets staged at a time; 0 stages every bucket at once. With async_dist_ckpt_save, the
+  /// save returns once the first N are staged and stages the rest in the background; the state
+  /// must then be fenced before it is modified.
   std::int64_t ckpt_save_staging_buckets = 0;
+  /// persistent: staging buffers live for the run; per_save: freed after each save.
+  StagingMemory ckpt_staging_memory = StagingMemory::persistent;
   /// Buckets (and writer threads) per rank.
   std::int64_t ckpt_save_thread_count = 2;
   /// Writer threads run at lowered CPU and I/O priority (nice 10, best-effort I/O level 7).

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     Status st;
     self->request(cluster->dispatch(), std::chrono::minutes(1), train_atom::value, step, std::int32_t{0},
                   std::vector<std::int32_t>{})
-        .receive([](double, double) {}, [&](caf::error& err) { st = from_caf_error(err); });
+        .receive([](double, double, double) {}, [&](caf::error& err) { st = from_caf_error(err); });
     return st;
   };
   int code = 0;

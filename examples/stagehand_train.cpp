@@ -46,7 +46,8 @@ StrategyOptions strategy_options(const Config& c, int rank, const ObjectStoreOpt
                          c.megatron_config.async_dist_ckpt_save,
                          c.megatron_config.ckpt_writer_low_priority,
                          rate_limited_storage(local_storage(), c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0),
-                         store};
+                         store,
+                         c.megatron_config.ckpt_staging_memory == StagingMemory::per_save};
 }
 
 /// Rank `rank`'s Worker with its model on `groups`.
@@ -135,9 +136,9 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                                             std::to_string(summary->last_step)
                                       : "no step trained";
     std::printf("summary: %s, accuracy %.3f, %lld checkpoints committed, total save stall %.3fs, "
-                "latest checkpoint %s\n",
+                "total fence wait %.3fs, latest checkpoint %s\n",
                 steps.c_str(), summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
-                summary->total_stall_s,
+                summary->total_stall_s, summary->total_fence_wait_s,
                 summary->latest_checkpoint.empty() ? "(none)" : summary->latest_checkpoint.c_str());
   }
   if (summary->stopped_by_signal) report_stop(*summary, c.trainer.ckpt_path);

@@ -331,10 +331,12 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
     }
   }
   SH_RETURN_IF_ERROR(backward(x, n, a, dlogits));
+  // The first write to the state of this step: a save may still be staging from it until here.
+  const double fence_wait_s = fence();
   SH_RETURN_IF_ERROR(adam_update());
   float totals[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
   SH_RETURN_IF_ERROR(groups_.data->all_reduce_sum(dp_, totals, 2));
-  return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch)};
+  return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch), fence_wait_s};
 }
 
 Status BanditMlp::export_weights(std::int64_t version) {

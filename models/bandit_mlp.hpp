@@ -34,6 +34,8 @@ class BanditMlp final : public Model {
   std::shared_ptr<StateDict> state() override { return state_; }
   Result<StepMetrics> train_step(std::int64_t step, Objective objective,
                                  const std::vector<std::int32_t>& behaviour_actions) override;
+  /// Fences right before its Adam update: a save stages while the forward and backward passes run.
+  bool fences_itself() const override { return true; }
   Status export_weights(std::int64_t version) override;
   Result<double> evaluate() override;
   Status on_loaded() override;

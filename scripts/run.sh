@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null
 cmake --build build -j"$(nproc)" --target stagehand-train stagehand-ckpt
 
 mkdir -p checkpoints  # the configs' ckpt_path is checkpoints/<name>; its parent must exist

@@ -106,7 +106,7 @@ class MegatronStrategy : public caf::event_based_actor {
       if (!st.is_ok()) return to_caf_error(st);
       return caf::result<double, bool>(seconds_since(start), false);
     }
-    Status staged = engine_->stage_all(*state_);
+    Status staged = engine_->begin_async(*state_);
     if (!staged.is_ok()) {
       RankSaveReport failed;
       failed.rank = options_.rank;
@@ -116,7 +116,13 @@ class MegatronStrategy : public caf::event_based_actor {
       return to_caf_error(staged);
     }
     SaveEngine* engine = engine_.get();
-    queue_->schedule([engine, policy_dir, step] { return engine->write_staged(policy_dir, step); });
+    std::shared_ptr<StagingFence> fence = options_.fence;
+    if (fence && engine->stages_in_background()) fence->close();
+    queue_->schedule([engine, state = state_, fence, policy_dir, step] {
+      return engine->write_async(*state, policy_dir, step, [fence] {
+        if (fence) fence->open();
+      });
+    });
     return caf::result<double, bool>(seconds_since(start), true);
   }
 
@@ -172,13 +178,9 @@ class MegatronStrategy : public caf::event_based_actor {
 
 Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
                                            std::shared_ptr<StateDict> state, caf::actor listener) {
-  if (options.async_save && options.staging_buckets > 0) {
-    return Status{ErrorCode::config_error,
-                  "ckpt_save_staging_buckets must be 0 when async_dist_ckpt_save is true: an async save "
-                  "must finish staging before training resumes, so waves would only lengthen the stall"};
-  }
   if (!state) return Status{ErrorCode::invalid_argument, "a strategy needs the rank's state"};
-  SaveEngineOptions engine_options{options.thread_count, options.staging_buckets, false, {}};
+  SaveEngineOptions engine_options{options.thread_count, options.staging_buckets, false, nullptr,
+                                   options.staging_per_save};
   for (const auto& t : state->tensors) engine_options.pinned |= t.tensor.device().is_cuda();
   if (options.low_priority_writers) {
     engine_options.writer_thread_start = [] {

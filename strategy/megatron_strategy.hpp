@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/staging_fence.hpp"
 #include "stagehand/storage/local_files.hpp"
 #include "stagehand/storage/object_store.hpp"
 
@@ -13,7 +14,7 @@ struct StrategyOptions {
   int rank = 0;
   /// megatron_config.ckpt_save_thread_count.
   int thread_count = 2;
-  /// megatron_config.ckpt_save_staging_buckets; must be 0 with async_save.
+  /// megatron_config.ckpt_save_staging_buckets.
   int staging_buckets = 0;
   /// megatron_config.async_dist_ckpt_save.
   bool async_save = false;
@@ -23,6 +24,12 @@ struct StrategyOptions {
   std::shared_ptr<StorageBackend> storage = local_storage();
   /// How to reach an object-store destination (storage.s3 and the AWS environment variables).
   ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
+  /// megatron_config.ckpt_staging_memory is per_save: staging buffers are freed after each save.
+  bool staging_per_save = false;
+  /// Closed while an async save still stages from the state in the background (staging waves);
+  /// whoever modifies the state waits at it. Null: nobody waits (then the state must not be
+  /// modified until the save is finalized).
+  std::shared_ptr<StagingFence> fence = nullptr;
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
@@ -33,8 +40,10 @@ struct StrategyOptions {
 ///
 /// Protocol (all replies are errors as values, never exceptions):
 /// - (save_atom, step, destination, policy_dir) -> (double stall_s, bool async): first waits for a
-///   pending save; with async on (and a local destination), stages and returns while the write
-///   runs in the background; otherwise writes and returns. A cloud destination turns an async
+///   pending save; with async on (and a local destination), stages (the first
+///   `staging_buckets` buckets, or all when 0) and returns while the write, and the staging of
+///   the other buckets, run in the background; `fence` stays closed until every bucket is
+///   staged. Otherwise writes and returns. A cloud destination turns an async
 ///   save into a sync one, with one warning (from rank 0, the first time): the rank writes its
 ///   files into `policy_dir` (under local_work_dir), uploads them to the destination's
 ///   `global_step_<step>/policy/`, removes the local copies, and only then reports.
@@ -46,7 +55,7 @@ struct StrategyOptions {
 /// On exit, a pending write is finished and pushed before the actor goes away.
 ///
 /// The actor is detached (its own thread): draining blocks it, never a scheduler thread.
-/// @return an error naming the bad option (e.g. async with staging buckets).
+/// @return an error naming the bad option.
 Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
                                            std::shared_ptr<StateDict> state, caf::actor listener);
 

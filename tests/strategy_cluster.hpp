@@ -22,6 +22,8 @@ struct ClusterOptions {
   bool low_priority = true;
   ObjectStoreOptions store = ObjectStoreOptions::from_environment();
   int staging_buckets = 0;
+  /// ckpt_staging_memory: per_save.
+  bool per_save = false;
 };
 
 /// One Worker (with its MegatronStrategy) per rank of a synthetic state, a coordinator and a
@@ -41,7 +43,7 @@ struct StrategyCluster {
     }
     CheckpointClusterOptions options;
     options.coordinator = {destination, o.work_dir, o.spec.ranks, o.store};
-    options.strategy = {0, o.threads, o.staging_buckets, o.async, o.low_priority, o.storage, o.store};
+    options.strategy = {0, o.threads, o.staging_buckets, o.async, o.low_priority, o.storage, o.store, o.per_save};
     options.timeout = std::chrono::seconds(120);
     auto spawned = CheckpointCluster::spawn(system, std::move(ranks), options);
     BOOST_REQUIRE_MESSAGE(spawned.is_ok(), spawned.status().to_string());

@@ -140,6 +140,8 @@ class TrainerBase : public caf::blocking_actor {
       if (!actions.is_ok()) return actions.status().with_context("step " + std::to_string(step));
       auto metrics = train(step, *actions);
       if (!metrics.is_ok()) return metrics.status().with_context("step " + std::to_string(step));
+      summary_->total_fence_wait_s += metrics->fence_wait_s;
+      if (pending_) pending_->fence_wait_s += metrics->fence_wait_s;
       SH_RETURN_IF_ERROR(after_step(step));
       auto accuracy = evaluate();
       if (!accuracy.is_ok()) return accuracy.status().with_context("evaluation at step " + std::to_string(step));
@@ -149,7 +151,8 @@ class TrainerBase : public caf::blocking_actor {
                     std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
       nlohmann::json line{{"type", "step"}, {"step", step}, {"accuracy", *accuracy},
                           {objective() == Objective::rl ? "reward" : "loss",
-                           objective() == Objective::rl ? metrics->first : metrics->second}};
+                           objective() == Objective::rl ? metrics->reward : metrics->loss},
+                          {"fence_wait_s", metrics->fence_wait_s}};
       fill_metrics(step, line);
       write_metrics(line);
       if (policy_.should_save(step)) {
@@ -159,7 +162,7 @@ class TrainerBase : public caf::blocking_actor {
       if (step % 10 == 0 || step == t.total_steps) {
         say("step %lld/%lld %s %.4f acc %.3f %.1f steps/s | last save: %s\n", static_cast<long long>(step),
             static_cast<long long>(t.total_steps), objective() == Objective::rl ? "reward" : "loss",
-            objective() == Objective::rl ? metrics->first : metrics->second, *accuracy, rate, last_save_.c_str());
+            objective() == Objective::rl ? metrics->reward : metrics->loss, *accuracy, rate, last_save_.c_str());
       }
     }
     if (summary_->stopped_by_signal && step > 0) {
@@ -175,12 +178,12 @@ class TrainerBase : public caf::blocking_actor {
     return Status::ok();
   }
 
-  Result<std::pair<double, double>> train(std::int64_t step, const std::vector<std::int32_t>& actions) {
-    std::pair<double, double> out;
+  Result<StepMetrics> train(std::int64_t step, const std::vector<std::int32_t>& actions) {
+    StepMetrics out;
     Status st;
     request(dispatch_, timeout_, train_atom::value, step, static_cast<std::int32_t>(objective() == Objective::sft),
             actions)
-        .receive([&](double reward, double loss) { out = {reward, loss}; },
+        .receive([&](double reward, double loss, double fence_wait_s) { out = {reward, loss, fence_wait_s}; },
                  [&](caf::error& err) { st = from_caf_error(err); });
     if (!st.is_ok()) return st;
     return out;
@@ -213,7 +216,7 @@ class TrainerBase : public caf::blocking_actor {
             [&](caf::error& err) { st = from_caf_error(err); });
     SH_RETURN_IF_ERROR(st.with_context("checkpoint step " + std::to_string(step)));
     summary_->total_stall_s += stall;
-    pending_ = PendingSave{step, stall, async, Clock::now(), staging_memory().peak()};
+    pending_ = PendingSave{step, stall, async, Clock::now(), 0};
     char buf[128];
     std::snprintf(buf, sizeof(buf), "step %lld stall %.3fs %s", static_cast<long long>(step), stall,
                   async ? "async" : "sync");
@@ -249,10 +252,12 @@ class TrainerBase : public caf::blocking_actor {
     write_metrics({{"type", "save"},
                    {"step", saved.step},
                    {"stall_s", saved.stall_s},
+                   {"fence_wait_s", saved.fence_wait_s},
                    {"async", saved.async},
                    {"write_s", std::chrono::duration<double>(Clock::now() - saved.started).count() + saved.stall_s},
                    {"bytes", bytes},
-                   {"host_staging_peak_bytes", saved.staging_peak}});
+                   // Through the commit: staging waves of an async save run on after it returned.
+                   {"host_staging_peak_bytes", staging_memory().peak()}});
     SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention());
     for (auto s : deleted) say("retention: removed checkpoint step %lld\n", static_cast<long long>(s));
     return Status::ok();
@@ -275,7 +280,8 @@ class TrainerBase : public caf::blocking_actor {
     double stall_s;
     bool async;
     Clock::time_point started;
-    std::size_t staging_peak;
+    /// Waits at the fence for this save's background staging, summed over the steps after it.
+    double fence_wait_s;
   };
 
   caf::actor dispatch_;

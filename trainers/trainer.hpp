@@ -33,6 +33,9 @@ struct TrainerSummary {
   std::int64_t last_step = 0;
   std::int64_t checkpoints_committed = 0;
   double total_stall_s = 0;
+  /// Seconds training waited at the fence for saves staging in the background (the longest
+  /// rank's wait, summed over steps).
+  double total_fence_wait_s = 0;
   double last_accuracy = 0;
   bool stopped_by_signal = false;
   /// After a signal: the step saved on it (the last one trained); -1 when none was trained.

@@ -60,7 +60,7 @@ struct World {
     Status st;
     self->request(dispatch, std::chrono::seconds(60), train_atom::value, step, std::int32_t{0},
                   std::vector<std::int32_t>{})
-        .receive([](double, double) {}, [&](caf::error& e) { st = from_caf_error(e); });
+        .receive([](double, double, double) {}, [&](caf::error& e) { st = from_caf_error(e); });
     return st;
   }
 

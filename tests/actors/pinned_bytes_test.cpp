@@ -57,9 +57,14 @@ BOOST_AUTO_TEST_CASE(checkpoints_through_the_dispatch_match_the_pinned_bytes) {
   struct Mode {
     bool async;
     int staging_buckets;
+    bool per_save = false;
   };
-  for (Mode mode : {Mode{false, 0}, Mode{false, 1}, Mode{true, 0}}) {
-    BOOST_TEST_CONTEXT("async " << mode.async << ", staging " << mode.staging_buckets) {
+  // Async with staging waves (the rest staged behind the fence) and per-save staging memory
+  // write the same bytes as everything else.
+  for (Mode mode : {Mode{false, 0}, Mode{false, 1}, Mode{true, 0}, Mode{true, 1}, Mode{true, 2},
+                    Mode{true, 1, true}, Mode{false, 2, true}}) {
+    BOOST_TEST_CONTEXT("async " << mode.async << ", staging " << mode.staging_buckets << ", per_save "
+                                << mode.per_save) {
       TempDir dir;
       {
         test::ClusterOptions options;
@@ -67,6 +72,7 @@ BOOST_AUTO_TEST_CASE(checkpoints_through_the_dispatch_match_the_pinned_bytes) {
         options.async = mode.async;
         options.threads = kThreads;
         options.staging_buckets = mode.staging_buckets;
+        options.per_save = mode.per_save;
         test::StrategyCluster cluster(dir.path(), options);
         auto timing = cluster.client->save(1);
         BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());

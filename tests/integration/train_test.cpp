@@ -196,6 +196,46 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_for_every_trainer_and_save_mode) {
   }
 }
 
+// Issue 15: async saves staged in waves behind the fence (the reference model fences right before
+// its Adam update) write what sync saves write, step after step, while training goes on.
+BOOST_AUTO_TEST_CASE(async_saves_with_staging_waves_match_sync_saves) {
+  TempDir dir;
+  struct Mode {
+    std::string name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Mode> modes{
+      {"sync", {"megatron_config.async_dist_ckpt_save=false", "megatron_config.ckpt_save_staging_buckets=0"}},
+      {"async1", {"megatron_config.async_dist_ckpt_save=true", "megatron_config.ckpt_save_staging_buckets=1"}},
+      {"async2_per_save",
+       {"megatron_config.async_dist_ckpt_save=true", "megatron_config.ckpt_save_staging_buckets=2",
+        "megatron_config.ckpt_staging_memory=per_save"}},
+  };
+  for (const auto& mode : modes) {
+    std::vector<std::string> sets{"trainer.ckpt_path=" + dir / mode.name, "trainer.total_steps=12",
+                                  "trainer.ckpt_interval=3", "trainer.max_ckpts_to_keep=0",
+                                  "megatron_config.ckpt_save_thread_count=4", "model.hidden=2048"};
+    sets.insert(sets.end(), mode.sets.begin(), mode.sets.end());
+    Run r = train("sync_rl.yaml", sets, dir / (mode.name + ".jsonl"));
+    BOOST_REQUIRE_MESSAGE(r.code == 0, mode.name << ": " << r.output);
+    auto saves = lines_of(dir / (mode.name + ".jsonl"), "save");
+    BOOST_TEST(saves.size() == 4u, mode.name);
+    for (const auto& save : saves) BOOST_TEST(save.contains("fence_wait_s"), save.dump());
+    for (const auto& step : lines_of(dir / (mode.name + ".jsonl"), "step")) {
+      BOOST_TEST(step.contains("fence_wait_s"), step.dump());
+    }
+  }
+  for (std::string step : {"global_step_3", "global_step_6", "global_step_9", "global_step_12"}) {
+    auto sync = test::files_of(dir / "sync/" + step);
+    BOOST_REQUIRE(sync.count("policy/metadata.json") == 1u);
+    for (std::string mode : {"async1", "async2_per_save"}) {
+      auto other = test::files_of(dir / mode + "/" + step);
+      BOOST_TEST(other.size() == sync.size(), mode << " " << step);
+      for (const auto& [name, bytes] : sync) BOOST_TEST((other[name] == bytes), mode << " " << step << "/" << name);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(retention_keeps_exactly_the_newest_committed) {
   for (std::string async : {"true", "false"}) {
     TempDir dir;

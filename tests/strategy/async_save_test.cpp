@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -251,12 +252,122 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   BOOST_TEST(**read_tracker(dir.path()) == 3);
 }
 
-BOOST_AUTO_TEST_CASE(async_with_staging_buckets_is_refused) {
-  caf::actor_system system{test::system_config()};
-  auto state = std::make_shared<StateDict>();
-  auto strategy = spawn_megatron_strategy(system, {0, 4, 2, true, true, local_storage()}, state, caf::actor{});
-  BOOST_REQUIRE(!strategy.is_ok());
-  BOOST_TEST(strategy.status().message().find("ckpt_save_staging_buckets must be 0") != std::string::npos);
+// Issue 15: an async save with staging waves returns after the first wave; the rest is staged
+// from the live state in the background, and the fence says when the state may change again.
+
+namespace {
+
+/// Overwrites every byte of every tensor of `state`, as an optimizer step would.
+void mutate(StateDict& state) {
+  for (auto& t : state.tensors) std::memset(t.tensor.data(), 0xA5, t.tensor.nbytes());
+}
+
+/// Whether every rank of the checkpoint equals the synthetic state before any mutation.
+bool holds_the_saved_state(const std::string& checkpoint_dir, const SyntheticStateSpec& spec) {
+  for (int r = 0; r < spec.ranks; ++r) {
+    auto expected = *make_synthetic_state(spec, r, Device::host());
+    StateDict loaded = test::zeroed_like(expected);
+    if (!load_checkpoint(checkpoint_dir, loaded).is_ok()) return false;
+    for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+      if (!test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor)) return false;
+    }
+  }
+  return true;
+}
+
+/// Saves step 1 async, in waves of one bucket of four, on storage slow enough that the later
+/// waves are staged well after the save returned; mutates the state right after the fence
+/// (or without one); returns whether the checkpoint holds the pre-mutation bytes.
+bool mutated_after_save_keeps_saved_bytes(const std::string& dir, bool fence, double* fence_wait = nullptr) {
+  test::ClusterOptions options;
+  options.spec = kSpec;
+  options.async = true;
+  options.threads = 4;
+  options.staging_buckets = 1;
+  options.storage = slow_storage(20);
+  test::StrategyCluster cluster(dir, options);
+  auto timing = cluster.client->save(1);
+  BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+  BOOST_TEST(timing->async);
+  if (fence) {
+    auto waited = cluster.client->fence();
+    BOOST_REQUIRE_MESSAGE(waited.is_ok(), waited.status().to_string());
+    if (fence_wait != nullptr) *fence_wait = *waited;
+  }
+  for (auto& state : cluster.states) mutate(*state);
+  Status committed = cluster.client->finalize();
+  BOOST_REQUIRE_MESSAGE(committed.is_ok(), committed.to_string());
+  return holds_the_saved_state(dir + "/global_step_1", kSpec);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(state_mutated_after_the_fence_leaves_the_saved_bytes_on_disk) {
+  TempDir dir;
+  double waited = 0;
+  BOOST_TEST(mutated_after_save_keeps_saved_bytes(dir.path(), true, &waited));
+  // The later waves were still being staged when the save returned: the fence had to wait.
+  BOOST_TEST(waited > 0);
+}
+
+BOOST_AUTO_TEST_CASE(state_mutated_without_the_fence_reaches_the_disk) {
+  // The control of the test above: without the fence the mutation is staged, so that test can fail.
+  TempDir dir;
+  BOOST_TEST(!mutated_after_save_keeps_saved_bytes(dir.path(), false));
+}
+
+BOOST_AUTO_TEST_CASE(async_staging_waves_hold_at_most_their_buckets_in_host_memory) {
+  for (bool per_save : {false, true}) {
+    BOOST_TEST_CONTEXT("per_save " << per_save) {
+      TempDir dir;
+      test::ClusterOptions options;
+      options.spec = kSpec;
+      options.async = true;
+      options.threads = 4;
+      options.staging_buckets = 1;
+      options.per_save = per_save;
+      // This process's staging buffers: the cluster's ranks' only.
+      const std::size_t before = staging_memory().current();
+      test::StrategyCluster cluster(dir.path(), options);
+      // Persistent: one slot (of the largest bucket) per rank, allocated at spawn. Per save:
+      // nothing until a save, and nothing after it.
+      const std::size_t at_spawn = staging_memory().current() - before;
+      BOOST_TEST((per_save ? at_spawn == 0u : at_spawn > 0u));
+      std::size_t shards = 0;
+      for (const auto& state : cluster.states) {
+        for (const auto& t : state->tensors) shards += t.tensor.nbytes();
+      }
+      staging_memory().reset_peak();
+      BOOST_REQUIRE(cluster.client->save(1).is_ok());
+      BOOST_REQUIRE(cluster.client->finalize().is_ok());
+      expect_loads_synthetic(dir / "global_step_1", kSpec);
+      BOOST_TEST(staging_memory().current() - before == (per_save ? 0u : at_spawn));
+      // One bucket of four per rank, not the whole shard (buckets differ a little in size).
+      const std::size_t peak = staging_memory().peak() - before;
+      BOOST_TEST(peak < shards * 35 / 100, peak << " bytes staged at most, of " << shards);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_background_wave_surfaces_and_opens_the_fence) {
+  TempDir dir;
+  auto storage = std::make_shared<test::FaultStorage>();
+  storage->fail_file = "__0_3";  // the last wave of rank 0
+  test::ClusterOptions options;
+  options.spec = kSpec;
+  options.async = true;
+  options.threads = 4;
+  options.staging_buckets = 1;
+  options.storage = storage;
+  test::StrategyCluster cluster(dir.path(), options);
+  auto timing = cluster.client->save(1);
+  BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
+  BOOST_TEST(cluster.client->fence().is_ok());
+  Status st = cluster.client->finalize();
+  BOOST_REQUIRE(!st.is_ok());
+  BOOST_TEST(st.message().find("__0_3") != std::string::npos, st.message());
+  BOOST_TEST(!fs::exists(dir / "global_step_1"));
+  BOOST_TEST(!fs::exists(dir / "latest_ckpt_global_step.txt"));
 }
 
 BOOST_AUTO_TEST_CASE(cloud_paths_are_classified) {
