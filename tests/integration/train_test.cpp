@@ -294,6 +294,44 @@ BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
   BOOST_TEST(**read_tracker(dir / "ckpt") == step + 2);
 }
 
+// Issue 15: SIGKILL while async saves with staging waves are in flight (the later waves staged
+// behind the fence) leaves the newest committed checkpoint whole, and a run resumes from it.
+BOOST_AUTO_TEST_CASE(sigkill_during_async_staging_waves_keeps_the_committed_checkpoint) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  BackgroundRun run("sync_rl.yaml",
+                    {"trainer.ckpt_path=" + root, "trainer.total_steps=100000000", "trainer.ckpt_interval=1",
+                     "trainer.max_ckpts_to_keep=2", "megatron_config.async_dist_ckpt_save=true",
+                     "megatron_config.ckpt_save_thread_count=4", "megatron_config.ckpt_save_staging_buckets=1",
+                     "model.hidden=4096"},
+                    dir / "out.txt");
+  // A save of step 3 or later is in flight: a committed step before it and a .tmp folder.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool in_flight = false;
+  while (!in_flight && std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      auto step = parse_step_dir_name(e.path().filename().string(), true);
+      if (step && *step >= 3) in_flight = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  BOOST_REQUIRE_MESSAGE(in_flight, run.output());
+  run.signal(SIGKILL);
+  BOOST_TEST(run.wait(std::chrono::seconds(60)) == -1);  // killed, not exited
+  auto tracked = read_tracker(root);
+  BOOST_REQUIRE(tracked.is_ok() && tracked->has_value());
+  const std::string committed = CheckpointLayout{root}.step_dir(**tracked);
+  BOOST_TEST(verify_checkpoint(committed)->ok());
+  Run resumed = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.resume_mode=latest",
+                                       "trainer.total_steps=" + std::to_string(**tracked + 2), "model.hidden=4096",
+                                       "trainer.ckpt_interval=1", "megatron_config.async_dist_ckpt_save=true",
+                                       "megatron_config.ckpt_save_thread_count=4",
+                                       "megatron_config.ckpt_save_staging_buckets=1"});
+  BOOST_TEST(resumed.code == 0, resumed.output);
+  BOOST_TEST(**read_tracker(root) == **tracked + 2);
+}
+
 BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and_field) {
   TempDir dir;
   for (std::string config : {"sync_rl.yaml", "fully_async_rl.yaml"}) {

@@ -38,12 +38,18 @@ const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
 
 
 /// Ranks' states, their strategies, a coordinator, a dispatch and its client, all in this process.
+/// `staging_buckets` > 0 with async: the later waves are staged behind the fence.
 struct Cluster : test::StrategyCluster {
   Cluster(const std::string& destination, bool async, int threads = 4,
           std::shared_ptr<StorageBackend> storage = local_storage(), const std::string& work_dir = "/tmp/stagehand-work",
-          bool low_priority = true)
-      : test::StrategyCluster(destination, {kSpec, async, threads, std::move(storage), work_dir, low_priority}) {}
+          bool low_priority = true, int staging_buckets = 0)
+      : test::StrategyCluster(destination, {kSpec, async, threads, std::move(storage), work_dir, low_priority,
+                                            ObjectStoreOptions::from_environment(), staging_buckets}) {}
 };
+
+/// Every async guarantee holds with staging waves too: each test below runs with all buckets
+/// staged at once (0) and in waves of one bucket of four (1).
+constexpr int kStagingModes[] = {0, 1};
 
 void expect_loads_synthetic(const std::string& checkpoint_dir, const SyntheticStateSpec& spec) {
   for (int r = 0; r < spec.ranks; ++r) {
@@ -117,6 +123,8 @@ BOOST_AUTO_TEST_CASE(completion_is_pushed_and_commits_without_a_finalize) {
 }
 
 BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
+  for (int staging : kStagingModes) {
+  BOOST_TEST_CONTEXT("staging " << staging) {
   TempDir dir;
   auto storage = slow_storage(30);
   std::atomic<int> step2_files{0};
@@ -126,7 +134,7 @@ BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
     ++step2_files;
     if (!fs::exists(dir / "global_step_1/policy/metadata.json")) ++step2_files_before_commit;
   };
-  Cluster cluster(dir.path(), true, 4, storage);
+  Cluster cluster(dir.path(), true, 4, storage, "/tmp/stagehand-work", true, staging);
   BOOST_REQUIRE(cluster.client->save(1).is_ok());
   BOOST_REQUIRE(cluster.client->save(2).is_ok());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
@@ -135,6 +143,8 @@ BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
   expect_loads_synthetic(dir / "global_step_1", kSpec);
   expect_loads_synthetic(dir / "global_step_2", kSpec);
   BOOST_TEST(**read_tracker(dir.path()) == 2);
+  }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
@@ -185,10 +195,14 @@ BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
 }
 
 BOOST_AUTO_TEST_CASE(load_while_a_save_is_pending_drains_first) {
+  for (int staging : kStagingModes) {
+  BOOST_TEST_CONTEXT("staging " << staging) {
   TempDir dir;
-  Cluster cluster(dir.path(), true, 4, slow_storage(50));
+  Cluster cluster(dir.path(), true, 4, slow_storage(50), "/tmp/stagehand-work", true, staging);
   BOOST_REQUIRE(cluster.client->save(3).is_ok());
-  // Training goes on and changes the live state after the async save returned.
+  // Training goes on and changes the live state after the async save returned (after the fence,
+  // which waits only with staging waves).
+  BOOST_REQUIRE(cluster.client->fence().is_ok());
   for (auto& state : cluster.states) {
     for (auto& t : state->tensors) std::fill_n(t.tensor.host_data<std::uint8_t>(), t.tensor.nbytes(), 0);
   }
@@ -201,15 +215,19 @@ BOOST_AUTO_TEST_CASE(load_while_a_save_is_pending_drains_first) {
                                   expected.tensors[i].tensor));
     }
   }
+  }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(teardown_with_a_pending_save_leaves_a_committed_checkpoint) {
+  for (int staging : kStagingModes) {
+  BOOST_TEST_CONTEXT("staging " << staging) {
   TempDir dir;
   pid_t pid = ::fork();
   if (pid == 0) {
     int code = 0;
     {
-      Cluster cluster(dir.path(), true, 4, slow_storage(50));
+      Cluster cluster(dir.path(), true, 4, slow_storage(50), "/tmp/stagehand-work", true, staging);
       auto timing = cluster.client->save(5);
       if (!timing.is_ok() || !timing->async || fs::exists(dir / "global_step_5")) code = 3;
       // Leaving the scope is the teardown: the cluster finalizes, the actors exit.
@@ -224,12 +242,16 @@ BOOST_AUTO_TEST_CASE(teardown_with_a_pending_save_leaves_a_committed_checkpoint)
   BOOST_TEST(**read_tracker(dir.path()) == 5);
   BOOST_TEST(!fs::exists(dir / "global_step_5.tmp"));
   expect_loads_synthetic(*resolve_checkpoint(dir.path()), kSpec);
+  }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
+  for (int staging : kStagingModes) {
+  BOOST_TEST_CONTEXT("staging " << staging) {
   TempDir dir;
   auto storage = std::make_shared<test::FaultStorage>();
-  Cluster cluster(dir.path(), true, 4, storage);
+  Cluster cluster(dir.path(), true, 4, storage, "/tmp/stagehand-work", true, staging);
   BOOST_REQUIRE(cluster.client->save(1).is_ok());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
   storage->fail_file = "__1_2.safetensors";
@@ -250,6 +272,8 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   BOOST_REQUIRE(cluster.client->save(3).is_ok());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
   BOOST_TEST(**read_tracker(dir.path()) == 3);
+  }
+  }
 }
 
 // Issue 15: an async save with staging waves returns after the first wave; the rest is staged
