@@ -281,6 +281,16 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
 
 namespace {
 
+/// Async saves of kSpec in waves of one bucket of four.
+test::ClusterOptions waves_of_one() {
+  test::ClusterOptions options;
+  options.spec = kSpec;
+  options.async = true;
+  options.threads = 4;
+  options.staging_buckets = 1;
+  return options;
+}
+
 /// Overwrites every byte of every tensor of `state`, as an optimizer step would.
 void mutate(StateDict& state) {
   for (auto& t : state.tensors) std::memset(t.tensor.data(), 0xA5, t.tensor.nbytes());
@@ -303,11 +313,7 @@ bool holds_the_saved_state(const std::string& checkpoint_dir, const SyntheticSta
 /// waves are staged well after the save returned; mutates the state right after the fence
 /// (or without one); returns whether the checkpoint holds the pre-mutation bytes.
 bool mutated_after_save_keeps_saved_bytes(const std::string& dir, bool fence, double* fence_wait = nullptr) {
-  test::ClusterOptions options;
-  options.spec = kSpec;
-  options.async = true;
-  options.threads = 4;
-  options.staging_buckets = 1;
+  test::ClusterOptions options = waves_of_one();
   options.storage = slow_storage(20);
   test::StrategyCluster cluster(dir, options);
   auto timing = cluster.client->save(1);
@@ -344,11 +350,7 @@ BOOST_AUTO_TEST_CASE(async_staging_waves_hold_at_most_their_buckets_in_host_memo
   for (bool per_save : {false, true}) {
     BOOST_TEST_CONTEXT("per_save " << per_save) {
       TempDir dir;
-      test::ClusterOptions options;
-      options.spec = kSpec;
-      options.async = true;
-      options.threads = 4;
-      options.staging_buckets = 1;
+      test::ClusterOptions options = waves_of_one();
       options.per_save = per_save;
       // This process's staging buffers: the cluster's ranks' only.
       const std::size_t before = staging_memory().current();
@@ -377,11 +379,7 @@ BOOST_AUTO_TEST_CASE(a_failing_background_wave_surfaces_and_opens_the_fence) {
   TempDir dir;
   auto storage = std::make_shared<test::FaultStorage>();
   storage->fail_file = "__0_3";  // the last wave of rank 0
-  test::ClusterOptions options;
-  options.spec = kSpec;
-  options.async = true;
-  options.threads = 4;
-  options.staging_buckets = 1;
+  test::ClusterOptions options = waves_of_one();
   options.storage = storage;
   test::StrategyCluster cluster(dir.path(), options);
   auto timing = cluster.client->save(1);
