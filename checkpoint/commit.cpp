@@ -1,8 +1,8 @@
 #include "stagehand/checkpoint/commit.hpp"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

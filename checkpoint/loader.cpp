@@ -208,10 +208,11 @@ Result<std::string> read_trainer_state(const CheckpointSource& source, const Che
   }
   if (!text) return Status{ErrorCode::corruption, "'" + where + "' does not exist, but the metadata records it"};
   const FileMeta& expected = *m.trainer_state;
-  if (text->size() != expected.size || xxh3(text->data(), text->size()) != expected.xxh3) {
+  const std::uint64_t hash = xxh3(text->data(), text->size());
+  if (text->size() != expected.size || hash != expected.xxh3) {
     return Status{ErrorCode::corruption,
                   "'" + where + "' was changed after it was saved: " + std::to_string(text->size()) + " bytes with XXH3 " +
-                      xxh3_hex(xxh3(text->data(), text->size())) + ", the metadata records " +
+                      xxh3_hex(hash) + ", the metadata records " +
                       std::to_string(expected.size) + " bytes with XXH3 " + xxh3_hex(expected.xxh3)};
   }
   // The step is the one field every trainer state has; the trainer reads the rest.
