@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -98,11 +99,10 @@ class CheckpointCoordinator : public caf::event_based_actor {
     reports_.push_back(std::move(*report));
     if (static_cast<int>(reports_.size()) < options_.world_size) return;
     std::int64_t step = *open_step_;
-    if (is_cloud(options_.destination)) {
-      finish(step, commit_cloud(step));
-      return;
-    }
-    finish(step, commit_checkpoint(root_, step, reports_, options_.world_size));
+    auto start = std::chrono::steady_clock::now();
+    Status outcome = is_cloud(options_.destination) ? commit_cloud(step)
+                                                    : commit_checkpoint(root_, step, reports_, options_.world_size);
+    finish(step, outcome, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
   Status commit_cloud(std::int64_t step) {
@@ -131,10 +131,17 @@ class CheckpointCoordinator : public caf::event_based_actor {
     }
   }
 
-  void finish(std::int64_t step, Status outcome) {
+  /// @param commit_s seconds the commit took (metadata, renames, tracker), when it ran.
+  void finish(std::int64_t step, Status outcome, double commit_s = 0) {
     const std::string where = is_cloud(options_.destination) ? options_.destination : root_;
     if (outcome.is_ok()) {
-      logger()->info("committed checkpoint step {} in '{}'", step, where);
+      // Each phase of the slowest rank, so that a slow save explains itself.
+      SavePhases phases;
+      for (const auto& r : reports_) phases.take_max(r.phases);
+      logger()->info("committed checkpoint step {} in '{}' (copy_s {:.3f} hash_s {:.3f} write_s {:.3f} fsync_s {:.3f} "
+                     "upload_s {:.3f} commit_s {:.3f})",
+                     step, where, phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s, phases.upload_s,
+                     commit_s);
     } else {
       (void)abort_checkpoint(root_, step);
       if (is_cloud(options_.destination)) remove_uploaded(step);

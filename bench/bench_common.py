@@ -26,5 +26,11 @@ def save_command(args, out, repeat, *flags):
 
 
 def save_lines(stdout):
-    """The per-save JSON lines of stagehand-bench's output (not its summary)."""
-    return [json.loads(l) for l in stdout.splitlines() if l.startswith("{") and "summary" not in l]
+    """The per-save JSON lines of stagehand-bench's output (not its summary or baselines)."""
+    return [json.loads(l) for l in stdout.splitlines()
+            if l.startswith("{") and "summary" not in l and '"baseline"' not in l]
+
+
+def baseline_lines(stdout):
+    """The raw-write lines of `stagehand-bench save --baseline[-only]`."""
+    return [json.loads(l) for l in stdout.splitlines() if l.startswith("{") and '"baseline"' in l]

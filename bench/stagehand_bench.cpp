@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -40,7 +42,8 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-/// Writes and fsyncs files of the given sizes in parallel, one thread each, from one buffer.
+/// Writes and fsyncs files of the given sizes, one thread each, from one buffer of patterned
+/// bytes; the files are removed afterwards (and with them their page-cache pages).
 Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::uint64_t>& sizes) {
   std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
   HostBuffer source(std::max<std::uint64_t>(largest, 1), false, nullptr);
@@ -71,6 +74,22 @@ Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::
   return elapsed;
 }
 
+/// The raw baseline of saving files of `sizes`: the same bytes written and fsynced as one
+/// stream (one file), and as one stream per file in parallel.
+struct RawWrite {
+  double one_stream_s = 0;
+  double parallel_s = 0;
+};
+
+Result<RawWrite> raw_write(const std::string& dir, const std::vector<std::uint64_t>& sizes) {
+  std::uint64_t total = 0;
+  for (auto s : sizes) total += s;
+  RawWrite raw;
+  SH_ASSIGN_OR_RETURN(raw.one_stream_s, raw_write_seconds(dir, {total}));
+  SH_ASSIGN_OR_RETURN(raw.parallel_s, raw_write_seconds(dir, sizes));
+  return raw;
+}
+
 /// Repeated saves go to steps 1, 2, ...; the previous one is removed after the timed save, as
 /// retention would, so that no save pays for deleting an older copy of its step.
 void remove_previous_step(const std::string& root, std::int64_t step) {
@@ -84,13 +103,41 @@ void remove_previous_step(const std::string& root, std::int64_t step) {
   std::filesystem::remove_all(CheckpointLayout{root}.step_dir(step - 1), ec);
 }
 
-/// Resident set size of this process now (VmRSS).
-std::uint64_t current_rss_bytes() {
+/// A field of /proc/self/status in bytes: "VmRSS" (resident now) or "VmHWM" (its peak).
+std::uint64_t status_bytes(const std::string& field) {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
   }
   return 0;
+}
+
+/// Counters of /proc/vmstat that explain a slow save: page allocations and faults, reclaim,
+/// compaction and write-back throttling.
+std::map<std::string, std::int64_t> vmstat() {
+  static const std::set<std::string> kept = {"pgfault",         "pgalloc_normal", "pgsteal_kswapd", "pgsteal_direct",
+                                             "allocstall_normal", "compact_stall", "thp_fault_alloc", "nr_dirty",
+                                             "nr_writeback",    "pgscan_direct",  "workingset_refault_file"};
+  std::map<std::string, std::int64_t> values;
+  std::ifstream in("/proc/vmstat");
+  std::string name;
+  std::int64_t value = 0;
+  while (in >> name >> value) {
+    if (kept.count(name)) values[name] = value;
+  }
+  return values;
+}
+
+/// What changed between two vmstat() readings (gauges such as nr_dirty: the later value).
+nlohmann::json vmstat_delta(const std::map<std::string, std::int64_t>& before,
+                            const std::map<std::string, std::int64_t>& after) {
+  nlohmann::json delta;
+  for (const auto& [name, value] : after) {
+    const bool gauge = name.rfind("nr_", 0) == 0;
+    auto it = before.find(name);
+    delta[name] = gauge || it == before.end() ? value : value - it->second;
+  }
+  return delta;
 }
 
 std::uint64_t parse_size(const std::string& text) {
@@ -121,6 +168,12 @@ struct SaveArgs {
   double compute_s = 0;
   /// ckpt_staging_memory: per_save.
   bool per_save = false;
+  /// host: the state in host memory, written straight from it; device: on the GPU when one is
+  /// visible, else in host memory copied out through staging buffers as device memory is.
+  std::string source = "host";
+  bool early_writeback = true;
+  /// Print the raw baselines only, no saves (for scripts that run them in their own process).
+  bool baseline_only = false;
 };
 
 /// The figures every save prints.
@@ -136,6 +189,8 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
   line["save_s"] = save_s;
   line["throughput_gbps"] = static_cast<double>(bytes) / save_s / 1e9;
   line["host_staging_peak_bytes"] = staging_memory().peak();
+  line["source"] = args.source;
+  line["early_writeback"] = args.early_writeback;
   return line;
 }
 
@@ -166,8 +221,9 @@ int run_save(const SaveArgs& args) {
   }
   std::vector<std::unique_ptr<Checkpointable>> ranks;
   std::vector<std::uint64_t> file_sizes;
+  const bool device = args.source == "device";
   for (int r = 0; r < args.ranks; ++r) {
-    auto state = make_synthetic_state(spec, r, default_device(r));
+    auto state = make_synthetic_state(spec, r, device ? default_device(r) : Device::host());
     auto sizes = state.is_ok() ? planned_file_sizes(args, r, *state) : state.status();
     if (!sizes.is_ok()) {
       std::cerr << "stagehand-bench: " << sizes.status().to_string() << "\n";
@@ -176,6 +232,26 @@ int run_save(const SaveArgs& args) {
     file_sizes.insert(file_sizes.end(), sizes->begin(), sizes->end());
     ranks.push_back(checkpointable_state(std::make_shared<StateDict>(std::move(*state))));
   }
+  std::vector<RawWrite> raws;
+  if (args.baseline || args.baseline_only) {
+    // Apart from the saves: before the first, so that no save runs right after a raw write.
+    for (int k = 0; k < args.repeat; ++k) {
+      auto raw = raw_write(args.out, file_sizes);
+      if (!raw.is_ok()) {
+        std::cerr << "stagehand-bench: baseline: " << raw.status().to_string() << "\n";
+        return 1;
+      }
+      raws.push_back(*raw);
+      nlohmann::json line;
+      line["baseline"] = true;
+      line["repeat"] = k;
+      line["raw_write_s"] = raw->one_stream_s;
+      line["raw_write_parallel_s"] = raw->parallel_s;
+      line["streams"] = file_sizes.size();
+      std::cout << line.dump() << std::endl;
+    }
+    if (args.baseline_only) return 0;
+  }
   caf::actor_system_config cfg;
   register_stagehand_errors(cfg);
   caf::actor_system system{cfg};
@@ -183,6 +259,9 @@ int run_save(const SaveArgs& args) {
   options.coordinator = {args.out, args.work_dir};
   options.strategy = {0,    args.thread_count,    args.staging_buckets, args.async, true, local_storage(),
                       ObjectStoreOptions::from_environment(), args.per_save};
+  // Without a GPU, "device" copies host memory out through the staging path a GPU uses.
+  options.strategy.stage_host_memory = device && device_info().gpu_count == 0;
+  options.strategy.early_writeback = args.early_writeback;
   options.timeout = std::chrono::minutes(30);
   auto cluster = CheckpointCluster::spawn(system, std::move(ranks), options);
   if (!cluster.is_ok()) {
@@ -190,22 +269,17 @@ int run_save(const SaveArgs& args) {
     return 2;
   }
   DispatchClient& client = (*cluster)->client();
+  // The process before its first save: the state, the libraries, the actors, staging buffers
+  // allocated at spawn.
+  const std::uint64_t rss_before_saves = status_bytes("VmHWM");
   std::vector<double> stalls;
   std::vector<double> fence_waits;
   std::vector<double> totals;
-  std::vector<double> raw_times;
   std::uint64_t bytes = 0;
   for (int k = 0; k < args.repeat; ++k) {
-    if (args.baseline) {
-      auto raw = raw_write_seconds(args.out, file_sizes);
-      if (!raw.is_ok()) {
-        std::cerr << "stagehand-bench: baseline: " << raw.status().to_string() << "\n";
-        return 1;
-      }
-      raw_times.push_back(*raw);
-    }
     staging_memory().reset_peak();
     const std::int64_t step = k + 1;
+    auto counters = vmstat();
     auto start = Clock::now();
     auto timing = client.save(step);
     // Training work after the save returned (forward and backward passes read the state), then
@@ -214,6 +288,7 @@ int run_save(const SaveArgs& args) {
     auto fence_wait = timing.is_ok() ? client.fence() : Result<double>(timing.status());
     Status committed = fence_wait.is_ok() ? client.finalize() : fence_wait.status();
     double total = seconds_since(start);
+    auto vm = vmstat_delta(counters, vmstat());
     remove_previous_step(args.out, step);
     if (!committed.is_ok()) {
       std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
@@ -234,12 +309,11 @@ int run_save(const SaveArgs& args) {
     line["compute_s"] = args.compute_s;
     line["fence_wait_s"] = *fence_wait;
     line["staging_memory"] = args.per_save ? "per_save" : "persistent";
-    line["rss_bytes"] = current_rss_bytes();
+    line["rss_bytes"] = status_bytes("VmRSS");
+    // The process's peak so far (with --baseline, its raw-write buffer too).
+    line["peak_rss_bytes"] = status_bytes("VmHWM");
+    line["vmstat"] = vm;
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
-    if (args.baseline) {
-      line["raw_write_s"] = raw_times.back();
-      line["raw_write_gbps"] = static_cast<double>(bytes) / raw_times.back() / 1e9;
-    }
     std::cout << line.dump() << std::endl;
   }
   nlohmann::json summary;
@@ -249,11 +323,19 @@ int run_save(const SaveArgs& args) {
   summary["median_stall_s"] = median(stalls);
   summary["median_fence_wait_s"] = median(fence_waits);
   summary["median_save_s"] = median(totals);
+  summary["peak_rss_before_saves_bytes"] = rss_before_saves;
+  summary["peak_rss_bytes"] = status_bytes("VmHWM");
   summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(totals) / 1e9;
-  if (args.baseline) {
-    summary["median_raw_write_s"] = median(raw_times);
-    summary["median_raw_write_gbps"] = static_cast<double>(bytes) / median(raw_times) / 1e9;
-    summary["throughput_vs_raw"] = median(raw_times) / median(totals);
+  if (!raws.empty()) {
+    std::vector<double> one, parallel;
+    for (const auto& r : raws) {
+      one.push_back(r.one_stream_s);
+      parallel.push_back(r.parallel_s);
+    }
+    summary["median_raw_write_s"] = median(one);
+    summary["median_raw_write_parallel_s"] = median(parallel);
+    // The fastest raw write of the same bytes over this save's median: 1.0 is the disk's limit.
+    summary["save_vs_best_raw"] = std::min(median(one), median(parallel)) / median(totals);
   }
   std::cout << summary.dump() << std::endl;
   return (*cluster)->shutdown().is_ok() ? 0 : 1;
@@ -277,7 +359,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 256));
   save->add_option("--seed", args.seed, "state seed");
   save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
-  save->add_flag("--baseline", args.baseline, "also time raw writes of the same bytes");
+  save->add_flag("--baseline", args.baseline,
+                 "also time raw writes + fsync of the same bytes (one stream, and one per file), before the saves");
+  save->add_flag("--baseline-only", args.baseline_only, "only the raw writes of --baseline, no save");
+  save->add_option("--source", args.source,
+                   "host: state in host memory, written straight from it; device: on the GPU, or without "
+                   "one copied out through host staging buffers as GPU memory is")
+      ->check(CLI::IsMember({"host", "device"}));
+  save->add_flag("!--no-early-writeback", args.early_writeback,
+                 "leave write-back to the kernel until the fsync (no sync_file_range while writing)");
   save->add_flag("--async", args.async, "async_dist_ckpt_save: the caller waits only for staging (stall_s)");
   save->add_option("--compute-s", args.compute_s,
                    "seconds of simulated training between a save's return and the fence (fence_wait_s)")

@@ -37,17 +37,22 @@ Result<StateDict> make_synthetic_state(const SyntheticStateSpec& spec, int rank,
     Shape offset{replicated ? 0 : rows * rank, 0};
     auto tensor = Tensor::empty(dtype, local, device);
     if (!tensor.is_ok()) return tensor.status();
-    HostBuffer host(tensor->nbytes(), false, nullptr);
-    if (!host.valid()) return Status{ErrorCode::no_space, "cannot allocate the synthetic state"};
+    // Host tensors are filled in place; device ones through a host buffer.
+    HostBuffer host;
+    if (device.is_cuda()) {
+      host = HostBuffer(tensor->nbytes(), false, nullptr);
+      if (!host.valid()) return Status{ErrorCode::no_space, "cannot allocate the synthetic state"};
+    }
+    std::uint8_t* fill = device.is_cuda() ? host.data() : static_cast<std::uint8_t*>(tensor->data());
     // Fill by global element position, 8 bytes of pseudo-random data per position.
     std::uint64_t tensor_seed = splitmix64(spec.seed * 1000003 + static_cast<std::uint64_t>(i));
     std::uint64_t first = static_cast<std::uint64_t>(offset[0] * cols);
     const auto elements = static_cast<std::uint64_t>(local.numel());
     for (std::uint64_t e = 0; e < elements; ++e) {
       std::uint64_t v = splitmix64(tensor_seed + first + e);
-      std::copy_n(reinterpret_cast<const std::uint8_t*>(&v), elem, host.data() + e * elem);
+      std::copy_n(reinterpret_cast<const std::uint8_t*>(&v), elem, fill + e * elem);
     }
-    SH_RETURN_IF_ERROR(tensor->copy_from_host(host.data()));
+    if (device.is_cuda()) SH_RETURN_IF_ERROR(tensor->copy_from_host(host.data()));
     std::int32_t replica = replicated ? (rank - i % spec.ranks + spec.ranks) % spec.ranks : 0;
     state.add("layer" + std::to_string(i / 4) + ".param" + std::to_string(i % 4), std::move(*tensor),
               global, offset, replica);

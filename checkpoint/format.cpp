@@ -49,6 +49,8 @@ std::uint64_t Xxh3Stream::digest() const {
   return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
 }
 
+void Xxh3Stream::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+
 std::string CheckpointLayout::step_dir(std::int64_t step) const {
   return root + "/global_step_" + std::to_string(step);
 }

@@ -39,6 +39,8 @@ class Xxh3Stream {
   Xxh3Stream& operator=(const Xxh3Stream&) = delete;
   void update(const void* data, std::size_t bytes);
   std::uint64_t digest() const;
+  /// Starts over, as if newly made.
+  void reset();
 
  private:
   void* state_;

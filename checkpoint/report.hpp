@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -19,6 +20,23 @@ struct ChunkRecord {
   std::uint64_t xxh3 = 0;
 };
 
+/// Seconds a save spent in each phase. For one bucket: its writer thread's time; for a rank:
+/// the slowest bucket's time in each phase (buckets run in parallel), and the upload.
+struct SavePhases {
+  /// Device-to-host (or host) copies into staging buffers; 0 for a zero-copy save.
+  double copy_s = 0;
+  /// Chunk and file checksums.
+  double hash_s = 0;
+  /// Writes into the page cache (or the storage backend).
+  double write_s = 0;
+  double fsync_s = 0;
+  /// Uploading the rank's files to an object store.
+  double upload_s = 0;
+
+  /// Each phase the larger of this and `other`.
+  void take_max(const SavePhases& other);
+};
+
 /// The outcome of writing one bucket file.
 struct BucketWriteResult {
   /// Global bucket index within the rank (not the index inside a wave).
@@ -28,6 +46,7 @@ struct BucketWriteResult {
   std::uint64_t xxh3 = 0;
   std::vector<ChunkRecord> chunks;
   Status status;
+  SavePhases phases;
 };
 
 /// Everything one rank tells the coordinator about one save: sent exactly once, merged across
@@ -38,6 +57,7 @@ struct RankSaveReport {
   std::vector<BucketWriteResult> buckets;
   std::map<std::string, std::string> objects;
   Status status;
+  SavePhases phases;
 
   std::uint64_t bytes_written() const {
     std::uint64_t sum = 0;
@@ -45,5 +65,13 @@ struct RankSaveReport {
     return sum;
   }
 };
+
+inline void SavePhases::take_max(const SavePhases& other) {
+  copy_s = std::max(copy_s, other.copy_s);
+  hash_s = std::max(hash_s, other.hash_s);
+  write_s = std::max(write_s, other.write_s);
+  fsync_s = std::max(fsync_s, other.fsync_s);
+  upload_s = std::max(upload_s, other.upload_s);
+}
 
 }  // namespace stagehand

@@ -46,7 +46,13 @@ std::string encode_report(const RankSaveReport& r) {
                        {"xxh3", xxh3_hex(b.xxh3)}, {"chunks", chunks}, {"status", status_json(b.status)}});
   }
   json out = {{"format_version", kFormatVersion}, {"rank", r.rank}, {"step", r.step},
-              {"buckets", buckets}, {"objects", r.objects}, {"status", status_json(r.status)}};
+              {"buckets", buckets}, {"objects", r.objects}, {"status", status_json(r.status)},
+              {"phases",
+               {{"copy_s", r.phases.copy_s},
+                {"hash_s", r.phases.hash_s},
+                {"write_s", r.phases.write_s},
+                {"fsync_s", r.phases.fsync_s},
+                {"upload_s", r.phases.upload_s}}}};
   return out.dump();
 }
 
@@ -63,6 +69,10 @@ Result<RankSaveReport> decode_report(const std::string& text) {
     r.step = j.at("step").get<std::int64_t>();
     r.objects = j.at("objects").get<std::map<std::string, std::string>>();
     r.status = status_from(j.at("status"));
+    const json& phases = j.at("phases");
+    r.phases = {phases.at("copy_s").get<double>(), phases.at("hash_s").get<double>(),
+                phases.at("write_s").get<double>(), phases.at("fsync_s").get<double>(),
+                phases.at("upload_s").get<double>()};
     for (const auto& b : j.at("buckets")) {
       BucketWriteResult out;
       out.bucket = b.at("bucket").get<int>();

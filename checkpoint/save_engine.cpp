@@ -1,12 +1,33 @@
 #include "stagehand/checkpoint/save_engine.hpp"
 
-#include <atomic>
+#include <chrono>
 #include <future>
 #include <utility>
 
-#include "stagehand/checkpoint/writer.hpp"
-
 namespace stagehand {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Bytes hashed and then written at once: small enough to stay in the CPU cache between the
+/// hash and the write's copy into the page cache.
+constexpr std::size_t kBlockBytes = 2u << 20;
+
+/// Adds the seconds `work` takes to `phase`.
+template <class F>
+auto timed(double& phase, F&& work) {
+  auto start = Clock::now();
+  auto result = work();
+  phase += std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+Status stopped_by_another_bucket() {
+  return {ErrorCode::aborted, "not finished: the save stopped after another bucket's error"};
+}
+
+}  // namespace
 
 Result<std::unique_ptr<SaveEngine>> SaveEngine::create(int rank, SaveEngineOptions options,
                                                        std::shared_ptr<StorageBackend> storage) {
@@ -32,10 +53,6 @@ SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<Stor
       staging_(options_.pinned),
       writers_(options_.thread_count, options_.writer_thread_start) {}
 
-int SaveEngine::wave_size() const {
-  return options_.staging_buckets == 0 ? options_.thread_count : options_.staging_buckets;
-}
-
 Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
   SH_RETURN_IF_ERROR(state.validate());
   auto descs = state.descriptors();
@@ -45,10 +62,23 @@ Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
   return &*plan_;
 }
 
-Status SaveEngine::prepare(const StateDict& state) {
-  SH_ASSIGN_OR_RETURN(const SavePlan* plan, plan_for(state));
+bool SaveEngine::copies_out(const StateDict& state) const {
+  if (options_.stage_host_memory) return true;
+  for (const auto& t : state.tensors) {
+    if (t.tensor.device().is_cuda()) return true;
+  }
+  return false;
+}
+
+Status SaveEngine::reserve_staging(const StateDict& state, bool async) {
+  return staging_.reserve(
+      staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)));
+}
+
+Status SaveEngine::prepare(const StateDict& state, bool async) {
+  SH_RETURN_IF_ERROR(plan_for(state).status());
   if (options_.release_after_save) return Status::ok();
-  return staging_.reserve(*plan, wave_size());
+  return reserve_staging(state, async);
 }
 
 RankSaveReport SaveEngine::make_report(std::int64_t step) const {
@@ -58,176 +88,85 @@ RankSaveReport SaveEngine::make_report(std::int64_t step) const {
   return report;
 }
 
-BucketWriteResult SaveEngine::stage_result(const PlannedBucket& bucket, const Status& staged) const {
-  BucketWriteResult result;
-  result.bucket = bucket.index;
-  result.file = bucket.file_name;
-  result.status = staged.with_context(bucket_context(bucket));
-  return result;
-}
-
-std::vector<BucketWriteResult> SaveEngine::run_wave(
-    int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task) {
-  std::vector<BucketWriteResult> results(static_cast<std::size_t>(last - first));
-  std::vector<std::future<void>> done;
-  for (int b = first; b < last; ++b) {
-    done.push_back(writers_.submit([&, b] {
-      results[static_cast<std::size_t>(b - first)] =
-          task(plan_->buckets[static_cast<std::size_t>(b)], staging_.slot(static_cast<std::size_t>(b - first)));
-    }));
-  }
-  for (auto& f : done) f.get();
-  return results;
-}
-
-std::vector<BucketWriteResult> SaveEngine::write_wave(int first, int last, int parts, const StateDict* state,
-                                                      const std::string& policy_dir,
-                                                      std::vector<std::unique_ptr<WritableFile>>& unsynced,
-                                                      const std::function<void()>& on_staged) {
-  const auto n = static_cast<std::size_t>(last - first);
-  std::vector<BucketWriteResult> results(n);
-  std::vector<std::vector<std::size_t>> bounds(n);
-  // Open every file of the wave and write its header.
-  auto opened = run_wave(first, last, [&](const PlannedBucket& bucket, std::uint8_t*) {
-    BucketWriteResult result;
-    result.bucket = bucket.index;
-    result.file = bucket.file_name;
-    result.chunks.resize(bucket.items.size());
-    auto file = open_bucket_file(*storage_, policy_dir, bucket);
-    if (file.is_ok()) {
-      unsynced[static_cast<std::size_t>(bucket.index)] = std::move(*file);
-    } else {
-      result.status = file.status().with_context(bucket_context(bucket));
-    }
-    return result;
-  });
-  // Stage (for a sync save) and write each bucket in `parts` runs of items, one writer thread each.
-  std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (bucket in wave, part)
-  for (std::size_t j = 0; j < n; ++j) {
-    results[j] = std::move(opened[j]);
-    if (!results[j].status.is_ok()) continue;
-    bounds[j] = split_items(plan_->buckets[static_cast<std::size_t>(first) + j], parts);
-    for (std::size_t p = 0; p + 1 < bounds[j].size(); ++p) tasks.emplace_back(j, p);
-  }
-  std::vector<Status> part_status(tasks.size());
-  std::vector<std::future<void>> done;
-  // The last part to finish staging (staged or failed) runs on_staged.
-  std::atomic<std::size_t> unstaged{tasks.size()};
-  if (tasks.empty() && on_staged) on_staged();
-  for (std::size_t t = 0; t < tasks.size(); ++t) {
-    done.push_back(writers_.submit([&, t] {
-      auto [j, p] = tasks[t];
-      const PlannedBucket& bucket = plan_->buckets[static_cast<std::size_t>(first) + j];
-      std::uint8_t* slot = staging_.slot(j);
-      Status st = state ? stage_items(bucket, bounds[j][p], bounds[j][p + 1], *state, slot) : Status::ok();
-      if (unstaged.fetch_sub(1) == 1 && on_staged) on_staged();
-      if (st.is_ok()) {
-        st = write_bucket_items(*unsynced[static_cast<std::size_t>(bucket.index)], bucket, bounds[j][p],
-                                bounds[j][p + 1], slot, results[j].chunks);
-      }
-      part_status[t] = st.is_ok() ? st : st.with_context(bucket_context(bucket));
-    }));
-  }
-  for (auto& f : done) f.get();
-  for (std::size_t t = 0; t < tasks.size(); ++t) {
-    auto& result = results[tasks[t].first];
-    if (!part_status[t].is_ok() && result.status.is_ok()) result.status = part_status[t];
-  }
-  // The whole-file checksum, over the staged bytes.
-  done.clear();
-  for (std::size_t j = 0; j < n; ++j) {
-    if (!results[j].status.is_ok()) continue;
-    done.push_back(writers_.submit([&, j] {
-      const PlannedBucket& bucket = plan_->buckets[static_cast<std::size_t>(first) + j];
-      results[j].size = bucket.file_size();
-      results[j].xxh3 = bucket_file_xxh3(bucket, staging_.slot(j));
-    }));
-  }
-  for (auto& f : done) f.get();
-  return results;
-}
-
 std::string SaveEngine::bucket_context(const PlannedBucket& bucket) const {
   return "rank " + std::to_string(rank_) + " bucket " + std::to_string(bucket.index) + " (" + bucket.file_name + ")";
 }
 
-RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir,
-                                std::int64_t step) {
+RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir, std::int64_t step) {
   auto planned = plan_for(state);
-  Status st = planned.is_ok() ? staging_.reserve(**planned, wave_size()) : planned.status();
+  const bool direct = !copies_out(state);
+  Status st = planned.is_ok() ? reserve_staging(state, false) : planned.status();
   if (!st.is_ok()) {
-    if (options_.release_after_save) staging_.release();
+    if (options_.release_after_save) staging_.release_all();
     RankSaveReport report = make_report(step);
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
-  return save_in_waves(state, false, policy_dir, step, {});
-}
-
-RankSaveReport SaveEngine::save_in_waves(const StateDict& state, bool first_wave_staged,
-                                         const std::string& policy_dir, std::int64_t step,
-                                         const std::function<void()>& on_all_staged) {
-  RankSaveReport report = make_report(step);
-  report.objects = first_wave_staged ? staged_objects_ : state.objects;
-  bool signalled = false;
-  auto all_staged = [&] {
-    if (std::exchange(signalled, true)) return;
-    if (on_all_staged) on_all_staged();
-  };
-  // A wave of fewer buckets than writer threads splits each bucket among the idle threads, so
-  // waves write as many streams at once as staging everything would. Files are fsynced together
-  // at the end: a slot is free for the next wave once its bytes are written, not yet durable.
-  const int buckets = static_cast<int>(plan_->buckets.size());
-  const int parts = std::max(1, options_.thread_count / wave_size());
-  std::vector<std::unique_ptr<WritableFile>> unsynced(static_cast<std::size_t>(buckets));
-  for (int first = 0; first < buckets && report.status.is_ok(); first += wave_size()) {
-    const int last = std::min(buckets, first + wave_size());
-    const bool staged = first == 0 && first_wave_staged;
-    std::function<void()> on_staged;
-    if (last == buckets) on_staged = all_staged;
-    if (staged && on_staged) on_staged();
-    auto results = write_wave(first, last, parts, staged ? nullptr : &state, policy_dir, unsynced,
-                              staged ? std::function<void()>{} : on_staged);
-    for (auto& r : results) {
-      if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
-      report.buckets.push_back(std::move(r));
-    }
+  prestaged_.assign(plan_->buckets.size(), {});
+  prestage_copy_s_ = 0;
+  std::size_t pieces = 0;
+  if (!direct) {
+    for (const auto& b : plan_->buckets) pieces += piece_count(b, staging_.piece_bytes());
   }
-  // Ended early on an error, or a plan without buckets: nothing reads the state any more.
-  all_staged();
-  finish_all(report, unsynced);
-  if (options_.release_after_save) staging_.release();
-  return report;
-}
-
-void SaveEngine::finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced) {
-  std::vector<std::future<void>> done;
-  for (auto& result : report.buckets) {
-    auto& file = unsynced[static_cast<std::size_t>(result.bucket)];
-    if (!file) continue;
-    done.push_back(writers_.submit([&] { finish_bucket(rank_, std::move(file), result); }));
-  }
-  for (auto& f : done) f.get();
-  for (const auto& r : report.buckets) {
-    if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
-  }
+  unstaged_ = pieces;
+  staged_objects_ = state.objects;
+  return write_buckets(state, direct, policy_dir, step, {});
 }
 
 Status SaveEngine::begin_async(const StateDict& state) {
   Status st = [&]() -> Status {
     auto planned = plan_for(state);
     if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
-    SH_RETURN_IF_ERROR(staging_.reserve(**planned, wave_size()));
-    const int buckets = static_cast<int>(plan_->buckets.size());
-    auto results = run_wave(0, std::min(buckets, wave_size()), [&](const PlannedBucket& bucket, std::uint8_t* slot) {
-      return stage_result(bucket, stage_bucket(bucket, state, slot));
-    });
-    for (const auto& r : results) SH_RETURN_IF_ERROR(r.status);
+    SH_RETURN_IF_ERROR(reserve_staging(state, true));
+    const std::size_t piece = staging_.piece_bytes();
+    const std::size_t buckets = plan_->buckets.size();
+    prestaged_.assign(buckets, {});
+    // The first pieces of every bucket in turn, while slots are free, so that every writer
+    // thread has staged bytes to write at once.
+    struct Staged {
+      std::size_t bucket;
+      std::uint64_t begin, end;
+      std::size_t slot;
+    };
+    std::vector<Staged> staged;
+    std::size_t total = 0;
+    for (const auto& b : plan_->buckets) total += piece ? piece_count(b, piece) : 0;
+    bool room = true;
+    for (std::size_t k = 0; room && staged.size() < total; ++k) {
+      for (std::size_t b = 0; room && b < buckets; ++b) {
+        const PlannedBucket& bucket = plan_->buckets[b];
+        if (k >= piece_count(bucket, piece)) continue;
+        const std::uint64_t begin = k * piece;
+        const std::uint64_t end = std::min<std::uint64_t>(begin + piece, bucket.data_bytes);
+        std::size_t slot = 0;
+        room = staging_.try_acquire(static_cast<std::size_t>(end - begin), slot);
+        if (room) {
+          staged.push_back({b, begin, end, slot});
+          prestaged_[b].push_back(slot);
+        }
+      }
+    }
+    std::vector<Status> results(staged.size());
+    std::vector<std::future<void>> done;
+    auto start = Clock::now();
+    for (std::size_t i = 0; i < staged.size(); ++i) {
+      done.push_back(writers_.submit([&, i] {
+        const Staged& s = staged[i];
+        const PlannedBucket& bucket = plan_->buckets[s.bucket];
+        results[i] = stage_range(bucket, s.begin, s.end, state, staging_.data(s.slot)).with_context(bucket_context(bucket));
+      }));
+    }
+    for (auto& f : done) f.get();
+    prestage_copy_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+    unstaged_ = total - staged.size();
+    for (const auto& r : results) SH_RETURN_IF_ERROR(r);
     return Status::ok();
   }();
   if (!st.is_ok()) {
-    // No write follows to free them.
-    if (options_.release_after_save) staging_.release();
+    // No write follows to give them back.
+    for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
+    unstaged_ = 0;
+    if (options_.release_after_save) staging_.release_all();
     return st;
   }
   staged_objects_ = state.objects;
@@ -236,7 +175,127 @@ Status SaveEngine::begin_async(const StateDict& state) {
 
 RankSaveReport SaveEngine::write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
                                        const std::function<void()>& on_all_staged) {
-  return save_in_waves(state, true, policy_dir, step, on_all_staged);
+  return write_buckets(state, false, policy_dir, step, on_all_staged);
+}
+
+void SaveEngine::give_back_prestaged(std::size_t bucket, std::size_t from_piece) {
+  auto& slots = prestaged_[bucket];
+  for (std::size_t k = from_piece; k < slots.size(); ++k) staging_.give_back(slots[k]);
+  slots.clear();
+}
+
+RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, const std::string& policy_dir,
+                                         std::int64_t step, const std::function<void()>& on_all_staged) {
+  RankSaveReport report = make_report(step);
+  report.objects = staged_objects_;
+  std::atomic<bool> signalled{false};
+  auto all_staged = [&] {
+    if (!signalled.exchange(true) && on_all_staged) on_all_staged();
+  };
+  if (unstaged_.load() == 0) all_staged();
+  failed_ = false;
+  const std::size_t buckets = plan_->buckets.size();
+  std::vector<BucketWriteResult> results(buckets);
+  std::vector<std::future<void>> done;
+  for (std::size_t b = 0; b < buckets; ++b) {
+    done.push_back(writers_.submit([&, b] {
+      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, all_staged);
+    }));
+  }
+  for (auto& f : done) f.get();
+  // Ended early on an error: nothing reads the state any more.
+  all_staged();
+  unstaged_ = 0;
+  // The error that stopped the save, not a bucket it stopped.
+  for (const auto& r : results) {
+    if (!r.status.is_ok() && r.status.code() != ErrorCode::aborted && report.status.is_ok()) report.status = r.status;
+  }
+  for (auto& r : results) {
+    if (!r.status.is_ok() && report.status.is_ok()) report.status = r.status;
+    report.phases.take_max(r.phases);
+    report.buckets.push_back(std::move(r));
+  }
+  report.phases.copy_s += prestage_copy_s_;
+  prestage_copy_s_ = 0;
+  if (options_.release_after_save) staging_.release_all();
+  return report;
+}
+
+Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher,
+                                  std::uint64_t at, const std::uint8_t* data, std::size_t bytes, SavePhases& phases) {
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t n = std::min(kBlockBytes, bytes - done);
+    timed(phases.hash_s, [&] {
+      hasher.consume(data + done, n);
+      return 0;
+    });
+    SH_RETURN_IF_ERROR(timed(phases.write_s, [&] {
+      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n,
+                                       options_.early_writeback);
+    }));
+    done += n;
+  }
+  return Status::ok();
+}
+
+BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
+                                           const std::string& policy_dir, const std::function<void()>& all_staged) {
+  BucketWriteResult result;
+  result.bucket = bucket.index;
+  result.file = bucket.file_name;
+  const auto b = static_cast<std::size_t>(bucket.index);
+  std::size_t written_pieces = 0;
+  Status st = [&]() -> Status {
+    SH_ASSIGN_OR_RETURN(auto file,
+                        timed(result.phases.write_s, [&] { return open_bucket_file(*storage_, policy_dir, bucket); }));
+    BucketHasher hasher(bucket, result.chunks);
+    if (direct) {
+      for (const PlannedItem& item : bucket.items) {
+        if (failed_.load()) return stopped_by_another_bucket();
+        const Tensor& tensor = state.tensors[item.tensor_index].tensor;
+        SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, hasher, item.data_offset,
+                                          static_cast<const std::uint8_t*>(tensor.data()),
+                                          static_cast<std::size_t>(item.nbytes), result.phases));
+      }
+    } else {
+      const std::size_t piece = staging_.piece_bytes();
+      const std::size_t pieces = piece ? piece_count(bucket, piece) : 0;
+      for (std::size_t k = 0; k < pieces; ++k) {
+        if (failed_.load()) return stopped_by_another_bucket();
+        const std::uint64_t begin = k * piece;
+        const auto bytes = static_cast<std::size_t>(std::min<std::uint64_t>(begin + piece, bucket.data_bytes) - begin);
+        std::size_t slot = 0;
+        if (k < prestaged_[b].size()) {
+          slot = prestaged_[b][k];
+        } else {
+          slot = staging_.acquire(bytes);
+          Status staged = timed(result.phases.copy_s,
+                                [&] { return stage_range(bucket, begin, begin + bytes, state, staging_.data(slot)); });
+          if (unstaged_.fetch_sub(1) == 1) all_staged();
+          if (!staged.is_ok()) {
+            staging_.give_back(slot);
+            return staged;
+          }
+        }
+        Status written = hash_and_write(*file, bucket, hasher, begin, staging_.data(slot), bytes, result.phases);
+        staging_.give_back(slot);
+        written_pieces = k + 1;
+        SH_RETURN_IF_ERROR(written);
+      }
+    }
+    result.size = bucket.file_size();
+    result.xxh3 = hasher.file_digest();
+    return timed(result.phases.fsync_s, [&] {
+      Status synced = file->sync();
+      return synced.is_ok() ? file->close() : synced;
+    });
+  }();
+  if (!direct && b < prestaged_.size()) give_back_prestaged(b, written_pieces);
+  if (!st.is_ok()) {
+    if (st.code() != ErrorCode::aborted) failed_ = true;
+    result.status = st.with_context(bucket_context(bucket));
+  }
+  return result;
 }
 
 }  // namespace stagehand

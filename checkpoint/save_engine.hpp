@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,6 +10,7 @@
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/checkpoint/report.hpp"
 #include "stagehand/checkpoint/stager.hpp"
+#include "stagehand/checkpoint/writer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/thread_pool.hpp"
 #include "stagehand/storage/local_files.hpp"
@@ -18,7 +20,8 @@ namespace stagehand {
 struct SaveEngineOptions {
   /// Buckets per rank, and writer threads.
   int thread_count = 2;
-  /// Buckets staged per wave; 0 stages all buckets in one wave.
+  /// Host staging memory, in buckets (the largest bucket's bytes each); 0: as much as the
+  /// whole shard. See staging_slot_sizes().
   int staging_buckets = 0;
   /// Pin the staging buffers (when the state lives on a GPU).
   bool pinned = false;
@@ -27,10 +30,24 @@ struct SaveEngineOptions {
   /// Free the staging buffers when a save's last bucket is written (ckpt_staging_memory:
   /// per_save); otherwise they are kept for the next save (persistent).
   bool release_after_save = false;
+  /// Copy host-resident tensors out through the staging buffers too, as device memory must be
+  /// (stagehand-bench --source device on a machine without a GPU). Otherwise a sync save writes
+  /// host-resident tensors straight from their memory.
+  bool stage_host_memory = false;
+  /// Start the write-back of every written range at once (sync_file_range), so that the fsync
+  /// at the end has little left to do and dirty pages never pile up.
+  bool early_writeback = true;
 };
 
-/// One rank's synchronous checkpoint writer: plans, stages in waves and writes bucket files.
-/// Its writer threads and staging buffers are created once and reused by every save.
+/// One rank's checkpoint writer: plans the rank's chunks into buckets and writes each bucket file
+/// on its own writer thread, streaming: chunk and file checksums are taken in the same pass.
+///
+/// Where the bytes come from:
+/// - a sync save of host-resident tensors writes straight from the tensors' memory: no copy;
+/// - device memory, and every async save (a snapshot), passes through a ring of host staging
+///   slots: a piece of a bucket is staged as soon as any slot is free, then hashed and written,
+///   and its slot is free again; copies, checksums and writes of different buckets overlap.
+/// Writer threads and staging slots are created once and reused by every save.
 ///
 /// Thread-safety: one save at a time (the owner serializes calls).
 class SaveEngine {
@@ -45,9 +62,9 @@ class SaveEngine {
   const SaveEngineOptions& options() const { return options_; }
   /// Bytes of host staging buffers held now; may be read from any thread.
   std::size_t staging_bytes() const { return staging_.bytes(); }
-  /// Whether begin_async() leaves buckets to stage in the background (staging waves).
-  /// @pre a plan was made (prepare, save or begin_async)
-  bool stages_in_background() const { return plan_ && static_cast<std::size_t>(wave_size()) < plan_->buckets.size(); }
+  /// Whether the last begin_async() left pieces to stage in the background, so that the state
+  /// must not change before write_async()'s `on_all_staged`.
+  bool stages_in_background() const { return unstaged_.load() > 0; }
 
   // -- saving --
 
@@ -55,22 +72,22 @@ class SaveEngine {
   Result<const SavePlan*> plan_for(const StateDict& state);
 
   /// Plans `state` and, unless the buffers are freed after every save, allocates the staging
-  /// buffers now, so that the first save does not pay for them (pinned allocations of gigabytes
-  /// take about a second).
-  Status prepare(const StateDict& state);
+  /// buffers that saves (async ones when `async`) of it will need now, so that the first save
+  /// does not pay for them (pinned allocations of gigabytes take about a second).
+  Status prepare(const StateDict& state, bool async);
 
-  /// Stages and writes every bucket of `state` into `policy_dir`, in waves of
-  /// `staging_buckets`. The first error stops the waves after it.
-  /// @post report.buckets holds one result per bucket attempted, in bucket order.
+  /// Writes every bucket of `state` into `policy_dir`. The first error stops the other buckets
+  /// at their next piece.
+  /// @post report.buckets holds one result per bucket, in bucket order.
   RankSaveReport save(const StateDict& state, const std::string& policy_dir, std::int64_t step);
 
-  /// Starts an async save of `state`: stages its first wave now (every bucket when
-  /// staging_buckets is 0: the device-to-host copy), and its objects.
+  /// Starts an async save of `state`: stages as many pieces as the staging slots hold (every
+  /// piece when staging_buckets is 0: the device-to-host copy), and its objects.
   Status begin_async(const StateDict& state);
 
-  /// Finishes what begin_async() started, into `policy_dir`: writes the staged wave, then stages
-  /// and writes each further wave from `state` as the slots free up. `on_all_staged` runs once,
-  /// as soon as every bucket is staged (at once when staging_buckets is 0), or when the save ends
+  /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
+  /// stages and writes the rest from `state` as slots free up. `on_all_staged` runs once, as soon
+  /// as every piece is staged (at once when begin_async staged them all), or when the save ends
   /// early on an error; from then on the save never reads `state` again, so the state may be
   /// modified. May run on another thread than begin_async, never concurrently with another call
   /// on this engine.
@@ -82,26 +99,22 @@ class SaveEngine {
  private:
   SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage);
 
-  int wave_size() const;
+  /// Whether saves of `state` copy it out through staging slots even when sync.
+  bool copies_out(const StateDict& state) const;
+  Status reserve_staging(const StateDict& state, bool async);
   RankSaveReport make_report(std::int64_t step) const;
-  /// Runs `task(bucket, slot)` for buckets [first, last) on the writer threads, one each.
-  std::vector<BucketWriteResult> run_wave(
-      int first, int last, const std::function<BucketWriteResult(const PlannedBucket&, std::uint8_t*)>& task);
-  BucketWriteResult stage_result(const PlannedBucket& bucket, const Status& staged) const;
-  /// Opens the files of buckets [first, last), stages (when `state` is given) and writes each in
-  /// `parts` runs of items on the writer threads, and takes each file's XXH3. The files stay open
-  /// in `unsynced`. `on_staged` (when set) runs once every part of the wave is staged.
-  std::vector<BucketWriteResult> write_wave(int first, int last, int parts, const StateDict* state,
-                                            const std::string& policy_dir,
-                                            std::vector<std::unique_ptr<WritableFile>>& unsynced,
-                                            const std::function<void()>& on_staged = {});
-  /// Stages (all but a first wave that begin_async staged) and writes every bucket in waves;
-  /// `on_all_staged` as for write_async.
-  RankSaveReport save_in_waves(const StateDict& state, bool first_wave_staged, const std::string& policy_dir,
-                               std::int64_t step, const std::function<void()>& on_all_staged);
+  /// Writes every bucket, one writer thread each, straight from the state (`direct`) or through
+  /// staging slots; `on_all_staged` as for write_async.
+  RankSaveReport write_buckets(const StateDict& state, bool direct, const std::string& policy_dir, std::int64_t step,
+                               const std::function<void()>& on_all_staged);
+  BucketWriteResult write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
+                                 const std::string& policy_dir, const std::function<void()>& all_staged);
+  /// Hashes and writes `bytes` of `bucket`'s data section from `data`, at data offset `at`.
+  Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
+                        const std::uint8_t* data, std::size_t bytes, SavePhases& phases);
   std::string bucket_context(const PlannedBucket& bucket) const;
-  /// fsyncs and closes every file still open, in parallel; the first error becomes the report's.
-  void finish_all(RankSaveReport& report, std::vector<std::unique_ptr<WritableFile>>& unsynced);
+  /// Gives back the slots of staged pieces that no bucket will write any more.
+  void give_back_prestaged(std::size_t bucket, std::size_t from_piece);
 
   int rank_;
   SaveEngineOptions options_;
@@ -110,6 +123,14 @@ class SaveEngine {
   /// Objects of the state that begin_async() staged.
   std::map<std::string, std::string> staged_objects_;
   StagingPool staging_;
+  /// Per bucket, the slots of its first pieces, staged by begin_async().
+  std::vector<std::vector<std::size_t>> prestaged_;
+  /// Seconds begin_async() spent copying.
+  double prestage_copy_s_ = 0;
+  /// Pieces of the current save not staged yet.
+  std::atomic<std::size_t> unstaged_{0};
+  /// Set by the first bucket that fails: the others stop at their next piece.
+  std::atomic<bool> failed_{false};
   ThreadPool writers_;
 };
 

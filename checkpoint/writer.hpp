@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/checkpoint/report.hpp"
 #include "stagehand/storage/local_files.hpp"
@@ -16,20 +17,34 @@ namespace stagehand {
 Result<std::unique_ptr<WritableFile>> open_bucket_file(StorageBackend& storage, const std::string& dir,
                                                        const PlannedBucket& bucket);
 
-/// Writes items [first, last) of `bucket` from the staged `data` at their places in the file, in
-/// large writes, and records each as `chunks[i]` with its XXH3. Disjoint item ranges of one file
-/// may be written by several threads at once. An error names the file and the errno.
-Status write_bucket_items(WritableFile& file, const PlannedBucket& bucket, std::size_t first, std::size_t last,
-                          const std::uint8_t* data, std::vector<ChunkRecord>& chunks);
+/// Hashes a bucket file's bytes in one pass, in file order: every chunk's XXH3 (into `chunks`,
+/// with its place in the file) and the whole file's (its header, then its data section).
+///
+/// Thread-safety: one thread at a time.
+class BucketHasher {
+ public:
+  /// @post `chunks` has one record per item; each gets its XXH3 once its last byte is consumed.
+  BucketHasher(const PlannedBucket& bucket, std::vector<ChunkRecord>& chunks);
+  /// The next `bytes` of the data section.
+  void consume(const std::uint8_t* data, std::size_t bytes);
+  /// @pre the whole data section was consumed
+  std::uint64_t file_digest() const { return file_.digest(); }
 
-/// XXH3 of a whole bucket file: its header, then the staged data section.
-std::uint64_t bucket_file_xxh3(const PlannedBucket& bucket, const std::uint8_t* data);
+ private:
+  /// Records every item that ends at or before the bytes consumed so far.
+  void close_finished_items();
 
-/// Item boundaries that split `bucket` into at most `parts` runs of consecutive items of about
-/// equal bytes: part p holds items [bounds[p], bounds[p + 1]).
-std::vector<std::size_t> split_items(const PlannedBucket& bucket, int parts);
+  const PlannedBucket& bucket_;
+  std::vector<ChunkRecord>& chunks_;
+  Xxh3Stream file_;
+  Xxh3Stream item_;
+  std::size_t next_item_ = 0;
+  std::uint64_t consumed_ = 0;
+};
 
-/// fsyncs and closes a bucket file; records an error in `result`.
-void finish_bucket(int rank, std::unique_ptr<WritableFile> file, BucketWriteResult& result);
+/// Writes `bytes` at `offset` of `file`, then (when `early_writeback`) starts the write-back of
+/// that range, so that dirty pages do not pile up until the fsync.
+Status write_and_start_writeback(WritableFile& file, std::uint64_t offset, const std::uint8_t* data,
+                                 std::size_t bytes, bool early_writeback);
 
 }  // namespace stagehand

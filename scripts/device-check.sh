@@ -24,15 +24,15 @@ work=$(mktemp -d)
   if [ "${SKIP_BENCH:-0}" = 1 ]; then exit 0; fi
   bench="$here/bin/stagehand-bench"
   echo "== async stall (pinned D2H) vs sync, 2 ranks x 1 GiB on GPU"
-  "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --async 2>&1 | grep -v info
-  "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 2>&1 | grep -v info
+  "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --async --source device 2>&1 | grep -v info
+  "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --source device 2>&1 | grep -v info
   echo "== staging 0 / 2 of 8 with raw-write baseline"
   for m in 0 2 0 2; do
-    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 3 --baseline 2>&1 | grep summary
+    "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 3 --baseline --source device 2>&1 | grep summary
     rm -rf "$work/w$m"
   done
   echo "== torch + safetensors read the GPU-saved checkpoint"
-  "$bench" save --out "$work/i" --ranks 2 --bytes-per-rank 64M --tensors 12 --thread-count 3 > /dev/null 2>&1
+  "$bench" save --out "$work/i" --ranks 2 --bytes-per-rank 64M --tensors 12 --thread-count 3 --source device > /dev/null 2>&1
   "$here/bin/stagehand-ckpt" verify "$work/i"
   python3 "$here/torch_interop_check.py" "$work/i/global_step_1"
 } 2>&1 | tee "$out/device.log"

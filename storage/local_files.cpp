@@ -52,6 +52,13 @@ class LocalWritableFile final : public WritableFile {
     return Status::ok();
   }
 
+  Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+    if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE) != 0) {
+      return Status::from_errno(errno, "write-back of '" + path_ + "'");
+    }
+    return Status::ok();
+  }
+
   Status sync() override {
     if (::fsync(fd_) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");
     return Status::ok();
@@ -125,6 +132,9 @@ class RateLimitedFile final : public WritableFile {
       done += n;
     }
     return Status::ok();
+  }
+  Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+    return inner_->start_writeback(offset, bytes);
   }
   Status sync() override { return inner_->sync(); }
   Status close() override { return inner_->close(); }

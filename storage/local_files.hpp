@@ -21,6 +21,13 @@ class WritableFile {
   /// Writes all `bytes` at `offset` (the file grows as needed). Several threads may write
   /// disjoint ranges of one file at once.
   virtual Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) = 0;
+  /// Starts writing bytes [offset, offset + bytes) back to the device without waiting for it
+  /// (sync_file_range), so that a later sync() has less to do. Durable only after sync().
+  virtual Status start_writeback(std::uint64_t offset, std::size_t bytes) {
+    (void)offset;
+    (void)bytes;
+    return Status::ok();
+  }
   /// Makes everything appended so far durable (fsync).
   virtual Status sync() = 0;
   virtual Status close() = 0;

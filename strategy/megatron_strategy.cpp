@@ -100,7 +100,11 @@ class MegatronStrategy : public caf::event_based_actor {
     }
     if (!async) {
       RankSaveReport report = engine_->save(*state_, policy_dir, step);
-      if (report.status.is_ok() && is_cloud(destination)) report.status = upload(step, destination, policy_dir, report);
+      if (report.status.is_ok() && is_cloud(destination)) {
+        auto upload_start = Clock::now();
+        report.status = upload(step, destination, policy_dir, report);
+        report.phases.upload_s = seconds_since(upload_start);
+      }
       Status st = report.status;
       push(report);
       if (!st.is_ok()) return to_caf_error(st);
@@ -180,7 +184,7 @@ Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOp
                                            std::shared_ptr<StateDict> state, caf::actor listener) {
   if (!state) return Status{ErrorCode::invalid_argument, "a strategy needs the rank's state"};
   SaveEngineOptions engine_options{options.thread_count, options.staging_buckets, false, nullptr,
-                                   options.staging_per_save};
+                                   options.staging_per_save, options.stage_host_memory, options.early_writeback};
   for (const auto& t : state->tensors) engine_options.pinned |= t.tensor.device().is_cuda();
   if (options.low_priority_writers) {
     engine_options.writer_thread_start = [] {
@@ -189,7 +193,7 @@ Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOp
     };
   }
   SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(options.rank, engine_options, options.storage));
-  SH_RETURN_IF_ERROR(engine->prepare(*state).with_context("rank " + std::to_string(options.rank)));
+  SH_RETURN_IF_ERROR(engine->prepare(*state, options.async_save).with_context("rank " + std::to_string(options.rank)));
   return system.spawn<MegatronStrategy, caf::detached>(std::move(options), std::move(engine), std::move(state),
                                                        std::move(listener));
 }

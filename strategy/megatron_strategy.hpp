@@ -30,6 +30,11 @@ struct StrategyOptions {
   /// whoever modifies the state waits at it. Null: nobody waits (then the state must not be
   /// modified until the save is finalized).
   std::shared_ptr<StagingFence> fence = nullptr;
+  /// Sync saves copy host-resident tensors out through staging buffers too, as device memory
+  /// must be (stagehand-bench --source device), rather than writing straight from them.
+  bool stage_host_memory = false;
+  /// Start each written range's write-back at once (SaveEngineOptions::early_writeback).
+  bool early_writeback = true;
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent

@@ -118,25 +118,3 @@ BOOST_AUTO_TEST_CASE(signature_follows_structure) {
   changed = descs;
   BOOST_TEST(structure_signature(descs) == structure_signature(changed));
 }
-
-BOOST_AUTO_TEST_CASE(buckets_split_into_balanced_runs_of_items) {
-  auto descs = random_descs(41, 40);
-  SavePlan plan = plan_save(0, descs, 2);
-  for (const auto& bucket : plan.buckets) {
-    for (int parts : {1, 2, 3, 4, 100}) {
-      auto bounds = split_items(bucket, parts);
-      BOOST_TEST(bounds.front() == 0u);
-      BOOST_TEST(bounds.back() == bucket.items.size());
-      BOOST_TEST(bounds.size() - 1 <= static_cast<std::size_t>(parts));
-      std::uint64_t largest_item = 0;
-      for (const auto& item : bucket.items) largest_item = std::max(largest_item, item.nbytes);
-      for (std::size_t p = 0; p + 1 < bounds.size(); ++p) {
-        BOOST_TEST(bounds[p] < bounds[p + 1]);  // no empty part
-        std::uint64_t bytes = 0;
-        for (std::size_t i = bounds[p]; i < bounds[p + 1]; ++i) bytes += bucket.items[i].nbytes;
-        // A part holds at most its share plus one item.
-        BOOST_TEST(bytes <= bucket.data_bytes / static_cast<std::uint64_t>(parts) + 2 * largest_item);
-      }
-    }
-  }
-}

@@ -74,94 +74,172 @@ BOOST_AUTO_TEST_CASE(waves_give_global_bucket_indices_and_one_report) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(staging_slots_bound_host_memory) {
+/// Options that copy host memory out through staging slots, as device memory is.
+static SaveEngineOptions staged(int threads, int staging) {
+  SaveEngineOptions options{threads, staging, false, {}};
+  options.stage_host_memory = true;
+  return options;
+}
+
+BOOST_AUTO_TEST_CASE(sync_saves_of_host_memory_copy_nothing) {
   auto state = *make_synthetic_state({1, 8u << 20, 40, 3}, 0, Device::host());
-  for (int staging : {0, 1, 2, 4}) {
+  for (int staging : {0, 2}) {
     TempDir dir;
     auto engine = *SaveEngine::create(0, {8, staging, false, {}});
-    const SavePlan& plan = **engine->plan_for(state);
-    std::uint64_t largest = 0;
-    for (const auto& b : plan.buckets) largest = std::max(largest, b.data_bytes);
+    BOOST_REQUIRE(engine->prepare(state, false).is_ok());
+    const std::size_t before = staging_memory().current();
+    staging_memory().reset_peak();
     auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
     auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
     BOOST_TEST(report.status.is_ok());
-    int slots = staging == 0 ? 8 : staging;
-    BOOST_TEST(engine->staging_bytes() <= slots * largest);
-    if (staging == 0) BOOST_TEST(engine->staging_bytes() == plan.data_bytes());
+    BOOST_TEST(engine->staging_bytes() == 0u);
+    BOOST_TEST(staging_memory().peak() == before);
+    BOOST_TEST(report.phases.copy_s == 0.0);
+    BOOST_TEST(report.phases.write_s > 0.0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(staging_slots_bound_host_memory) {
+  auto state = *make_synthetic_state({1, 8u << 20, 40, 3}, 0, Device::host());
+  for (bool async : {false, true}) {
+    for (int staging : {0, 1, 2, 4}) {
+      BOOST_TEST_CONTEXT("async " << async << " staging " << staging) {
+        auto engine = *SaveEngine::create(0, staged(8, staging));
+        const SavePlan& plan = **engine->plan_for(state);
+        std::uint64_t largest = 0;
+        for (const auto& b : plan.buckets) largest = std::max(largest, b.data_bytes);
+        BOOST_REQUIRE(engine->prepare(state, async).is_ok());
+        const std::size_t held = engine->staging_bytes();
+        BOOST_TEST(held > 0u);
+        if (staging > 0) BOOST_TEST(held <= staging * largest);
+        // An async snapshot of everything holds exactly the shard; a ring never more.
+        if (async && staging == 0) BOOST_TEST(held == plan.data_bytes());
+        BOOST_TEST(held <= plan.data_bytes());
+      }
+    }
   }
 }
 
 BOOST_AUTO_TEST_CASE(staging_buffers_are_reused_across_saves) {
   TempDir dir;
-  Ranks ranks({1, 2u << 20, 10, 5}, {4, 2, false, {}});
+  Ranks ranks({1, 2u << 20, 10, 5}, staged(4, 2));
   BOOST_REQUIRE(ranks.save(dir.path(), 1).is_ok());
   std::size_t before = staging_memory().current();
   std::size_t held = ranks.engines[0]->staging_bytes();
+  BOOST_TEST(held > 0u);
   BOOST_REQUIRE(ranks.save(dir.path(), 2).is_ok());
   BOOST_REQUIRE(ranks.save(dir.path(), 3).is_ok());
   BOOST_TEST(staging_memory().current() == before);
   BOOST_TEST(ranks.engines[0]->staging_bytes() == held);
 }
 
-BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_waves) {
+/// Saves kSpec's rank states through begin_async/write_async, as an async save does.
+static std::map<std::string, std::string> async_files(const SaveEngineOptions& options) {
+  TempDir dir;
+  Ranks ranks(kSpec, options);
+  auto tmp = *prepare_checkpoint_dir(dir.path(), 4);
+  std::vector<RankSaveReport> reports;
+  for (std::size_t r = 0; r < ranks.states.size(); ++r) {
+    BOOST_REQUIRE(ranks.engines[r]->begin_async(ranks.states[r]).is_ok());
+    int signalled = 0;
+    reports.push_back(
+        ranks.engines[r]->write_async(ranks.states[r], CheckpointLayout::policy_dir(tmp), 4, [&] { ++signalled; }));
+    BOOST_TEST(signalled == 1);
+    BOOST_REQUIRE_MESSAGE(reports.back().status.is_ok(), reports.back().status.to_string());
+  }
+  BOOST_REQUIRE(commit_checkpoint(dir.path(), 4, reports, kSpec.ranks).is_ok());
+  return test::files_of(dir.path());
+}
+
+BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_source_and_staging) {
   const int threads = 6;
   std::map<std::string, std::string> reference;
-  for (int staging : {0, 1, 2, threads}) {
-    BOOST_TEST_CONTEXT("staging " << staging) {
-      TempDir dir;
-      Ranks ranks(kSpec, {threads, staging, false, {}});
-      BOOST_REQUIRE(ranks.save(dir.path(), 4).is_ok());
-      auto files = test::files_of(dir.path());
-      BOOST_TEST(files.count("global_step_4/policy/metadata.json") == 1u);
-      BOOST_TEST(files.count("global_step_4/policy/__2_5.safetensors") == 1u);
-      if (reference.empty()) {
-        reference = files;
-      } else {
-        BOOST_REQUIRE(files.size() == reference.size());
-        for (const auto& [name, bytes] : reference) {
-          BOOST_TEST((files[name] == bytes), name << " differs");
-        }
+  auto compare = [&](const std::map<std::string, std::string>& files) {
+    BOOST_TEST(files.count("global_step_4/policy/metadata.json") == 1u);
+    BOOST_TEST(files.count("global_step_4/policy/__2_5.safetensors") == 1u);
+    if (reference.empty()) {
+      reference = files;
+      return;
+    }
+    BOOST_REQUIRE(files.size() == reference.size());
+    for (const auto& [name, bytes] : reference) {
+      BOOST_TEST((files.at(name) == bytes), name << " differs");
+    }
+  };
+  for (bool copy_out : {false, true}) {
+    for (int staging : {0, 1, 2, threads}) {
+      BOOST_TEST_CONTEXT("sync, copied out " << copy_out << ", staging " << staging) {
+        TempDir dir;
+        SaveEngineOptions options{threads, staging, false, {}};
+        options.stage_host_memory = copy_out;
+        Ranks ranks(kSpec, options);
+        BOOST_REQUIRE(ranks.save(dir.path(), 4).is_ok());
+        compare(test::files_of(dir.path()));
       }
+    }
+  }
+  for (int staging : {0, 1, 2, threads}) {
+    BOOST_TEST_CONTEXT("async, staging " << staging) { compare(async_files({threads, staging, false, {}})); }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hashes_are_taken_in_one_pass_over_pieces_of_any_size) {
+  // Pieces that cut chunks anywhere (and empty chunks) give the hashes of whole chunks and files.
+  auto state = *make_synthetic_state({1, 1u << 20, 17, 11}, 0, Device::host());
+  state.add_full("empty", *Tensor::empty(DType::f32, Shape{0, 4}, Device::host()));
+  SavePlan plan = plan_save(0, state.descriptors(), 3);
+  for (const auto& bucket : plan.buckets) {
+    std::string data;
+    for (const auto& item : bucket.items) {
+      const Tensor& t = state.tensors[item.tensor_index].tensor;
+      data.append(static_cast<const char*>(t.data()), t.nbytes());
+    }
+    for (std::size_t piece : {std::size_t{1}, std::size_t{4095}, std::size_t{65536}, data.size() + 1}) {
+      std::vector<ChunkRecord> chunks;
+      BucketHasher hasher(bucket, chunks);
+      for (std::size_t at = 0; at < data.size(); at += piece) {
+        hasher.consume(reinterpret_cast<const std::uint8_t*>(data.data()) + at, std::min(piece, data.size() - at));
+      }
+      BOOST_REQUIRE(chunks.size() == bucket.items.size());
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        const auto& item = bucket.items[i];
+        BOOST_TEST(chunks[i].xxh3 == xxh3(data.data() + item.data_offset, item.nbytes));
+        BOOST_TEST(chunks[i].begin == bucket.header.size() + item.data_offset);
+      }
+      BOOST_TEST(hasher.file_digest() == xxh3((bucket.header + data).data(), bucket.header.size() + data.size()));
     }
   }
 }
 
-BOOST_AUTO_TEST_CASE(an_error_in_wave_k_stops_later_waves) {
-  TempDir dir;
-  auto storage = std::make_shared<test::FaultStorage>();
-  storage->fail_file = "__0_3.safetensors";
-  storage->fail_errno = ENOSPC;
-  auto state = *make_synthetic_state({1, 2u << 20, 24, 9}, 0, Device::host());
-  auto engine = *SaveEngine::create(0, {8, 2, false, {}}, storage);
-  auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
-  auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
-  BOOST_TEST(!report.status.is_ok());
-  BOOST_TEST((report.status.code() == ErrorCode::no_space));
-  BOOST_TEST(report.status.sys_errno() == ENOSPC);
-  BOOST_TEST(report.status.message().find("bucket 3") != std::string::npos);
-  BOOST_TEST(report.status.message().find("__0_3.safetensors") != std::string::npos);
-  // Waves {0,1} and {2,3} ran; {4,5} and {6,7} never started.
-  BOOST_REQUIRE(report.buckets.size() == 4u);
-  BOOST_TEST(report.buckets[2].status.is_ok());
-  BOOST_TEST(!report.buckets[3].status.is_ok());
-  auto created = storage->created();
-  BOOST_TEST(created.count("__0_2.safetensors") == 1u);
-  for (int b = 4; b < 8; ++b) BOOST_TEST(created.count("__0_" + std::to_string(b) + ".safetensors") == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(staging_zero_is_one_wave) {
-  TempDir dir;
-  auto storage = std::make_shared<test::FaultStorage>();
-  storage->fail_file = "__0_0.safetensors";
-  auto state = *make_synthetic_state({1, 1u << 20, 12, 9}, 0, Device::host());
-  auto engine = *SaveEngine::create(0, {4, 0, false, {}}, storage);
-  auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
-  auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
-  // One wave: every bucket was attempted although bucket 0 failed, and one error is reported.
-  BOOST_TEST(!report.status.is_ok());
-  BOOST_TEST(report.buckets.size() == 4u);
-  BOOST_TEST(storage->created().size() == 4u);
-  BOOST_TEST(report.status.message().find("bucket 0") != std::string::npos);
+BOOST_AUTO_TEST_CASE(an_error_in_one_bucket_stops_the_others_and_is_the_one_reported) {
+  for (bool copy_out : {false, true}) {
+    BOOST_TEST_CONTEXT("copied out " << copy_out) {
+      TempDir dir;
+      auto storage = std::make_shared<test::FaultStorage>();
+      storage->fail_file = "__0_3.safetensors";
+      storage->fail_errno = ENOSPC;
+      auto state = *make_synthetic_state({1, 2u << 20, 24, 9}, 0, Device::host());
+      SaveEngineOptions options{8, 2, false, {}};
+      options.stage_host_memory = copy_out;
+      auto engine = *SaveEngine::create(0, options, storage);
+      auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
+      auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
+      BOOST_TEST(!report.status.is_ok());
+      BOOST_TEST((report.status.code() == ErrorCode::no_space));
+      BOOST_TEST(report.status.sys_errno() == ENOSPC);
+      BOOST_TEST(report.status.message().find("bucket 3") != std::string::npos);
+      BOOST_TEST(report.status.message().find("__0_3.safetensors") != std::string::npos);
+      BOOST_REQUIRE(report.buckets.size() == 8u);
+      for (const auto& b : report.buckets) {
+        // Every other bucket either finished or stopped because of bucket 3.
+        if (b.bucket != 3 && !b.status.is_ok()) BOOST_TEST((b.status.code() == ErrorCode::aborted));
+      }
+      // The same engine saves again once the storage is healthy, with every slot given back.
+      storage->fail_file = "none";
+      auto again = *prepare_checkpoint_dir(dir.path(), 2);
+      BOOST_TEST(engine->save(state, CheckpointLayout::policy_dir(again), 2).status.is_ok());
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_rank_commits_nothing) {
