@@ -38,6 +38,9 @@ class CheckpointCoordinator : public caf::event_based_actor {
         [this](abort_atom, std::int64_t step, const std::string& reason) {
           if (open_step_ == step) finish(step, {ErrorCode::aborted, reason});
         },
+        [this](phases_atom, std::int64_t step) -> std::string {
+          return last_phases_ && last_phases_->first == step ? last_phases_->second : std::string("{}");
+        },
         [this](await_atom, std::int64_t step) -> caf::result<void> {
           auto outcome = outcomes_.find(step);
           if (outcome != outcomes_.end()) {
@@ -142,6 +145,10 @@ class CheckpointCoordinator : public caf::event_based_actor {
                      "upload_s {:.3f} commit_s {:.3f})",
                      step, where, phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s, phases.upload_s,
                      commit_s);
+      last_phases_.emplace(step, fmt::format("{{\"copy_s\":{},\"hash_s\":{},\"write_s\":{},\"fsync_s\":{},"
+                                             "\"upload_s\":{},\"commit_s\":{}}}",
+                                             phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s,
+                                             phases.upload_s, commit_s));
     } else {
       (void)abort_checkpoint(root_, step);
       if (is_cloud(options_.destination)) remove_uploaded(step);
@@ -164,6 +171,8 @@ class CheckpointCoordinator : public caf::event_based_actor {
   CoordinatorOptions options_;
   std::string root_;
   std::optional<std::int64_t> open_step_;
+  /// The phases of the last committed step, as JSON text.
+  std::optional<std::pair<std::int64_t, std::string>> last_phases_;
   std::vector<RankSaveReport> reports_;
   std::map<std::int64_t, Status> outcomes_;
   std::map<std::int64_t, std::vector<caf::response_promise>> waiters_;

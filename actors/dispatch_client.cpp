@@ -46,6 +46,16 @@ Result<double> DispatchClient::fence() {
   return waited;
 }
 
+Result<std::string> DispatchClient::save_phases(std::int64_t step) {
+  caf::scoped_actor self{system_};
+  std::string phases;
+  Status st;
+  self->request(dispatch_, timeout_, phases_atom::value, step)
+      .receive([&](std::string& text) { phases = std::move(text); }, [&](caf::error& err) { st = from_caf_error(err); });
+  if (!st.is_ok()) return st;
+  return phases;
+}
+
 Status DispatchClient::finalize() {
   caf::scoped_actor self{system_};
   Status st;

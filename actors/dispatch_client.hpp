@@ -44,6 +44,9 @@ class DispatchClient {
   /// @return the longest wait of any rank, in seconds.
   Result<double> fence();
 
+  /// Where the committed `step`'s save spent its time, as JSON text (see phases_atom).
+  Result<std::string> save_phases(std::int64_t step);
+
   /// Drains every rank's queue and waits for the pending step's commit.
   /// @return the first error of any rank, or why the pending step did not commit.
   Status finalize();

@@ -57,6 +57,7 @@ class WorkerDispatch : public caf::event_based_actor {
               });
           return rp;
         },
+        [this](phases_atom atom, std::int64_t step) { return delegate(coordinator_, atom, step); },
         [this](fence_atom) -> caf::result<double> {
           auto rp = make_response_promise<double>();
           auto longest = std::make_shared<double>(0);

@@ -4,7 +4,7 @@
 Runs `stagehand-train` on the same config twice per round, alternating: once on the embedded
 default (4 in-process Workers) and once as 4 processes started by scripts/launch-local.sh, and
 reads the per-save figures rank 0 writes to --metrics-out (`stall_s`: how long the trainer was
-blocked; `write_s`: from the save call until the trainer saw the commit). Reports the median
+blocked; `save_s`: from the save call until the trainer saw the commit). Reports the median
 async stall and the median sync save time, and their ratios.
 
   bench/compare_processes.py --bin build/bin --out /tmp/stagehand-procs --hidden 65536 --rounds 3
@@ -59,9 +59,9 @@ def main():
                 for line in run(args, mode, async_save, args.out):
                     saves.setdefault((mode, async_save), []).append(line)
                     print(json.dumps({"round": r, "workers": mode, **line}), flush=True)
-    # An async save's write_s runs until the trainer observes the commit (at the next save), so
+    # An async save's save_s runs until the trainer observes the commit (at the next save), so
     # only its stall is compared; a sync save's stall is its whole save time.
-    for async_save, figure in (("true", "stall_s"), ("false", "write_s")):
+    for async_save, figure in (("true", "stall_s"), ("false", "save_s")):
         med = {m: statistics.median(x[figure] for x in saves[(m, async_save)]) for m in ("in_process", "processes")}
         print(json.dumps({"summary": "async stall" if async_save == "true" else "sync save time",
                           "bytes": saves[("in_process", async_save)][0]["bytes"],

@@ -313,6 +313,10 @@ int run_save(const SaveArgs& args) {
     // The process's peak so far (with --baseline, its raw-write buffer too).
     line["peak_rss_bytes"] = status_bytes("VmHWM");
     line["vmstat"] = vm;
+    if (auto phases = client.save_phases(step); phases.is_ok()) {
+      auto parsed = nlohmann::json::parse(*phases, nullptr, false);
+      if (parsed.is_object()) line["phases"] = parsed;
+    }
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     std::cout << line.dump() << std::endl;
   }

@@ -249,15 +249,25 @@ class TrainerBase : public caf::blocking_actor {
     if (auto metadata = read_checkpoint_metadata(dir, store_); metadata.is_ok()) {
       for (const auto& [file, meta] : metadata->files) bytes += meta.size;
     }
-    write_metrics({{"type", "save"},
-                   {"step", saved.step},
-                   {"stall_s", saved.stall_s},
-                   {"fence_wait_s", saved.fence_wait_s},
-                   {"async", saved.async},
-                   {"write_s", std::chrono::duration<double>(Clock::now() - saved.started).count() + saved.stall_s},
-                   {"bytes", bytes},
-                   // Through the commit: staging waves of an async save run on after it returned.
-                   {"host_staging_peak_bytes", staging_memory().peak()}});
+    nlohmann::json line{{"type", "save"},
+                        {"step", saved.step},
+                        {"stall_s", saved.stall_s},
+                        {"fence_wait_s", saved.fence_wait_s},
+                        {"async", saved.async},
+                        {"save_s", std::chrono::duration<double>(Clock::now() - saved.started).count() + saved.stall_s},
+                        {"bytes", bytes},
+                        // Through the commit: an async save's staging runs on after it returned.
+                        {"host_staging_peak_bytes", staging_memory().peak()}};
+    // Where the time went (the slowest rank's phases, and the commit's), so that a slow save
+    // explains itself.
+    request(dispatch_, timeout_, phases_atom::value, saved.step)
+        .receive(
+            [&](const std::string& text) {
+              auto phases = nlohmann::json::parse(text, nullptr, false);
+              if (phases.is_object()) line.update(phases);
+            },
+            [&](caf::error&) {});
+    write_metrics(line);
     SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention());
     for (auto s : deleted) say("retention: removed checkpoint step %lld\n", static_cast<long long>(s));
     return Status::ok();

@@ -137,7 +137,16 @@ BOOST_AUTO_TEST_CASE(learning_is_real_for_every_trainer) {
       BOOST_TEST(steps.front()["accuracy"].get<double>() < 0.35);  // chance is 1/8
       BOOST_TEST(steps.back()["accuracy"].get<double>() >= 0.9);
       BOOST_TEST(steps.back().contains(c.metric));
-      BOOST_TEST(!lines_of(dir / "metrics.jsonl", "save").empty());
+      auto saves = lines_of(dir / "metrics.jsonl", "save");
+      BOOST_REQUIRE(!saves.empty());
+      // Each save says where its time went.
+      for (const auto& save : saves) {
+        for (const char* phase : {"copy_s", "hash_s", "write_s", "fsync_s", "upload_s", "commit_s", "save_s"}) {
+          BOOST_TEST((save.contains(phase) && save[phase].is_number()), phase << " missing in " << save.dump());
+        }
+        BOOST_TEST(save["write_s"].get<double>() > 0.0);
+        BOOST_TEST(save["commit_s"].get<double>() > 0.0);
+      }
     }
   }
 }
