@@ -35,6 +35,25 @@ std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs) {
   return hash.digest();
 }
 
+std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std::vector<std::uint64_t> base_bytes) {
+  std::vector<std::size_t> order(chunks.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return chunks[a].bytes != chunks[b].bytes ? chunks[a].bytes > chunks[b].bytes : chunks[a].key < chunks[b].key;
+  });
+  std::vector<int> writers(chunks.size(), -1);
+  for (std::size_t i : order) {
+    int best = -1;
+    for (int r : chunks[i].holders) {
+      const auto ri = static_cast<std::size_t>(r);
+      if (best < 0 || base_bytes[ri] < base_bytes[static_cast<std::size_t>(best)]) best = r;
+    }
+    writers[i] = best;
+    base_bytes[static_cast<std::size_t>(best)] += chunks[i].bytes;
+  }
+  return writers;
+}
+
 SavePlan plan_save(int rank, const std::vector<ShardedTensorDesc>& descs, int bucket_count) {
   SavePlan plan;
   plan.rank = rank;

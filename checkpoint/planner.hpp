@@ -46,6 +46,23 @@ struct SavePlan {
 /// A hash of names, dtypes, shapes, offsets and replica ids.
 std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs);
 
+/// A chunk that several ranks hold (data-parallel replicas of a weight), any of which may write it.
+struct ReplicatedChunk {
+  std::string key;
+  std::uint64_t bytes = 0;
+  /// The ranks that hold it, in increasing order.
+  std::vector<int> holders;
+};
+
+/// Which holder writes each chunk, so that no rank writes much more than its share: chunks in
+/// order of size (largest first, then key), each to the holder that writes the fewest bytes so
+/// far, counting `base_bytes[r]` (what rank r writes anyway), the lowest rank on ties, as
+/// Megatron's fully parallel save spreads replicated tensors. Every rank that computes it from the
+/// same chunks gets the same answer, so each chunk has exactly one writer.
+/// @return the writing rank of each chunk, in the order of `chunks`.
+/// @pre every chunk has a holder; every holder indexes `base_bytes`
+std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std::vector<std::uint64_t> base_bytes);
+
 /// Drops replicas (replica_id != 0) and splits the rest into `bucket_count` buckets: largest
 /// chunk first, each into the bucket with the fewest bytes (lowest index on ties); chunks of
 /// equal size go in key order.
