@@ -95,7 +95,10 @@ std::string SaveEngine::bucket_context(const PlannedBucket& bucket) const {
 RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir, std::int64_t step) {
   auto planned = plan_for(state);
   const bool direct = !copies_out(state);
-  Status st = planned.is_ok() ? reserve_staging(state, false) : planned.status();
+  // Slots an async save left (the facade mixes sync and async saves) serve a sync save too:
+  // pieces are cut to the largest slot.
+  const bool reuse = direct || staging_.slot_count() > 0;
+  Status st = !planned.is_ok() ? planned.status() : reuse ? Status::ok() : reserve_staging(state, false);
   if (!st.is_ok()) {
     if (options_.release_after_save) staging_.release_all();
     RankSaveReport report = make_report(step);

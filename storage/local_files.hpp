@@ -22,7 +22,8 @@ class WritableFile {
   /// disjoint ranges of one file at once.
   virtual Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) = 0;
   /// Starts writing bytes [offset, offset + bytes) back to the device without waiting for it
-  /// (sync_file_range), so that a later sync() has less to do. Durable only after sync().
+  /// (sync_file_range), so that a later sync() has less to do. A hint: durable only after
+  /// sync(), which also reports any write error.
   virtual Status start_writeback(std::uint64_t offset, std::size_t bytes) {
     (void)offset;
     (void)bytes;
