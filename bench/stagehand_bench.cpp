@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "stagehand/actors/dispatch_client.hpp"
+#include "bench/bench_load.hpp"
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/format.hpp"
@@ -283,6 +284,7 @@ int main(int argc, char** argv) {
                    "seconds of simulated training between a save's return and the fence (fence_wait_s)")
       ->check(CLI::Range(0.0, 3600.0));
   save->add_flag("--per-save-staging", args.per_save, "ckpt_staging_memory: per_save (else persistent)");
+  const stagehand::bench::BenchCommand load = stagehand::bench::add_load_command(app);
   try {
     app.parse(argc, argv);
     parse_size(args.bytes_per_rank);
@@ -292,5 +294,6 @@ int main(int argc, char** argv) {
     std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.bytes_per_rank << "'\n";
     return 2;
   }
+  if (load.command->parsed()) return load.run();
   return run_save(args);
 }
