@@ -466,14 +466,9 @@ class ParallelLoad {
  public:
   ParallelLoad(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
                const LoadOptions& options, bool pinned)
-      : state_(state), jobs_(jobs), tasks_(std::move(tasks)), options_(options), pinned_(pinned),
-        pieces_left_(jobs.size()) {
+      : state_(state), jobs_(jobs), tasks_(std::move(tasks)), options_(options), pinned_(pinned) {
     for (const auto& task : tasks_) {
-      if (task.direct) {
-        for (const auto& p : task.pieces) pieces_left_[p.job].fetch_add(1, std::memory_order_relaxed);
-      } else {
-        largest_buffered_ = std::max(largest_buffered_, task.end() - task.begin());
-      }
+      if (!task.direct) largest_buffered_ = std::max(largest_buffered_, task.end() - task.begin());
     }
   }
 
@@ -528,26 +523,42 @@ class ParallelLoad {
                                              xxh3_hex(hash) + ", expected " + xxh3_hex(j.chunk->xxh3) + ")"};
   }
 
-  /// One vectored read straight into the tensors; the read that completes a chunk hashes it.
+  /// Reads the task's range straight into the tensors in reads of at most max_read_bytes (one
+  /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
   Status read_direct(const ReadTask& task, PhaseTimes& times) {
+    std::size_t k = 0;
+    auto hash = std::make_unique<Xxh3Stream>();
     std::vector<ReadSegment> segments;
-    for (const auto& p : task.pieces) {
-      const ChunkJob& j = jobs_[p.job];
-      segments.push_back({j.direct + (p.begin - j.chunk->begin), static_cast<std::size_t>(p.end - p.begin)});
-    }
-    auto start = Clock::now();
-    Status st = task.file->file->read_vectored(task.begin(), segments);
-    times.read_s += seconds_since(start);
-    ++times.reads;
-    if (!st.is_ok()) return st.with_context("loading tensor '" + tensor_name(task.pieces.front().job) + "'");
-    times.bytes += task.end() - task.begin();
-    for (const auto& p : task.pieces) {
-      if (pieces_left_[p.job].fetch_sub(1) != 1) continue;
-      const ChunkJob& j = jobs_[p.job];
+    for (std::uint64_t pos = task.begin(); pos < task.end();) {
+      const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
+      segments.clear();
+      for (std::size_t i = k; i < task.pieces.size() && task.pieces[i].begin < end; ++i) {
+        const Piece& p = task.pieces[i];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        segments.push_back({jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(std::min(end, p.end) - lo)});
+      }
+      auto start = Clock::now();
+      Status st = task.file->file->read_vectored(pos, segments);
+      times.read_s += seconds_since(start);
+      ++times.reads;
+      if (!st.is_ok()) return st.with_context("loading tensor '" + tensor_name(task.pieces[k].job) + "'");
+      times.bytes += end - pos;
       start = Clock::now();
-      const std::uint64_t hash = xxh3(j.direct, j.chunk->end - j.chunk->begin);
+      for (; k < task.pieces.size() && task.pieces[k].begin < end;) {
+        const Piece& p = task.pieces[k];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        const std::uint64_t hi = std::min(end, p.end);
+        hash->update(jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
+        if (hi < p.end) break;
+        if (hash->digest() != jobs_[p.job].chunk->xxh3) {
+          times.verify_s += seconds_since(start);
+          return checksum_mismatch(p.job, hash->digest());
+        }
+        hash = std::make_unique<Xxh3Stream>();
+        ++k;
+      }
       times.verify_s += seconds_since(start);
-      if (hash != j.chunk->xxh3) return checksum_mismatch(p.job, hash);
+      pos = end;
     }
     return Status::ok();
   }
@@ -623,7 +634,6 @@ class ParallelLoad {
   const std::vector<ReadTask> tasks_;
   const LoadOptions options_;
   const bool pinned_;
-  std::vector<std::atomic<int>> pieces_left_;
   std::uint64_t largest_buffered_ = 0;
   std::atomic<std::size_t> next_{0};
   std::atomic<bool> failed_{false};
@@ -633,9 +643,8 @@ class ParallelLoad {
   Status first_error_;
 };
 
-/// Splits the jobs into coalesced reads ordered by file and offset: chunks read straight into
-/// tensors in pieces of at most max_read_bytes; buffered chunks whole (their task reads them in
-/// buffer-sized pieces).
+/// Groups the jobs into tasks of coalesced whole chunks, ordered by file and offset: one thread
+/// reads each task, so that each chunk's hash sees its bytes in order.
 std::vector<ReadTask> plan_reads(const std::vector<ChunkJob>& jobs, std::uint64_t max_read_bytes) {
   std::vector<ReadTask> tasks;
   for (bool direct : {true, false}) {
@@ -644,13 +653,8 @@ std::vector<ReadTask> plan_reads(const std::vector<ChunkJob>& jobs, std::uint64_
     for (std::size_t j = 0; j < jobs.size(); ++j) {
       if ((jobs[j].direct != nullptr) != direct) continue;
       const ChunkMeta& c = *jobs[j].chunk;
-      const std::uint64_t step = direct ? max_read_bytes : c.end - c.begin;
-      for (std::uint64_t b = c.begin; b < c.end || b == c.begin; b += step) {
-        const std::uint64_t e = std::min(c.end, b + step);
-        ranges.push_back({c.file, b, e});
-        pieces.push_back({j, b, e});
-        if (e == c.end) break;
-      }
+      ranges.push_back({c.file, c.begin, c.end});
+      pieces.push_back({j, c.begin, c.end});
     }
     for (const auto& read : coalesce_ranges(ranges, max_read_bytes)) {
       ReadTask task{jobs[pieces[read.front()].job].file, direct, {}};

@@ -42,9 +42,11 @@ struct LoadOptions {
   /// Each thread's host buffer for chunks that cannot be read straight into their tensor (a
   /// resharded block, device memory): host memory stays under thread_count x buffer_bytes
   /// whatever the state's size. At least 4096.
-  std::size_t buffer_bytes = 16u << 20;
-  /// Largest single read: neighbouring byte ranges of a file are coalesced up to this size.
-  std::uint64_t max_read_bytes = 64u << 20;
+  std::size_t buffer_bytes = 8u << 20;
+  /// Largest single read (one preadv, one ranged GET): neighbouring chunks of a file are
+  /// coalesced up to this size, larger chunks read in reads of this size; each read is hashed
+  /// right after it lands, while it is in the CPU's cache.
+  std::uint64_t max_read_bytes = 8u << 20;
 };
 
 /// What one load did and where its time went. The phase times are summed over the loader's
