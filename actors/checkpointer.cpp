@@ -68,6 +68,7 @@ struct PendingSave::Shared {
     cluster_options.coordinator.destination = options.root;
     cluster_options.coordinator.local_work_dir = options.local_work_dir;
     cluster_options.strategy.thread_count = options.thread_count;
+    cluster_options.strategy.load_thread_count = options.load_thread_count;
     cluster_options.strategy.staging_buckets = options.staging_buckets;
     // Async underneath whenever it can be: a sync save is then an async one finalized at once.
     cluster_options.strategy.async_save = options.staging_buckets == 0;

@@ -24,6 +24,8 @@ struct CheckpointerOptions {
   int world_size = 1;
   /// Bucket files and writer threads per rank (megatron_config.ckpt_save_thread_count).
   int thread_count = 2;
+  /// Threads reading a checkpoint at once per rank in a load (megatron_config.ckpt_load_thread_count).
+  int load_thread_count = 4;
   /// Buckets staged at a time by a sync save (ckpt_save_staging_buckets); 0 stages all at once.
   /// Must be 0 for async_save.
   int staging_buckets = 0;
@@ -89,7 +91,10 @@ class Checkpointer {
 
   /// Fills `state` in place from `path`: a checkpoint root (the step its tracker names) or one
   /// `global_step_N` folder, saved with any sharding. Every chunk read is checked against its
-  /// checksum; on error, no tensor of `state` is modified. Finishes a pending save first.
+  /// checksum. On an error found before reading (a missing tensor or file, another shape or
+  /// dtype) no tensor of `state` is modified; on a read error or a checksum mismatch (the bytes
+  /// go straight into the tensors) the tensors' contents are unspecified: do not use them.
+  /// Finishes a pending save first.
   Status load(StateDict& state, const std::string& path);
   Status load(std::vector<StateDict>& states, const std::string& path);
 

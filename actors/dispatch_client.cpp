@@ -64,11 +64,17 @@ Status DispatchClient::finalize() {
   return st;
 }
 
-Status DispatchClient::load(const std::string& path) {
+Status DispatchClient::load(const std::string& path, LoadTiming* timing) {
   caf::scoped_actor self{system_};
   Status st;
+  LoadTiming figures;
   self->request(dispatch_, timeout_, load_atom::value, path)
-      .receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
+      .receive(
+          [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes) {
+            figures = {load_s, read_s, verify_s, copy_s, bytes};
+          },
+          [&](caf::error& err) { st = from_caf_error(err); });
+  if (st.is_ok() && timing != nullptr) *timing = figures;
   return st;
 }
 

@@ -21,6 +21,17 @@ struct SaveTiming {
   bool async = false;
 };
 
+/// Where a load's time went: each figure is the slowest rank's (see LoadReport), `bytes` every
+/// rank's chunk bytes.
+struct LoadTiming {
+  double load_s = 0;
+  /// Thread-seconds waiting for reads, hashing chunks, and copying into tensors.
+  double read_s = 0;
+  double verify_s = 0;
+  double copy_s = 0;
+  std::uint64_t bytes = 0;
+};
+
 /// A blocking client of a WorkerDispatch, for code that is not an actor (the bench, tests, a
 /// trainer's own thread). Each call is one message to the dispatch and a wait for its reply: the
 /// dispatch and the coordinator drive the save protocol (finalize the pending save, begin the
@@ -52,8 +63,10 @@ class DispatchClient {
   Status finalize();
 
   /// Finalizes, then loads `path` into every rank's state: a checkpoint root (the step its
-  /// tracker names) or a `global_step_N` folder.
-  Status load(const std::string& path);
+  /// tracker names) or a `global_step_N` folder. After an error the ranks' tensors may be
+  /// unspecified (load_checkpoint): the state must not be used as loaded.
+  /// @param timing when not null and the load succeeded, where its time went.
+  Status load(const std::string& path, LoadTiming* timing = nullptr);
 
   const caf::actor& dispatch() const { return dispatch_; }
 

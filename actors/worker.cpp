@@ -63,14 +63,16 @@ class Worker : public caf::event_based_actor {
                     [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
           return rp;
         },
-        [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
-          auto rp = make_response_promise();
+        [this](load_atom, const std::string& checkpoint_dir)
+            -> caf::result<double, double, double, double, std::uint64_t> {
+          auto rp = make_response_promise<double, double, double, double, std::uint64_t>();
           request(strategy_, caf::infinite, load_atom::value, checkpoint_dir)
               .then(
-                  [this, rp, checkpoint_dir]() mutable {
+                  [this, rp, checkpoint_dir](double total_s, double read_s, double verify_s, double copy_s,
+                                             std::uint64_t bytes) mutable {
                     Status st = loaded(checkpoint_dir);
                     if (st.is_ok()) {
-                      rp.deliver(caf::unit);
+                      rp.deliver(total_s, read_s, verify_s, copy_s, bytes);
                     } else {
                       rp.deliver(to_caf_error(st));
                     }

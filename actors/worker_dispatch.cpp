@@ -120,21 +120,33 @@ class WorkerDispatch : public caf::event_based_actor {
           });
           return rp;
         },
-        [this](load_atom, const std::string& checkpoint_dir) -> caf::result<void> {
-          auto rp = make_response_promise();
+        [this](load_atom, const std::string& checkpoint_dir)
+            -> caf::result<double, double, double, double, std::uint64_t> {
+          auto rp = make_response_promise<double, double, double, double, std::uint64_t>();
           finalize([this, rp, checkpoint_dir](Status st) mutable {
             if (!st.is_ok()) {
               rp.deliver(to_caf_error(st));
               return;
             }
-            fan_out<>(caf::make_message(load_atom::value, checkpoint_dir), [](int) {},
-                      [rp](Status loaded) mutable {
-                        if (loaded.is_ok()) {
-                          rp.deliver(caf::unit);
-                        } else {
-                          rp.deliver(to_caf_error(loaded));
-                        }
-                      });
+            // The slowest rank's times, every rank's bytes.
+            auto times = std::make_shared<std::array<double, 4>>();
+            auto bytes = std::make_shared<std::uint64_t>(0);
+            fan_out<double, double, double, double, std::uint64_t>(
+                caf::make_message(load_atom::value, checkpoint_dir),
+                [times, bytes](int, double total_s, double read_s, double verify_s, double copy_s, std::uint64_t b) {
+                  const std::array<double, 4> rank_times{total_s, read_s, verify_s, copy_s};
+                  for (std::size_t i = 0; i < rank_times.size(); ++i) {
+                    (*times)[i] = std::max((*times)[i], rank_times[i]);
+                  }
+                  *bytes += b;
+                },
+                [rp, times, bytes](Status loaded) mutable {
+                  if (loaded.is_ok()) {
+                    rp.deliver((*times)[0], (*times)[1], (*times)[2], (*times)[3], *bytes);
+                  } else {
+                    rp.deliver(to_caf_error(loaded));
+                  }
+                });
           });
           return rp;
         },

@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "stagehand/actors/dispatch_client.hpp"
+#include "bench/bench_load.hpp"
+#include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/format.hpp"
@@ -28,19 +30,9 @@
 #include "stagehand/strategy/messages.hpp"
 
 using namespace stagehand;
-using Clock = std::chrono::steady_clock;
+using namespace stagehand::bench;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 /// Writes and fsyncs files of the given sizes, one thread each, from one buffer of patterned
 /// bytes; the files are removed afterwards (and with them their page-cache pages).
@@ -103,15 +95,6 @@ void remove_previous_step(const std::string& root, std::int64_t step) {
   std::filesystem::remove_all(CheckpointLayout{root}.step_dir(step - 1), ec);
 }
 
-/// A field of /proc/self/status in bytes: "VmRSS" (resident now) or "VmHWM" (its peak).
-std::uint64_t status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
-}
-
 /// Counters of /proc/vmstat that explain a slow save: page allocations and faults, reclaim,
 /// compaction and write-back throttling.
 std::map<std::string, std::int64_t> vmstat() {
@@ -138,18 +121,6 @@ nlohmann::json vmstat_delta(const std::map<std::string, std::int64_t>& before,
     delta[name] = gauge || it == before.end() ? value : value - it->second;
   }
   return delta;
-}
-
-std::uint64_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  double value = std::stod(text, &pos);
-  std::string unit = text.substr(pos);
-  double scale = 1;
-  if (unit == "K" || unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) throw CLI::ValidationError("--bytes-per-rank", "unknown unit '" + unit + "'");
-  return static_cast<std::uint64_t>(value * scale);
 }
 
 struct SaveArgs {
@@ -271,7 +242,7 @@ int run_save(const SaveArgs& args) {
   DispatchClient& client = (*cluster)->client();
   // The process before its first save: the state, the libraries, the actors, staging buffers
   // allocated at spawn.
-  const std::uint64_t rss_before_saves = status_bytes("VmHWM");
+  const std::uint64_t rss_before_saves = bench::max_rss_bytes();
   std::vector<double> stalls;
   std::vector<double> fence_waits;
   std::vector<double> totals;
@@ -309,9 +280,9 @@ int run_save(const SaveArgs& args) {
     line["compute_s"] = args.compute_s;
     line["fence_wait_s"] = *fence_wait;
     line["staging_memory"] = args.per_save ? "per_save" : "persistent";
-    line["rss_bytes"] = status_bytes("VmRSS");
+    line["rss_bytes"] = bench::current_rss_bytes();
     // The process's peak so far (with --baseline, its raw-write buffer too).
-    line["peak_rss_bytes"] = status_bytes("VmHWM");
+    line["peak_rss_bytes"] = bench::max_rss_bytes();
     line["vmstat"] = vm;
     if (auto phases = client.save_phases(step); phases.is_ok()) {
       auto parsed = nlohmann::json::parse(*phases, nullptr, false);
@@ -328,7 +299,7 @@ int run_save(const SaveArgs& args) {
   summary["median_fence_wait_s"] = median(fence_waits);
   summary["median_save_s"] = median(totals);
   summary["peak_rss_before_saves_bytes"] = rss_before_saves;
-  summary["peak_rss_bytes"] = status_bytes("VmHWM");
+  summary["peak_rss_bytes"] = bench::max_rss_bytes();
   summary["median_throughput_gbps"] = static_cast<double>(bytes) / median(totals) / 1e9;
   if (!raws.empty()) {
     std::vector<double> one, parallel;
@@ -377,6 +348,7 @@ int main(int argc, char** argv) {
                    "seconds of simulated training between a save's return and the fence (fence_wait_s)")
       ->check(CLI::Range(0.0, 3600.0));
   save->add_flag("--per-save-staging", args.per_save, "ckpt_staging_memory: per_save (else persistent)");
+  const stagehand::bench::BenchCommand load = stagehand::bench::add_load_command(app);
   try {
     app.parse(argc, argv);
     parse_size(args.bytes_per_rank);
@@ -386,5 +358,6 @@ int main(int argc, char** argv) {
     std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.bytes_per_rank << "'\n";
     return 2;
   }
+  if (load.command->parsed()) return load.run();
   return run_save(args);
 }

@@ -1,14 +1,21 @@
 #include "stagehand/checkpoint/loader.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
+#include <system_error>
+#include <thread>
+#include <tuple>
 
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/storage/destination.hpp"
 #include "stagehand/storage/local_files.hpp"
@@ -19,32 +26,77 @@ namespace stagehand {
 
 namespace {
 
-/// Copies the overlap of a saved chunk and a live block (both row-major) from `src` to `dst`.
-/// @return the number of elements copied.
-std::int64_t copy_overlap(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
-                          const std::uint8_t* src, std::uint8_t* dst) {
-  const std::size_t rank = block.local_shape.rank();
-  if (rank == 0) {
-    std::copy_n(src, elem, dst);
-    return 1;
+/// The row-major strides, in elements, of `shape`.
+Shape row_major_strides(const Shape& shape) {
+  const std::size_t rank = shape.rank();
+  Shape stride = Shape::zeros(rank);
+  if (rank == 0) return stride;
+  stride[rank - 1] = 1;
+  for (std::size_t i = rank - 1; i > 0; --i) stride[i - 1] = stride[i] * shape[i];
+  return stride;
+}
+
+/// Elements of `block` that `chunk` holds; 0 when they do not overlap.
+std::int64_t overlap_numel(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i < block.local_shape.rank(); ++i) {
+    const std::int64_t lo = std::max(chunk.offsets[i], block.global_offset[i]);
+    const std::int64_t hi =
+        std::min(chunk.offsets[i] + chunk.shape[i], block.global_offset[i] + block.local_shape[i]);
+    if (lo >= hi) return 0;
+    n *= hi - lo;
   }
+  return n;
+}
+
+/// Where `chunk` lands in `block`'s memory, in elements, when all of it fills one contiguous
+/// run there: it lies inside the block, and before the last dimension in which it is narrower
+/// than the block it is one element wide (the same shape, or a run of whole rows).
+std::optional<std::int64_t> contiguous_offset(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
+  const std::size_t rank = block.local_shape.rank();
+  std::size_t narrower = 0;  // one past the last dimension where the chunk is narrower
+  for (std::size_t i = 0; i < rank; ++i) {
+    if (chunk.offsets[i] < block.global_offset[i] ||
+        chunk.offsets[i] + chunk.shape[i] > block.global_offset[i] + block.local_shape[i]) {
+      return std::nullopt;
+    }
+    if (chunk.shape[i] != block.local_shape[i]) narrower = i + 1;
+  }
+  for (std::size_t i = 0; i + 1 < narrower; ++i) {
+    if (chunk.shape[i] != 1) return std::nullopt;
+  }
+  const Shape stride = row_major_strides(block.local_shape);
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < rank; ++i) offset += (chunk.offsets[i] - block.global_offset[i]) * stride[i];
+  return offset;
+}
+
+/// Copies the elements of the overlap of a saved chunk and a live block (both row-major) whose
+/// index in the chunk lies in [first, last): `src` holds the chunk's elements from `first` on,
+/// `dst` is the block's memory on `device`.
+/// @return false when a copy to the device failed.
+bool copy_overlap_part(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
+                       std::int64_t first, std::int64_t last, const std::uint8_t* src, std::uint8_t* dst,
+                       Device device) {
+  auto copy = [&](std::int64_t from, std::int64_t to, std::int64_t dst_elem) {
+    return copy_from_host(device, src + static_cast<std::size_t>(from - first) * elem,
+                          dst + static_cast<std::size_t>(dst_elem) * elem, static_cast<std::size_t>(to - from) * elem);
+  };
+  if (auto offset = contiguous_offset(chunk, block)) {
+    const std::int64_t end = std::min(last, chunk.shape.numel());
+    return first >= end || copy(first, end, *offset + first);
+  }
+  const std::size_t rank = block.local_shape.rank();
   Shape lo = Shape::zeros(rank);
   Shape hi = Shape::zeros(rank);
   for (std::size_t i = 0; i < rank; ++i) {
     lo[i] = std::max(chunk.offsets[i], block.global_offset[i]);
     hi[i] = std::min(chunk.offsets[i] + chunk.shape[i], block.global_offset[i] + block.local_shape[i]);
-    if (lo[i] >= hi[i]) return 0;
+    if (lo[i] >= hi[i]) return true;
   }
-  Shape src_stride = Shape::zeros(rank);
-  Shape dst_stride = Shape::zeros(rank);
-  src_stride[rank - 1] = 1;
-  dst_stride[rank - 1] = 1;
-  for (std::size_t i = rank - 1; i > 0; --i) {
-    src_stride[i - 1] = src_stride[i] * chunk.shape[i];
-    dst_stride[i - 1] = dst_stride[i] * block.local_shape[i];
-  }
-  const std::size_t row = static_cast<std::size_t>(hi[rank - 1] - lo[rank - 1]) * elem;
-  std::int64_t copied = 0;
+  const Shape src_stride = row_major_strides(chunk.shape);
+  const Shape dst_stride = row_major_strides(block.local_shape);
+  const std::int64_t row = hi[rank - 1] - lo[rank - 1];
   Shape idx = lo;
   for (;;) {
     std::int64_t s = 0;
@@ -53,27 +105,20 @@ std::int64_t copy_overlap(const ChunkMeta& chunk, const ShardedTensorDesc& block
       s += (idx[i] - chunk.offsets[i]) * src_stride[i];
       d += (idx[i] - block.global_offset[i]) * dst_stride[i];
     }
-    std::copy_n(src + static_cast<std::size_t>(s) * elem, row, dst + static_cast<std::size_t>(d) * elem);
-    copied += hi[rank - 1] - lo[rank - 1];
+    // Rows come in ascending order in the chunk.
+    if (s >= last) return true;
+    const std::int64_t from = std::max(s, first);
+    const std::int64_t to = std::min(s + row, last);
+    if (from < to && !copy(from, to, d + (from - s))) return false;
     // Advance the outer index (every dimension but the last), odometer style.
     std::size_t i = rank - 1;
     for (;;) {
-      if (i == 0) return copied;
+      if (i == 0) return true;
       --i;
       if (++idx[i] < hi[i]) break;
       idx[i] = lo[i];
     }
   }
-}
-
-bool overlaps(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
-  for (std::size_t i = 0; i < block.local_shape.rank(); ++i) {
-    if (std::max(chunk.offsets[i], block.global_offset[i]) >=
-        std::min(chunk.offsets[i] + chunk.shape[i], block.global_offset[i] + block.local_shape[i])) {
-      return false;
-    }
-  }
-  return true;
 }
 
 /// One data file of a checkpoint, local or an object: its size and positional reads.
@@ -83,6 +128,9 @@ class SourceFile {
   virtual std::uint64_t size() const = 0;
   /// Reads exactly `bytes` at `offset`.
   virtual Status read(std::uint64_t offset, void* dst, std::size_t bytes) = 0;
+  /// Reads the bytes at `offset` onwards into `segments` in turn, as one read (one preadv, one
+  /// ranged GET).
+  virtual Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments) = 0;
 };
 
 /// A checkpoint folder: `global_step_N/` on a local file system or under an object-store prefix.
@@ -103,6 +151,9 @@ class LocalFile final : public SourceFile {
   std::uint64_t size() const override { return size_; }
   Status read(std::uint64_t offset, void* dst, std::size_t bytes) override {
     return pread_exact(file_.fd(), offset, dst, bytes, file_.path());
+  }
+  Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments) override {
+    return preadv_exact(file_.fd(), offset, segments, file_.path());
   }
 
  private:
@@ -142,6 +193,24 @@ class ObjectFile final : public SourceFile {
                                                std::to_string(offset) + " runs past it"};
     }
     return bucket_->get_range(key_, offset, bytes, dst);
+  }
+  Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments) override {
+    if (segments.size() == 1) return read(offset, segments[0].dst, segments[0].bytes);
+    // One ranged GET for the whole run, then scattered: a GET has one destination.
+    std::size_t total = 0;
+    for (const auto& s : segments) total += s.bytes;
+    HostBuffer run(total, false, &staging_memory());
+    if (total > 0 && !run.valid()) {
+      return Status{ErrorCode::no_space, "cannot allocate " + std::to_string(total) + " bytes to read '" +
+                                             bucket_->url(key_) + "'"};
+    }
+    SH_RETURN_IF_ERROR(read(offset, run.data(), total));
+    std::size_t at = 0;
+    for (const auto& s : segments) {
+      std::copy_n(run.data() + at, s.bytes, static_cast<std::uint8_t*>(s.dst));
+      at += s.bytes;
+    }
+    return Status::ok();
   }
 
  private:
@@ -323,14 +392,309 @@ Result<std::string> read_trainer_state_text(const std::string& checkpoint_dir, c
   return read_trainer_state(*source, metadata);
 }
 
+std::vector<std::vector<std::size_t>> coalesce_ranges(const std::vector<ReadRange>& ranges, std::uint64_t max_bytes) {
+  std::vector<std::size_t> order(ranges.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::tie(ranges[a].file, ranges[a].begin) < std::tie(ranges[b].file, ranges[b].begin);
+  });
+  std::vector<std::vector<std::size_t>> reads;
+  std::uint64_t read_begin = 0;
+  for (std::size_t i : order) {
+    const ReadRange& r = ranges[i];
+    if (!reads.empty()) {
+      const ReadRange& last = ranges[reads.back().back()];
+      if (last.file == r.file && last.end == r.begin && r.end - read_begin <= max_bytes) {
+        reads.back().push_back(i);
+        continue;
+      }
+    }
+    reads.push_back({i});
+    read_begin = r.begin;
+  }
+  return reads;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// One saved chunk that overlaps a live block, to be read and verified.
+struct ChunkJob {
+  std::size_t tensor = 0;
+  const ChunkMeta* chunk = nullptr;
+  const DataFile* file = nullptr;
+  /// The tensor's memory the whole chunk is read into; null when it goes through a buffer.
+  std::uint8_t* direct = nullptr;
+};
+
+/// A byte range of one chunk inside a read.
+struct Piece {
+  std::size_t job = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+/// One coalesced read: neighbouring pieces of one file, all read straight into tensors or all
+/// through a buffer.
+struct ReadTask {
+  const DataFile* file = nullptr;
+  bool direct = false;
+  std::vector<Piece> pieces;
+  std::uint64_t begin() const { return pieces.front().begin; }
+  std::uint64_t end() const { return pieces.back().end; }
+};
+
+/// Per-thread figures, summed into the LoadReport.
+struct PhaseTimes {
+  double read_s = 0;
+  double verify_s = 0;
+  double copy_s = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t reads = 0;
+};
+
+/// Runs the reads of one load on a few threads: the first error stops the rest.
+///
+/// Thread-safety: run() is called once; the tasks it runs touch disjoint tensor memory (the
+/// saved chunks tile each tensor, so no two overlap one block's element).
+class ParallelLoad {
+ public:
+  ParallelLoad(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
+               const LoadOptions& options, bool pinned)
+      : state_(state), jobs_(jobs), tasks_(std::move(tasks)), options_(options), pinned_(pinned) {
+    for (const auto& task : tasks_) {
+      if (!task.direct) largest_buffered_ = std::max(largest_buffered_, task.end() - task.begin());
+    }
+  }
+
+  Status run(LoadReport& report) {
+    const auto threads = static_cast<std::size_t>(std::max(1, options_.thread_count));
+    std::vector<PhaseTimes> times(std::min(threads, std::max<std::size_t>(tasks_.size(), 1)));
+    std::vector<std::thread> helpers;
+    for (std::size_t t = 1; t < times.size(); ++t) {
+      try {
+        helpers.emplace_back([this, &times, t] { work(times[t]); });
+      } catch (const std::system_error&) {
+        break;  // fewer threads: the ones started (and this one) take every task
+      }
+    }
+    work(times[0]);
+    for (auto& h : helpers) h.join();
+    for (const auto& t : times) {
+      report.read_s += t.read_s;
+      report.verify_s += t.verify_s;
+      report.copy_s += t.copy_s;
+      report.bytes += t.bytes;
+      report.reads += t.reads;
+    }
+    report.thread_count = static_cast<int>(helpers.size() + 1);
+    report.buffer_peak_bytes = buffer_peak_.load();
+    return first_error_;
+  }
+
+ private:
+  void work(PhaseTimes& times) {
+    HostBuffer buffer;
+    for (std::size_t i = next_.fetch_add(1); i < tasks_.size() && !failed_.load(); i = next_.fetch_add(1)) {
+      const ReadTask& task = tasks_[i];
+      Status st = task.direct ? read_direct(task, times) : read_buffered(task, buffer, times);
+      if (!st.is_ok()) fail(st);
+    }
+    if (buffer.valid()) buffer_current_.fetch_sub(buffer.size());
+  }
+
+  void fail(Status st) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (first_error_.is_ok()) first_error_ = std::move(st);
+    failed_.store(true);
+  }
+
+  const std::string& tensor_name(std::size_t job) const { return state_.tensors[jobs_[job].tensor].desc.name; }
+
+  Status checksum_mismatch(std::size_t job, std::uint64_t hash) const {
+    const ChunkJob& j = jobs_[job];
+    return Status{ErrorCode::corruption, "'" + j.file->path + "': tensor '" + tensor_name(job) + "' chunk " +
+                                             j.chunk->offsets.to_string() + ": checksum mismatch (XXH3 " +
+                                             xxh3_hex(hash) + ", expected " + xxh3_hex(j.chunk->xxh3) + ")"};
+  }
+
+  /// Reads the task's range straight into the tensors in reads of at most max_read_bytes (one
+  /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
+  Status read_direct(const ReadTask& task, PhaseTimes& times) {
+    std::size_t k = 0;
+    auto hash = std::make_unique<Xxh3Stream>();
+    std::vector<ReadSegment> segments;
+    for (std::uint64_t pos = task.begin(); pos < task.end();) {
+      const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
+      segments.clear();
+      for (std::size_t i = k; i < task.pieces.size() && task.pieces[i].begin < end; ++i) {
+        const Piece& p = task.pieces[i];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        segments.push_back({jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(std::min(end, p.end) - lo)});
+      }
+      auto start = Clock::now();
+      Status st = task.file->file->read_vectored(pos, segments);
+      times.read_s += seconds_since(start);
+      ++times.reads;
+      if (!st.is_ok()) return st.with_context("loading tensor '" + tensor_name(task.pieces[k].job) + "'");
+      times.bytes += end - pos;
+      start = Clock::now();
+      for (; k < task.pieces.size() && task.pieces[k].begin < end;) {
+        const Piece& p = task.pieces[k];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        const std::uint64_t hi = std::min(end, p.end);
+        hash->update(jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
+        if (hi < p.end) break;
+        if (hash->digest() != jobs_[p.job].chunk->xxh3) {
+          times.verify_s += seconds_since(start);
+          return checksum_mismatch(p.job, hash->digest());
+        }
+        hash = std::make_unique<Xxh3Stream>();
+        ++k;
+      }
+      times.verify_s += seconds_since(start);
+      pos = end;
+    }
+    return Status::ok();
+  }
+
+  /// Reads the task's range in buffer-sized pieces; each piece feeds its chunks' hashes and is
+  /// copied into their blocks.
+  Status read_buffered(const ReadTask& task, HostBuffer& buffer, PhaseTimes& times) {
+    if (!buffer.valid()) {
+      const auto bytes = static_cast<std::size_t>(
+          std::min<std::uint64_t>(std::max<std::size_t>(options_.buffer_bytes, kMinBufferBytes), largest_buffered_));
+      buffer = HostBuffer(bytes, pinned_, &staging_memory());
+      if (!buffer.valid()) {
+        return Status{ErrorCode::no_space, "cannot allocate a " + std::to_string(bytes) + "-byte load buffer"};
+      }
+      const std::uint64_t now = buffer_current_.fetch_add(bytes) + bytes;
+      for (std::uint64_t peak = buffer_peak_.load(); now > peak && !buffer_peak_.compare_exchange_weak(peak, now);) {
+      }
+    }
+    std::size_t k = 0;
+    auto hash = std::make_unique<Xxh3Stream>();
+    for (std::uint64_t pos = task.begin(); pos < task.end();) {
+      std::uint64_t n = std::min<std::uint64_t>(buffer.size(), task.end() - pos);
+      // End the piece on an element boundary of the chunk it cuts.
+      for (std::size_t i = k; i < task.pieces.size() && pos + n < task.end(); ++i) {
+        const Piece& p = task.pieces[i];
+        if (p.begin < pos + n && pos + n < p.end) {
+          n -= (pos + n - p.begin) % dtype_size(state_.tensors[jobs_[p.job].tensor].desc.dtype);
+          break;
+        }
+      }
+      auto start = Clock::now();
+      Status st = task.file->file->read(pos, buffer.data(), static_cast<std::size_t>(n));
+      times.read_s += seconds_since(start);
+      ++times.reads;
+      if (!st.is_ok()) return st.with_context("loading tensor '" + tensor_name(task.pieces[k].job) + "'");
+      times.bytes += n;
+      for (; k < task.pieces.size() && task.pieces[k].begin < pos + n;) {
+        const Piece& p = task.pieces[k];
+        const ChunkJob& j = jobs_[p.job];
+        ShardedTensor& live = state_.tensors[j.tensor];
+        const std::size_t elem = dtype_size(live.desc.dtype);
+        const std::uint64_t lo = std::max(pos, p.begin);
+        const std::uint64_t hi = std::min(pos + n, p.end);
+        const std::uint8_t* src = buffer.data() + (lo - pos);
+        start = Clock::now();
+        hash->update(src, static_cast<std::size_t>(hi - lo));
+        times.verify_s += seconds_since(start);
+        start = Clock::now();
+        bool copied = copy_overlap_part(*j.chunk, live.desc, elem, static_cast<std::int64_t>((lo - p.begin) / elem),
+                                        static_cast<std::int64_t>((hi - p.begin) / elem), src,
+                                        static_cast<std::uint8_t*>(live.tensor.data()),
+                                        live.tensor.device());
+        times.copy_s += seconds_since(start);
+        if (!copied) {
+          return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + live.desc.name + "' on " +
+                                                 live.tensor.device().to_string() + " failed"};
+        }
+        if (hi < p.end) break;
+        if (hash->digest() != j.chunk->xxh3) return checksum_mismatch(p.job, hash->digest());
+        hash = std::make_unique<Xxh3Stream>();
+        ++k;
+      }
+      pos += n;
+    }
+    return Status::ok();
+  }
+
+  /// Buffers are at least this large, so that a piece always holds whole elements.
+  static constexpr std::size_t kMinBufferBytes = 4096;
+
+  StateDict& state_;
+  const std::vector<ChunkJob>& jobs_;
+  const std::vector<ReadTask> tasks_;
+  const LoadOptions options_;
+  const bool pinned_;
+  std::uint64_t largest_buffered_ = 0;
+  std::atomic<std::size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<std::uint64_t> buffer_current_{0};
+  std::atomic<std::uint64_t> buffer_peak_{0};
+  std::mutex mutex_;
+  Status first_error_;
+};
+
+/// Groups the jobs into tasks of coalesced whole chunks, ordered by file and offset: one thread
+/// reads each task, so that each chunk's hash sees its bytes in order.
+std::vector<ReadTask> plan_reads(const std::vector<ChunkJob>& jobs, std::uint64_t max_read_bytes) {
+  std::vector<ReadTask> tasks;
+  for (bool direct : {true, false}) {
+    std::vector<ReadRange> ranges;
+    std::vector<Piece> pieces;
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      if ((jobs[j].direct != nullptr) != direct) continue;
+      const ChunkMeta& c = *jobs[j].chunk;
+      ranges.push_back({c.file, c.begin, c.end});
+      pieces.push_back({j, c.begin, c.end});
+    }
+    for (const auto& read : coalesce_ranges(ranges, max_read_bytes)) {
+      ReadTask task{jobs[pieces[read.front()].job].file, direct, {}};
+      for (std::size_t i : read) task.pieces.push_back(pieces[i]);
+      tasks.push_back(std::move(task));
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const ReadTask& a, const ReadTask& b) {
+    return std::tie(a.file->path, a.pieces.front().begin) < std::tie(b.file->path, b.pieces.front().begin);
+  });
+  return tasks;
+}
+
+}  // namespace
+
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store) {
+  return load_checkpoint(checkpoint_dir, state, store, LoadOptions{});
+}
+
+Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store,
+                       const LoadOptions& options, LoadReport* report) {
+  const auto start = Clock::now();
+  LoadReport local_report;
+  LoadReport& out = report != nullptr ? *report : local_report;
+  out = LoadReport{};
+  if (options.thread_count < 1) {
+    return Status{ErrorCode::invalid_argument, "ckpt_load_thread_count must be at least 1, got " +
+                                                   std::to_string(options.thread_count)};
+  }
+  if (options.max_read_bytes < 1) return Status{ErrorCode::invalid_argument, "max_read_bytes must be at least 1"};
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source, checkpoint_dir));
   SH_RETURN_IF_ERROR(state.validate());
   FileCache files(*source, metadata);
-  std::vector<HostBuffer> staged;
-  std::vector<std::uint8_t> chunk_bytes;
-  for (const auto& live : state.tensors) {
+  // Every check that needs no chunk bytes runs before any read, so that these errors leave the
+  // state untouched.
+  std::vector<ChunkJob> jobs;
+  bool pinned = false;
+  for (std::size_t t = 0; t < state.tensors.size(); ++t) {
+    ShardedTensor& live = state.tensors[t];
     const ShardedTensorDesc& block = live.desc;
     auto fail = [&](const std::string& why) {
       return Status{ErrorCode::invalid_argument,
@@ -347,53 +711,44 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
       return fail("saved with global shape " + saved.global_shape.to_string() + ", live " +
                   block.global_shape.to_string());
     }
-    HostBuffer buffer(block.nbytes(), false, nullptr);
-    if (block.nbytes() > 0 && !buffer.valid()) {
-      return Status{ErrorCode::no_space, "cannot allocate " + std::to_string(block.nbytes()) +
-                                             " bytes to load '" + block.name + "'"};
-    }
-    const std::size_t elem = dtype_size(block.dtype);
+    if (block.local_shape.numel() == 0) continue;
+    const bool on_device = live.tensor.device().is_cuda();
+    pinned |= on_device;
     // validate_metadata proved that the saved chunks tile the global shape, so their overlaps
-    // with this block are disjoint and counting their elements proves that they fill it: no byte
-    // of the buffer reaches the live state unwritten.
+    // with this block are disjoint and counting their elements proves that they fill it.
     std::int64_t covered = 0;
     for (const auto& chunk : saved.chunks) {
-      if (block.local_shape.numel() == 0 || !overlaps(chunk, block)) continue;
-      const std::string context = "loading tensor '" + block.name + "'";
+      const std::int64_t overlap = overlap_numel(chunk, block);
+      if (overlap == 0) continue;
       auto file = files.get(chunk.file);
-      if (!file.is_ok()) return file.status().with_context(context);
+      if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
       const DataFile& data = **file;
-      SH_RETURN_IF_ERROR(
-          check_chunk_in_header(data.header, data.path, block.name, saved.dtype, chunk));
-      // At most the file's size: validate_metadata keeps every byte range inside it.
-      chunk_bytes.resize(chunk.end - chunk.begin);
-      SH_RETURN_IF_ERROR(data.file->read(chunk.begin, chunk_bytes.data(), chunk_bytes.size())
-                             .with_context(context));
-      const std::uint64_t hash = xxh3(chunk_bytes.data(), chunk_bytes.size());
-      if (hash != chunk.xxh3) {
-        return Status{ErrorCode::corruption, "'" + data.path + "': tensor '" + block.name +
-                                                 "' chunk " + chunk.offsets.to_string() +
-                                                 ": checksum mismatch (XXH3 " + xxh3_hex(hash) +
-                                                 ", expected " + xxh3_hex(chunk.xxh3) + ")"};
+      SH_RETURN_IF_ERROR(check_chunk_in_header(data.header, data.path, block.name, saved.dtype, chunk));
+      ChunkJob job{t, &chunk, &data, nullptr};
+      if (auto offset = contiguous_offset(chunk, block); offset && !on_device) {
+        job.direct = static_cast<std::uint8_t*>(live.tensor.data()) +
+                     static_cast<std::size_t>(*offset) * dtype_size(block.dtype);
+        ++out.direct_chunks;
       }
-      covered += copy_overlap(chunk, block, elem, chunk_bytes.data(), buffer.data());
+      jobs.push_back(job);
+      covered += overlap;
     }
     if (covered != block.local_shape.numel()) {
       return fail("the checkpoint covers " + std::to_string(covered) + " of the " +
                   std::to_string(block.local_shape.numel()) + " elements of the block at " +
                   block.global_offset.to_string());
     }
-    staged.push_back(std::move(buffer));
   }
   for (const auto& [name, value] : state.objects) {
     if (metadata.objects.count(name) == 0) {
       return Status{ErrorCode::invalid_argument, "object '" + name + "' is not in '" + checkpoint_dir + "'"};
     }
   }
-  // Everything is read and verified: only now touch the live state.
-  for (std::size_t i = 0; i < state.tensors.size(); ++i) {
-    SH_RETURN_IF_ERROR(state.tensors[i].tensor.copy_from_host(staged[i].data()));
-  }
+  out.chunks = jobs.size();
+  ParallelLoad load(state, jobs, plan_reads(jobs, options.max_read_bytes), options, pinned);
+  Status loaded = load.run(out);
+  out.total_s = seconds_since(start);
+  SH_RETURN_IF_ERROR(loaded);
   for (auto& [name, value] : state.objects) value = metadata.objects.at(name);
   return Status::ok();
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,16 +32,87 @@ Result<CheckpointMetadata> read_checkpoint_metadata(
 Result<std::string> read_trainer_state_text(
     const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
+/// megatron_config.ckpt_load_thread_count's default.
+inline constexpr int kDefaultLoadThreadCount = 4;
+
+/// How load_checkpoint reads.
+struct LoadOptions {
+  /// Reads in flight at once (megatron_config.ckpt_load_thread_count), at least 1.
+  int thread_count = kDefaultLoadThreadCount;
+  /// Each thread's host buffer for chunks that cannot be read straight into their tensor (a
+  /// resharded block, device memory): host memory stays under thread_count x buffer_bytes
+  /// whatever the state's size. At least 4096.
+  std::size_t buffer_bytes = 8u << 20;
+  /// Largest single read (one preadv, one ranged GET): neighbouring chunks of a file are
+  /// coalesced up to this size, larger chunks read in reads of this size; each read is hashed
+  /// right after it lands, while it is in the CPU's cache.
+  std::uint64_t max_read_bytes = 8u << 20;
+};
+
+/// What one load did and where its time went. The phase times are summed over the loader's
+/// threads (thread-seconds: with several threads they may add up to more than `total_s`).
+struct LoadReport {
+  /// Wall time of the whole load, metadata and headers included.
+  double total_s = 0;
+  /// Waiting for reads (file system or ranged GETs).
+  double read_s = 0;
+  /// Hashing chunks (XXH3).
+  double verify_s = 0;
+  /// Copying from the loader's buffers into tensors (host memory or device).
+  double copy_s = 0;
+  /// Chunk bytes read (headers not included).
+  std::uint64_t bytes = 0;
+  /// Reads issued for chunk bytes, after coalescing.
+  std::uint64_t reads = 0;
+  /// Chunks read, and how many of them straight into their tensor's memory.
+  std::uint64_t chunks = 0;
+  std::uint64_t direct_chunks = 0;
+  /// Host buffer bytes the load held at once at most (also charged to staging_memory()).
+  std::uint64_t buffer_peak_bytes = 0;
+  /// Threads that read.
+  int thread_count = 0;
+};
+
 /// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
 /// `state` names (a rank's own objects, not the other ranks').
 /// Only the byte ranges of chunks that overlap each local block are read (ranged GETs from an
-/// object store); each chunk is checked against its file's safetensors header entry and its
-/// XXH3 first. The saved and the live sharding may differ: the saved chunks are proven to tile
-/// each tensor (validate_metadata), so every element of every local block is filled from
-/// exactly one chunk.
-/// @post on error, no tensor of `state` has been modified.
+/// object store), on `options.thread_count` threads; neighbouring ranges of one file are
+/// coalesced into one read (coalesce_ranges). A saved chunk that fills contiguous memory of a
+/// host tensor (the same shape as the block, or a run of whole rows) is read straight into the
+/// tensor; any other (a resharded block, device memory) goes through the threads' bounded host
+/// buffers. Each chunk is checked against its file's safetensors header entry before anything is
+/// read, and its XXH3 after. The saved and the live sharding may differ: the saved chunks are
+/// proven to tile each tensor (validate_metadata), so every element of every local block is
+/// filled from exactly one chunk.
+/// @post on an error found before reading (metadata, a tensor missing or of another dtype or
+///       shape, elements not covered, a missing or truncated file, a header entry that disagrees,
+///       a missing object), no tensor or object of `state` has been modified. On an error while
+///       reading or verifying (an I/O error, a checksum mismatch) the objects are unmodified but
+///       the tensors' contents are unspecified (bytes are read straight into them): the load
+///       failed and the state must not be used as loaded (the Worker, the dispatch, the trainers
+///       and Checkpointer report such a load as a failure).
+/// @param report when not null, filled (also on error, with what was done).
+Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store,
+                       const LoadOptions& options, LoadReport* report = nullptr);
+
+/// load_checkpoint with the default LoadOptions.
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state,
                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// A byte range of one file that a load needs.
+struct ReadRange {
+  std::string file;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+/// Groups `ranges` into reads: ranges of the same file where one ends exactly where the next
+/// begins are merged while the read stays at most `max_bytes` (a range larger than that is a read
+/// of its own); a gap, however small, starts a new read. Reads come out ordered by file, then
+/// offset, each listing the indices of its ranges in `ranges` by ascending offset.
+/// @pre ranges of one file do not overlap.
+std::vector<std::vector<std::size_t>> coalesce_ranges(const std::vector<ReadRange>& ranges,
+                                                      std::uint64_t max_bytes);
 
 /// What `stagehand-ckpt verify` found.
 struct VerifyResult {

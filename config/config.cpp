@@ -347,6 +347,7 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
       {"ckpt_staging_memory",
        r.enumeration(&c.megatron_config.ckpt_staging_memory, {StagingMemory::persistent, StagingMemory::per_save})},
       {"ckpt_save_thread_count", r.integer(&c.megatron_config.ckpt_save_thread_count, 1, 256)},
+      {"ckpt_load_thread_count", r.integer(&c.megatron_config.ckpt_load_thread_count, 1, 256)},
       {"ckpt_writer_low_priority", r.boolean(&c.megatron_config.ckpt_writer_low_priority)},
       {"local_work_dir", r.string(&c.megatron_config.local_work_dir, false)},
       {"ckpt_write_rate_limit_mib_s",
@@ -492,6 +493,9 @@ Status validate_config(const Config& config) {
   const auto& m = config.megatron_config;
   if (m.ckpt_save_thread_count < 1) {
     return {ErrorCode::config_error, "megatron_config.ckpt_save_thread_count must be at least 1"};
+  }
+  if (m.ckpt_load_thread_count < 1 || m.ckpt_load_thread_count > 256) {
+    return {ErrorCode::config_error, "megatron_config.ckpt_load_thread_count must be between 1 and 256"};
   }
   if (m.ckpt_save_staging_buckets < 0 || m.ckpt_save_staging_buckets > m.ckpt_save_thread_count) {
     return {ErrorCode::config_error,

@@ -48,6 +48,8 @@ struct MegatronConfig {
   StagingMemory ckpt_staging_memory = StagingMemory::persistent;
   /// Buckets (and writer threads) per rank.
   std::int64_t ckpt_save_thread_count = 2;
+  /// Threads reading a checkpoint at once when a rank loads (coalesced reads in parallel).
+  std::int64_t ckpt_load_thread_count = 4;
   /// Writer threads run at lowered CPU and I/O priority (nice 10, best-effort I/O level 7).
   bool ckpt_writer_low_priority = true;
   /// Where saves to an object store are written before upload.

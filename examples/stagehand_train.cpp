@@ -40,14 +40,16 @@ int fail(const std::string& what, int code = 2) {
 
 /// The strategy options of one rank from the config.
 StrategyOptions strategy_options(const Config& c, int rank, const ObjectStoreOptions& store) {
-  return StrategyOptions{rank,
-                         static_cast<int>(c.megatron_config.ckpt_save_thread_count),
-                         static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
-                         c.megatron_config.async_dist_ckpt_save,
-                         c.megatron_config.ckpt_writer_low_priority,
-                         rate_limited_storage(local_storage(), c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0),
-                         store,
-                         c.megatron_config.ckpt_staging_memory == StagingMemory::per_save};
+  StrategyOptions options{rank,
+                          static_cast<int>(c.megatron_config.ckpt_save_thread_count),
+                          static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
+                          c.megatron_config.async_dist_ckpt_save,
+                          c.megatron_config.ckpt_writer_low_priority,
+                          rate_limited_storage(local_storage(), c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0),
+                          store,
+                          c.megatron_config.ckpt_staging_memory == StagingMemory::per_save};
+  options.load_thread_count = static_cast<int>(c.megatron_config.ckpt_load_thread_count);
+  return options;
 }
 
 /// Rank `rank`'s Worker with its model on `groups`.

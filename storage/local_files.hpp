@@ -68,6 +68,17 @@ Result<std::string> read_small_file(const std::string& path);
 Status pread_exact(int fd, std::uint64_t offset, void* dst, std::size_t bytes,
                    const std::string& path);
 
+/// One destination of a vectored read: `bytes` bytes into `dst`.
+struct ReadSegment {
+  void* dst = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// Reads the bytes at `offset` onwards into `segments` one after another, with as few preadv
+/// calls as the system allows (one for up to IOV_MAX segments); a short read is corruption.
+Status preadv_exact(int fd, std::uint64_t offset, const std::vector<ReadSegment>& segments,
+                    const std::string& path);
+
 /// Size of a file in bytes.
 Result<std::uint64_t> file_size(const std::string& path);
 

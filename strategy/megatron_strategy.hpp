@@ -3,6 +3,7 @@
 #include <caf/fwd.hpp>
 #include <memory>
 
+#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
 #include "stagehand/storage/local_files.hpp"
@@ -35,6 +36,8 @@ struct StrategyOptions {
   bool stage_host_memory = false;
   /// Start each written range's write-back at once (SaveEngineOptions::early_writeback).
   bool early_writeback = true;
+  /// megatron_config.ckpt_load_thread_count: threads reading a checkpoint at once in a load.
+  int load_thread_count = kDefaultLoadThreadCount;
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
@@ -54,8 +57,11 @@ struct StrategyOptions {
 ///   `global_step_<step>/policy/`, removes the local copies, and only then reports.
 /// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
 ///   background write is returned (once) here, or by the next save or load.
-/// - (load_atom, path) -> void: drains first, then loads into the live state; `path` is a
-///   checkpoint root (the step its tracker names) or a `global_step_N` folder.
+/// - (load_atom, path) -> (double total_s, double read_s, double verify_s, double copy_s,
+///   uint64 bytes) (the LoadReport's figures): drains first, then loads into the live state on
+///   `load_thread_count` threads; `path` is a checkpoint root (the step its tracker names) or a
+///   `global_step_N` folder. After a failed load the state's tensors are unspecified
+///   (load_checkpoint).
 /// - (stats_atom) -> (uint64 staging bytes, int32 pending writes, int64 saves started).
 /// On exit, a pending write is finished and pushed before the actor goes away.
 ///

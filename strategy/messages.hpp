@@ -13,7 +13,7 @@ namespace stagehand {
 using save_atom = caf::atom_constant<caf::atom("save")>;
 /// finalize_atom -> bool (true when a pending save was drained)
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
-/// load_atom, checkpoint_dir -> void
+/// load_atom, checkpoint_dir -> (total_s, read_s, verify_s, copy_s, uint64 bytes)
 using load_atom = caf::atom_constant<caf::atom("load")>;
 /// Internal to a strategy: its queue finished a background write.
 using write_done_atom = caf::atom_constant<caf::atom("writedone")>;

@@ -63,6 +63,7 @@ BOOST_AUTO_TEST_CASE(defaults_when_empty) {
   BOOST_TEST(!c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_staging_buckets == 0);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 2);
+  BOOST_TEST(c->megatron_config.ckpt_load_thread_count == 4);
   BOOST_TEST(c->megatron_config.ckpt_writer_low_priority);
   BOOST_TEST((c->megatron_config.ckpt_staging_memory == StagingMemory::persistent));
   BOOST_TEST((c->trainer.kind == TrainerKind::sync));
@@ -87,6 +88,7 @@ megatron_config:
   ckpt_save_staging_buckets: 2
   ckpt_staging_memory: per_save
   ckpt_save_thread_count: 8
+  ckpt_load_thread_count: 16
   ckpt_writer_low_priority: false
   local_work_dir: /tmp/work
 parallel:
@@ -114,6 +116,7 @@ storage:
   BOOST_TEST(c->trainer.overwrite_checkpoints);
   BOOST_TEST(c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 8);
+  BOOST_TEST(c->megatron_config.ckpt_load_thread_count == 16);
   // Async saves with staging waves: the rest is staged behind the fence.
   BOOST_TEST(c->megatron_config.ckpt_save_staging_buckets == 2);
   BOOST_TEST((c->megatron_config.ckpt_staging_memory == StagingMemory::per_save));
@@ -149,6 +152,10 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
        {"bad.yaml:2", "megatron_config.async_dist_ckpt_save", "true or false, got 'ture'"}},
       {"zero threads", "megatron_config:\n  ckpt_save_thread_count: 0\n",
        {"megatron_config.ckpt_save_thread_count", "between 1 and 256, got 0"}},
+      {"zero load threads", "megatron_config:\n  ckpt_load_thread_count: 0\n",
+       {"bad.yaml:2", "megatron_config.ckpt_load_thread_count", "between 1 and 256, got 0"}},
+      {"too many load threads", "megatron_config:\n  ckpt_load_thread_count: 257\n",
+       {"bad.yaml:2", "megatron_config.ckpt_load_thread_count", "between 1 and 256, got 257"}},
       {"negative staging", "megatron_config:\n  ckpt_save_staging_buckets: -1\n",
        {"megatron_config.ckpt_save_staging_buckets", "at least 0, got -1"}},
       {"staging above threads",
@@ -434,4 +441,10 @@ BOOST_AUTO_TEST_CASE(api_level_validation_accepts_async_with_staging_and_checks_
   Status st = validate_config(c);
   BOOST_TEST(!st.is_ok());
   BOOST_TEST(st.message().find("ckpt_save_staging_buckets") != std::string::npos);
+  c.megatron_config.ckpt_save_staging_buckets = 1;
+  for (std::int64_t threads : {0, 257}) {
+    c.megatron_config.ckpt_load_thread_count = threads;
+    st = validate_config(c);
+    BOOST_TEST(st.message().find("megatron_config.ckpt_load_thread_count") != std::string::npos, threads);
+  }
 }
