@@ -18,6 +18,7 @@ Systems (--systems picks a subset, comma-separated):
   megatron_save     megatron-core dist_checkpointing.save, torch_dist, FullyParallelSaveStrategyWrapper
   stagehand_s0      stagehand-bench save --staging-buckets 0 (--source host when the bench has --source)
   stagehand_s2      stagehand-bench save --staging-buckets 2 (idem)
+  stagehand_nowb    stagehand_s0 with --no-early-writeback (no sync_file_range while writing)
   stagehand_async   stagehand-bench save --async --staging-buckets 0: stall_s and save_s (until commit)
   stagehand_dev_s0  stagehand-bench save --source device --staging-buckets 0   (only if --source exists)
   stagehand_dev_s2  stagehand-bench save --source device --staging-buckets 2   (only if --source exists)
@@ -63,7 +64,7 @@ import peer_common  # noqa: E402
 
 TIME = "/usr/bin/time"
 ALL = ["raw_write1", "raw_writeT", "raw_readT", "dcp_save", "dcp_async", "dcp_load", "megatron_save",
-       "stagehand_s0", "stagehand_s2", "stagehand_async", "stagehand_dev_s0", "stagehand_dev_s2",
+       "stagehand_s0", "stagehand_s2", "stagehand_nowb", "stagehand_async", "stagehand_dev_s0", "stagehand_dev_s2",
        "stagehand_load", "stagehand_load_warm"]
 TORCH_DEPS = ["filelock", "typing-extensions>=4.13.0", "sympy>=1.13.3", "mpmath", "networkx>=2.5.1", "jinja2", "MarkupSafe",
               "fsspec>=0.8.5", "numpy", "packaging>=24.2"]
@@ -376,11 +377,13 @@ def run_stagehand(args, bench, system, directory):
                               capture_output=True, text=True, timeout=args.timeout)
         if prep.returncode != 0:
             return None, "the save before the load failed: " + why(prep.returncode, prep.stdout, prep.stderr)
-        cmd = [bench.path, "load", "--out", directory, "--ranks", str(args.ranks), "--thread-count",
+        cmd = [bench.path, "load", "--out", directory, "--ranks", str(args.ranks), "--bytes-per-rank",
+               args.bytes_per_rank, "--tensors", str(args.tensors), "--thread-count",
                str(args.thread_count), "--repeat", str(args.repeat)] + (["--cold"] if system == "stagehand_load" else [])
     else:
         flags = {"stagehand_s0": (*source, "--staging-buckets", "0"),
                  "stagehand_s2": (*source, "--staging-buckets", "2"),
+                 "stagehand_nowb": (*source, "--staging-buckets", "0", "--no-early-writeback"),
                  "stagehand_async": (*source, "--async", "--staging-buckets", "0"),
                  "stagehand_dev_s0": ("--source", "device", "--staging-buckets", "0"),
                  "stagehand_dev_s2": ("--source", "device", "--staging-buckets", "2")}[system]
@@ -501,6 +504,15 @@ def report(args, res, systems):
                 fmt(ratio(m, res.med("dcp_save", "save_s", l)), 2),
                 fmt(ratio(res.med("raw_writeT", "save_s", l), m), 2), fmt(ratio(best_raw, m), 2),
                 rss_a if i == 0 else "", rss_b if i == 0 else ""))
+    # Stability: over saves 3+ of a process (all rounds), the slowest against the median.
+    stable = []
+    for s in save_systems:
+        later = [r["save_s"] for r in res.records.get(s, []) if "save_s" in r and r["pos"] >= 3]
+        if len(later) >= 2:
+            stable.append("%s: %s" % (s, fmt(max(later) / statistics.median(later), 2)))
+    if stable:
+        out.append("")
+        out.append("Stability, slowest / median of saves 3+ (all rounds): " + ", ".join(stable))
     if "stagehand_dev_s0" in systems and "stagehand_dev_s2" in systems:
         labels = res.labels("stagehand_dev_s2", "save_s")
         if labels:
