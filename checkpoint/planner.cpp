@@ -49,7 +49,7 @@ std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std
       if (best < 0 || base_bytes[ri] < base_bytes[static_cast<std::size_t>(best)]) best = r;
     }
     writers[i] = best;
-    base_bytes[static_cast<std::size_t>(best)] += chunks[i].bytes;
+    if (best >= 0) base_bytes[static_cast<std::size_t>(best)] += chunks[i].bytes;
   }
   return writers;
 }

@@ -105,11 +105,14 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
+  // Slots a begin_async() staged into without its write_async() are free again.
+  for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
   prestaged_.assign(plan_->buckets.size(), {});
   prestage_copy_s_ = 0;
   std::size_t pieces = 0;
-  if (!direct) {
-    for (const auto& b : plan_->buckets) pieces += piece_count(b, staging_.piece_bytes());
+  const std::size_t piece = staging_.piece_bytes();
+  if (!direct && piece > 0) {
+    for (const auto& b : plan_->buckets) pieces += piece_count(b, piece);
   }
   unstaged_ = pieces;
   staged_objects_ = state.objects;

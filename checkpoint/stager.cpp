@@ -41,7 +41,8 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
   // Two slots per writer thread: every thread can stream its bucket while another piece waits.
   std::size_t piece = round_up(static_cast<std::size_t>((budget + 2 * threads - 1) / (2 * threads)), kPageBytes);
   piece = std::clamp(piece, kMinPieceBytes, kMaxPieceBytes);
-  piece = std::min(piece, round_up(static_cast<std::size_t>(std::min<std::uint64_t>(budget, largest)), kPageBytes));
+  // Never more than the budget, nor more than the largest bucket needs.
+  piece = std::min(piece, static_cast<std::size_t>(std::min<std::uint64_t>(budget, largest)));
   std::size_t pieces = 0;
   for (const auto& b : plan.buckets) pieces += piece_count(b, piece);
   std::size_t slots = std::max<std::size_t>(1, static_cast<std::size_t>(budget / piece));

@@ -26,6 +26,8 @@ work=$(mktemp -d)
   echo "== async stall (pinned D2H) vs sync, 2 ranks x 1 GiB on GPU"
   "$bench" save --out "$work/a" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --async --source device 2>&1 | grep -v info
   "$bench" save --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --source device 2>&1 | grep -v info
+  echo "== cold loads of that checkpoint into GPU memory (bounded pinned buffers), against a raw read"
+  "$bench" load --out "$work/s" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --repeat 3 --cold 2>&1 | grep -v info
   echo "== staging 0 / 2 of 8 with raw-write baseline"
   for m in 0 2 0 2; do
     "$bench" save --out "$work/w$m" --ranks 2 --bytes-per-rank 1G --tensors 64 --thread-count 8 --staging-buckets $m --repeat 3 --baseline --source device 2>&1 | grep summary
