@@ -145,10 +145,7 @@ class CheckpointCoordinator : public caf::event_based_actor {
                      "upload_s {:.3f} commit_s {:.3f})",
                      step, where, phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s, phases.upload_s,
                      commit_s);
-      last_phases_.emplace(step, fmt::format("{{\"copy_s\":{},\"hash_s\":{},\"write_s\":{},\"fsync_s\":{},"
-                                             "\"upload_s\":{},\"commit_s\":{}}}",
-                                             phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s,
-                                             phases.upload_s, commit_s));
+      last_phases_.emplace(step, encode_phases(phases, commit_s));
     } else {
       (void)abort_checkpoint(root_, step);
       if (is_cloud(options_.destination)) remove_uploaded(step);

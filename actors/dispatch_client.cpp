@@ -64,10 +64,10 @@ Status DispatchClient::finalize() {
   return st;
 }
 
-Status DispatchClient::load(const std::string& path, LoadTiming* timing) {
+Status DispatchClient::load(const std::string& path, LoadReport* timing) {
   caf::scoped_actor self{system_};
   Status st;
-  LoadTiming figures;
+  LoadReport figures;
   self->request(dispatch_, timeout_, load_atom::value, path)
       .receive(
           [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes) {

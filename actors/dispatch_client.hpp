@@ -10,6 +10,7 @@
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "stagehand/actors/model.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/strategy/megatron_strategy.hpp"
 
@@ -19,17 +20,6 @@ namespace stagehand {
 struct SaveTiming {
   double stall_s = 0;
   bool async = false;
-};
-
-/// Where a load's time went: each figure is the slowest rank's (see LoadReport), `bytes` every
-/// rank's chunk bytes.
-struct LoadTiming {
-  double load_s = 0;
-  /// Thread-seconds waiting for reads, hashing chunks, and copying into tensors.
-  double read_s = 0;
-  double verify_s = 0;
-  double copy_s = 0;
-  std::uint64_t bytes = 0;
 };
 
 /// A blocking client of a WorkerDispatch, for code that is not an actor (the bench, tests, a
@@ -65,8 +55,9 @@ class DispatchClient {
   /// Finalizes, then loads `path` into every rank's state: a checkpoint root (the step its
   /// tracker names) or a `global_step_N` folder. After an error the ranks' tensors may be
   /// unspecified (load_checkpoint): the state must not be used as loaded.
-  /// @param timing when not null and the load succeeded, where its time went.
-  Status load(const std::string& path, LoadTiming* timing = nullptr);
+  /// @param timing when not null and the load succeeded, where its time went: total_s, read_s,
+  ///        verify_s and copy_s the slowest rank's, bytes every rank's (the other fields 0).
+  Status load(const std::string& path, LoadReport* timing = nullptr);
 
   const caf::actor& dispatch() const { return dispatch_; }
 

@@ -204,7 +204,7 @@ int run_load(const LoadArgs& args) {
     double raw_s = 0;
     double load_s = 0;
     std::size_t staged_before = 0;
-    LoadTiming timing;
+    LoadReport timing;
     for (int order = 0; order < 2; ++order) {
       const bool raw_now = (order == 0) == (k % 2 == 0);
       if (args.cold) {
@@ -239,13 +239,8 @@ int run_load(const LoadArgs& args) {
     reads.push_back(timing.read_s);
     verifies.push_back(timing.verify_s);
     copies.push_back(timing.copy_s);
-    nlohmann::json line;
-    line["mode"] = "load";
-    line["repeat"] = k;
+    nlohmann::json line = bench_line("load", k, args.ranks, args.thread_count);
     line["cold"] = args.cold;
-    line["device"] = default_device(0).to_string();
-    line["ranks"] = args.ranks;
-    line["thread_count"] = args.thread_count;
     line["bytes"] = timing.bytes;
     line["file_bytes"] = file_bytes;
     line["load_s"] = load_s;
@@ -253,7 +248,7 @@ int run_load(const LoadArgs& args) {
     line["load_speed_vs_raw"] = raw_s / load_s;
     line["throughput_gbps"] = static_cast<double>(timing.bytes) / load_s / 1e9;
     line["raw_read_gbps"] = static_cast<double>(file_bytes) / raw_s / 1e9;
-    line["loader_s"] = timing.load_s;
+    line["loader_s"] = timing.total_s;
     line["read_s"] = timing.read_s;
     line["verify_s"] = timing.verify_s;
     line["copy_s"] = timing.copy_s;

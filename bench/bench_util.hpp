@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "stagehand/core/device.hpp"
+
 namespace stagehand::bench {
 
 using Clock = std::chrono::steady_clock;
@@ -52,6 +56,17 @@ inline std::uint64_t max_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+/// The fields every JSON line of a save or load starts with.
+inline nlohmann::json bench_line(const char* mode, int repeat, int ranks, int thread_count) {
+  nlohmann::json line;
+  line["mode"] = mode;
+  line["repeat"] = repeat;
+  line["device"] = default_device(0).to_string();
+  line["ranks"] = ranks;
+  line["thread_count"] = thread_count;
+  return line;
 }
 
 }  // namespace stagehand::bench

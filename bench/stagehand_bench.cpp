@@ -22,7 +22,7 @@
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/storage/destination.hpp"
@@ -149,12 +149,7 @@ struct SaveArgs {
 
 /// The figures every save prints.
 nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std::uint64_t bytes, double save_s) {
-  nlohmann::json line;
-  line["mode"] = mode;
-  line["repeat"] = repeat;
-  line["device"] = default_device(0).to_string();
-  line["ranks"] = args.ranks;
-  line["thread_count"] = args.thread_count;
+  nlohmann::json line = bench_line(mode, repeat, args.ranks, args.thread_count);
   line["staging_buckets"] = args.staging_buckets;
   line["bytes"] = bytes;
   line["save_s"] = save_s;
@@ -165,13 +160,10 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
   return line;
 }
 
-/// File sizes the save of `state` by rank `rank` writes, for the raw-write baseline.
-Result<std::vector<std::uint64_t>> planned_file_sizes(const SaveArgs& args, int rank, const StateDict& state) {
-  SaveEngineOptions options{args.thread_count, args.staging_buckets};
-  SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(rank, options));
-  SH_ASSIGN_OR_RETURN(auto plan, engine->plan_for(state));
+/// File sizes the save of `state` by rank `rank` writes (its plan), for the raw-write baseline.
+std::vector<std::uint64_t> planned_file_sizes(const SaveArgs& args, int rank, const StateDict& state) {
   std::vector<std::uint64_t> sizes;
-  for (const auto& b : plan->buckets) sizes.push_back(b.file_size());
+  for (const auto& b : plan_save(rank, state.descriptors(), args.thread_count).buckets) sizes.push_back(b.file_size());
   return sizes;
 }
 
@@ -195,12 +187,12 @@ int run_save(const SaveArgs& args) {
   const bool device = args.source == "device";
   for (int r = 0; r < args.ranks; ++r) {
     auto state = make_synthetic_state(spec, r, device ? default_device(r) : Device::host());
-    auto sizes = state.is_ok() ? planned_file_sizes(args, r, *state) : state.status();
-    if (!sizes.is_ok()) {
-      std::cerr << "stagehand-bench: " << sizes.status().to_string() << "\n";
+    if (!state.is_ok()) {
+      std::cerr << "stagehand-bench: " << state.status().to_string() << "\n";
       return 2;
     }
-    file_sizes.insert(file_sizes.end(), sizes->begin(), sizes->end());
+    auto sizes = planned_file_sizes(args, r, *state);
+    file_sizes.insert(file_sizes.end(), sizes.begin(), sizes.end());
     ranks.push_back(checkpointable_state(std::make_shared<StateDict>(std::move(*state))));
   }
   std::vector<RawWrite> raws;

@@ -26,7 +26,18 @@ Status status_from(const json& j) {
           j.at("errno").get<int>()};
 }
 
+json phases_json(const SavePhases& p) {
+  return {{"copy_s", p.copy_s}, {"hash_s", p.hash_s}, {"write_s", p.write_s}, {"fsync_s", p.fsync_s},
+          {"upload_s", p.upload_s}};
+}
+
 }  // namespace
+
+std::string encode_phases(const SavePhases& phases, double commit_s) {
+  json out = phases_json(phases);
+  out["commit_s"] = commit_s;
+  return out.dump();
+}
 
 std::string encode_report(const RankSaveReport& r) {
   json buckets = json::array();
@@ -47,12 +58,7 @@ std::string encode_report(const RankSaveReport& r) {
   }
   json out = {{"format_version", kFormatVersion}, {"rank", r.rank}, {"step", r.step},
               {"buckets", buckets}, {"objects", r.objects}, {"status", status_json(r.status)},
-              {"phases",
-               {{"copy_s", r.phases.copy_s},
-                {"hash_s", r.phases.hash_s},
-                {"write_s", r.phases.write_s},
-                {"fsync_s", r.phases.fsync_s},
-                {"upload_s", r.phases.upload_s}}}};
+              {"phases", phases_json(r.phases)}};
   return out.dump();
 }
 

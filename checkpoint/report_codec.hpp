@@ -10,4 +10,8 @@ namespace stagehand {
 std::string encode_report(const RankSaveReport& report);
 Result<RankSaveReport> decode_report(const std::string& text);
 
+/// A committed save's phases as JSON text, with the coordinator's `commit_s`: what phases_atom
+/// answers and the trainers' save metrics line carries.
+std::string encode_phases(const SavePhases& phases, double commit_s);
+
 }  // namespace stagehand

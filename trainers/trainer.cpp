@@ -74,9 +74,9 @@ class TrainerBase : public caf::blocking_actor {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Loads `dir` on every rank through the dispatch; where the time went.
-  Result<LoadTiming> load_checkpoint_everywhere(const std::string& dir) {
+  Result<LoadReport> load_checkpoint_everywhere(const std::string& dir) {
     Status st;
-    LoadTiming load;
+    LoadReport load;
     request(dispatch_, timeout_, load_atom::value, dir)
         .receive(
             [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes) {
@@ -134,11 +134,11 @@ class TrainerBase : public caf::blocking_actor {
         return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' is at step " + std::to_string(state.step) +
                                                  ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
       }
-      SH_ASSIGN_OR_RETURN(LoadTiming load, load_checkpoint_everywhere(*resume));
+      SH_ASSIGN_OR_RETURN(LoadReport load, load_checkpoint_everywhere(*resume));
       step = state.step;
       say("resumed from %s at step %lld (load %.3f s, %llu bytes; slowest rank's thread-seconds: read %.3f, "
           "verify %.3f, copy %.3f)\n",
-          resume->c_str(), static_cast<long long>(step), load.load_s, static_cast<unsigned long long>(load.bytes),
+          resume->c_str(), static_cast<long long>(step), load.total_s, static_cast<unsigned long long>(load.bytes),
           load.read_s, load.verify_s, load.copy_s);
       SH_RETURN_IF_ERROR(on_start(step, &state, state_file));
     } else {
