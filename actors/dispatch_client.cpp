@@ -6,6 +6,7 @@
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/log.hpp"
 
 namespace stagehand {
@@ -64,14 +65,20 @@ Status DispatchClient::finalize() {
   return st;
 }
 
-Status DispatchClient::load(const std::string& path, LoadReport* timing) {
+Status DispatchClient::load(const std::string& path, LoadReport* timing, const LoadScope& scope) {
   caf::scoped_actor self{system_};
   Status st;
   LoadReport figures;
-  self->request(dispatch_, timeout_, load_atom::value, path)
+  self->request(dispatch_, timeout_, load_atom::value, path, encode_load_scope(scope))
       .receive(
-          [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes) {
-            figures = {load_s, read_s, verify_s, copy_s, bytes};
+          [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
+              const std::string& notes) {
+            figures.total_s = load_s;
+            figures.read_s = read_s;
+            figures.verify_s = verify_s;
+            figures.copy_s = copy_s;
+            figures.bytes = bytes;
+            st = decode_load_notes(notes, figures);
           },
           [&](caf::error& err) { st = from_caf_error(err); });
   if (st.is_ok() && timing != nullptr) *timing = figures;

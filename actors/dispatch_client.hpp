@@ -53,11 +53,13 @@ class DispatchClient {
   Status finalize();
 
   /// Finalizes, then loads `path` into every rank's state: a checkpoint root (the step its
-  /// tracker names) or a `global_step_N` folder. After an error the ranks' tensors may be
-  /// unspecified (load_checkpoint): the state must not be used as loaded.
+  /// tracker names), a `global_step_N` folder or a safetensors folder; `scope` says which parts
+  /// (each rank's load_selection). After an error the ranks' tensors may be unspecified
+  /// (load_checkpoint): the state must not be used as loaded.
   /// @param timing when not null and the load succeeded, where its time went: total_s, read_s,
-  ///        verify_s and copy_s the slowest rank's, bytes every rank's (the other fields 0).
-  Status load(const std::string& path, LoadReport* timing = nullptr);
+  ///        verify_s and copy_s the slowest rank's, bytes every rank's, and every rank's
+  ///        missing and unused names (the other fields 0).
+  Status load(const std::string& path, LoadReport* timing = nullptr, const LoadScope& scope = {});
 
   const caf::actor& dispatch() const { return dispatch_; }
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
 #include "stagehand/core/status.hpp"
@@ -23,8 +24,19 @@ class Checkpointable {
   /// (RNG position, optimizer step) are kept current by the owner.
   virtual std::shared_ptr<StateDict> state() = 0;
 
-  /// Refreshes whatever is derived from the state after a checkpoint was loaded into it.
-  virtual Status on_loaded() { return Status::ok(); }
+  /// How a load of `scope` fills the state: the selection fields of LoadOptions (what it skips,
+  /// which tensors it fills from a saved tensor of another name, which objects may be missing).
+  /// The default follows Stagehand's naming conventions (load_selection_by_name).
+  virtual LoadOptions load_selection(const LoadScope& scope) { return load_selection_by_name(*state(), scope); }
+
+  /// Refreshes whatever is derived from the state after a checkpoint was loaded into it:
+  /// `scope` is what the load took, `report` names what it could not find (optional objects,
+  /// tensors of a non-strict load), which the model must re-derive or start afresh.
+  virtual Status on_loaded(const LoadScope& scope, const LoadReport& report) {
+    (void)scope;
+    (void)report;
+    return Status::ok();
+  }
 
   /// Waits until no checkpoint save reads the state any more: call it before modifying a tensor
   /// of state(). An async save with staging waves (ckpt_save_staging_buckets > 0) returns before

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "stagehand/actors/messages.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
 
 namespace stagehand {
 
@@ -63,16 +64,22 @@ class Worker : public caf::event_based_actor {
                     [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
           return rp;
         },
-        [this](load_atom, const std::string& checkpoint_dir)
-            -> caf::result<double, double, double, double, std::uint64_t> {
-          auto rp = make_response_promise<double, double, double, double, std::uint64_t>();
-          request(strategy_, caf::infinite, load_atom::value, checkpoint_dir)
+        [this](load_atom, const std::string& checkpoint_dir, const std::string& scope_text)
+            -> caf::result<double, double, double, double, std::uint64_t, std::string> {
+          auto scope = decode_load_scope(scope_text);
+          if (!scope.is_ok()) return to_caf_error(scope.status());
+          auto rp = make_response_promise<double, double, double, double, std::uint64_t, std::string>();
+          request(strategy_, caf::infinite, load_atom::value, checkpoint_dir,
+                  encode_load_selection(owned_->load_selection(*scope)))
               .then(
-                  [this, rp, checkpoint_dir](double total_s, double read_s, double verify_s, double copy_s,
-                                             std::uint64_t bytes) mutable {
-                    Status st = loaded(checkpoint_dir);
+                  [this, rp, checkpoint_dir, scope = *scope](double total_s, double read_s, double verify_s,
+                                                             double copy_s, std::uint64_t bytes,
+                                                             const std::string& notes) mutable {
+                    LoadReport report;
+                    Status st = decode_load_notes(notes, report);
+                    if (st.is_ok()) st = loaded(checkpoint_dir, scope, report);
                     if (st.is_ok()) {
-                      rp.deliver(total_s, read_s, verify_s, copy_s, bytes);
+                      rp.deliver(total_s, read_s, verify_s, copy_s, bytes, notes);
                     } else {
                       rp.deliver(to_caf_error(st));
                     }
@@ -98,9 +105,9 @@ class Worker : public caf::event_based_actor {
  private:
   /// The model's on_loaded(), whose exceptions (a user's model may throw) become the error: an
   /// exception out of a handler would kill the Worker.
-  Status loaded(const std::string& checkpoint_dir) {
+  Status loaded(const std::string& checkpoint_dir, const LoadScope& scope, const LoadReport& report) {
     try {
-      return owned_->on_loaded().with_context("checkpoint '" + checkpoint_dir + "'");
+      return owned_->on_loaded(scope, report).with_context("checkpoint '" + checkpoint_dir + "'");
     } catch (const std::exception& e) {
       return {ErrorCode::internal, "checkpoint '" + checkpoint_dir + "': the model's on_loaded() threw: " + e.what()};
     }

@@ -17,9 +17,10 @@ namespace stagehand {
 /// - (train_atom, step, objective) -> (reward, loss); (eval_atom) -> accuracy;
 ///   (export_atom, version) -> void: only when `state_owner` is a Model, else an error.
 /// - (save_atom, step, destination, policy_dir) -> (stall_s, async); (finalize_atom) -> bool;
-///   (load_atom, checkpoint_dir) -> (total_s, read_s, verify_s, copy_s, bytes): passed to the
-///   strategy; after a load the owner
-///   refreshes what it derives from its state (Checkpointable::on_loaded).
+///   (load_atom, checkpoint_dir, encoded LoadScope) -> (total_s, read_s, verify_s, copy_s, bytes,
+///   encoded load notes): the owner's load_selection() for that scope goes to the strategy,
+///   which loads; after a load the owner refreshes what it derives from its state
+///   (Checkpointable::on_loaded).
 /// - The strategy's pushed (rank_saved_atom, report) goes on to `coordinator`; a dead Worker's
 ///   reports never arrive, so a save it took part in cannot commit.
 /// - (report_to_atom, coordinator): sets the coordinator later (a Worker in another process than

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "stagehand/actors/messages.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
@@ -120,29 +121,33 @@ class WorkerDispatch : public caf::event_based_actor {
           });
           return rp;
         },
-        [this](load_atom, const std::string& checkpoint_dir)
-            -> caf::result<double, double, double, double, std::uint64_t> {
-          auto rp = make_response_promise<double, double, double, double, std::uint64_t>();
-          finalize([this, rp, checkpoint_dir](Status st) mutable {
+        [this](load_atom, const std::string& checkpoint_dir, const std::string& scope)
+            -> caf::result<double, double, double, double, std::uint64_t, std::string> {
+          auto rp = make_response_promise<double, double, double, double, std::uint64_t, std::string>();
+          finalize([this, rp, checkpoint_dir, scope](Status st) mutable {
             if (!st.is_ok()) {
               rp.deliver(to_caf_error(st));
               return;
             }
-            // The slowest rank's times, every rank's bytes.
-            auto times = std::make_shared<std::array<double, 4>>();
-            auto bytes = std::make_shared<std::uint64_t>(0);
-            fan_out<double, double, double, double, std::uint64_t>(
-                caf::make_message(load_atom::value, checkpoint_dir),
-                [times, bytes](int, double total_s, double read_s, double verify_s, double copy_s, std::uint64_t b) {
-                  const std::array<double, 4> rank_times{total_s, read_s, verify_s, copy_s};
-                  for (std::size_t i = 0; i < rank_times.size(); ++i) {
-                    (*times)[i] = std::max((*times)[i], rank_times[i]);
-                  }
-                  *bytes += b;
+            // The slowest rank's times, every rank's bytes and names.
+            auto merged = std::make_shared<LoadReport>();
+            auto notes_ok = std::make_shared<Status>();
+            fan_out<double, double, double, double, std::uint64_t, std::string>(
+                caf::make_message(load_atom::value, checkpoint_dir, scope),
+                [merged, notes_ok](int, double total_s, double read_s, double verify_s, double copy_s,
+                                   std::uint64_t b, const std::string& notes) {
+                  merged->total_s = std::max(merged->total_s, total_s);
+                  merged->read_s = std::max(merged->read_s, read_s);
+                  merged->verify_s = std::max(merged->verify_s, verify_s);
+                  merged->copy_s = std::max(merged->copy_s, copy_s);
+                  merged->bytes += b;
+                  if (Status decoded = decode_load_notes(notes, *merged); !decoded.is_ok()) *notes_ok = decoded;
                 },
-                [rp, times, bytes](Status loaded) mutable {
+                [rp, merged, notes_ok](Status loaded) mutable {
+                  if (loaded.is_ok()) loaded = *notes_ok;
                   if (loaded.is_ok()) {
-                    rp.deliver((*times)[0], (*times)[1], (*times)[2], (*times)[3], *bytes);
+                    const LoadReport& m = *merged;
+                    rp.deliver(m.total_s, m.read_s, m.verify_s, m.copy_s, m.bytes, encode_load_notes(m));
                   } else {
                     rp.deliver(to_caf_error(loaded));
                   }

@@ -28,9 +28,10 @@ struct DispatchOptions {
 ///   begins the step at the coordinator (which writes trainer_state.json), then saves on every
 ///   rank; a sync save has committed when the reply comes.
 /// - (finalize_atom) -> bool: drains every rank and waits for the pending step's commit.
-/// - (load_atom, path) -> (total_s, read_s, verify_s, copy_s, uint64 bytes): finalizes, then
-///   loads on every rank; `path` is a checkpoint root (the step its tracker names) or a
-///   `global_step_N` folder. Each time is the slowest rank's, the bytes every rank's.
+/// - (load_atom, path, encoded LoadScope) -> (total_s, read_s, verify_s, copy_s, uint64 bytes,
+///   encoded load notes): finalizes, then loads on every rank; `path` is a checkpoint root (the
+///   step its tracker names), a `global_step_N` folder or a safetensors folder. Each time is the
+///   slowest rank's, the bytes every rank's, the notes every rank's names merged.
 caf::actor spawn_worker_dispatch(caf::actor_system& system, std::vector<caf::actor> workers,
                                  caf::actor coordinator, DispatchOptions options);
 

@@ -303,11 +303,6 @@ std::uint64_t metadata_checksum(json root) {
   return xxh3(text.data(), text.size());
 }
 
-bool is_plain_file_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
-}
-
 /// Whether two blocks share an element (a block with an empty dimension shares none).
 /// @pre both have the same rank
 bool blocks_overlap(const ChunkMeta& a, const ChunkMeta& b) {
@@ -379,6 +374,11 @@ std::optional<std::string> tiling_error(const TensorMeta& t) {
 }
 
 }  // namespace
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
 
 std::string make_safetensors_header(const std::vector<SafetensorsEntry>& entries) {
   json header = json::object();

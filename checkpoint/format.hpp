@@ -60,6 +60,9 @@ struct CheckpointLayout {
   static std::string bucket_file_name(int rank, int bucket);
 };
 
+/// Whether `name` names a file inside a folder: not empty, ".", "..", and free of '/' and NUL.
+bool is_plain_file_name(const std::string& name);
+
 // -- safetensors --
 
 /// One entry of a safetensors header: a chunk and its byte range in the data section.

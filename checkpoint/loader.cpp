@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <tuple>
@@ -305,14 +306,16 @@ struct DataFile {
 /// Opens each data file once, checking its size against the metadata and parsing its header.
 class FileCache {
  public:
-  FileCache(const CheckpointSource& source, const CheckpointMetadata& m) : source_(source), metadata_(m) {}
+  /// @param folder where the data files lie in `source`: kPolicyDir, or "" for a safetensors folder.
+  FileCache(const CheckpointSource& source, const CheckpointMetadata& m, std::string folder)
+      : source_(source), metadata_(m), folder_(std::move(folder)) {}
 
   /// @pre `name` is listed in the metadata's files (validate_metadata proves it of every chunk's).
   Result<const DataFile*> get(const std::string& name) {
     auto it = open_.find(name);
     if (it != open_.end()) return &it->second;
     const std::uint64_t expected = metadata_.files.at(name).size;
-    std::string rel = std::string(kPolicyDir) + "/" + name;
+    std::string rel = folder_.empty() ? name : folder_ + "/" + name;
     DataFile data{nullptr, source_.where(rel), {}};
     SH_ASSIGN_OR_RETURN(data.file, source_.open(rel));
     if (data.file->size() != expected) {
@@ -333,10 +336,100 @@ class FileCache {
  private:
   const CheckpointSource& source_;
   const CheckpointMetadata& metadata_;
+  const std::string folder_;
   std::map<std::string, DataFile> open_;
 };
 
+constexpr const char* kSafetensorsIndex = "model.safetensors.index.json";
+constexpr const char* kSafetensorsSingle = "model.safetensors";
+
+/// A safetensors folder (model.safetensors, or the shards its index names) as checkpoint
+/// metadata: every tensor one whole chunk, without checksums (the format has none), step 0.
+Result<CheckpointMetadata> read_safetensors_folder(const CheckpointSource& source) {
+  CheckpointMetadata m;
+  std::map<std::string, std::string> index;  // tensor -> file, from the index
+  std::vector<std::string> files;
+  SH_ASSIGN_OR_RETURN(auto index_text, source.read_text(kSafetensorsIndex));
+  const std::string index_path = source.where(kSafetensorsIndex);
+  if (index_text) {
+    auto j = nlohmann::json::parse(*index_text, nullptr, false);
+    auto map = j.is_object() ? j.find("weight_map") : j.end();
+    if (map == j.end() || !map->is_object()) {
+      return Status{ErrorCode::corruption, "'" + index_path + "': field 'weight_map' is missing or not an object"};
+    }
+    std::set<std::string> seen;
+    for (const auto& [tensor, file] : map->items()) {
+      if (!file.is_string() || !is_plain_file_name(file.get<std::string>())) {
+        return Status{ErrorCode::corruption, "'" + index_path + "': weight_map['" + tensor +
+                                                 "'] is not the name of a file in the folder"};
+      }
+      index[tensor] = file.get<std::string>();
+      if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
+    }
+  } else {
+    files.push_back(kSafetensorsSingle);
+  }
+  for (const auto& name : files) {
+    SH_ASSIGN_OR_RETURN(auto file, source.open(name));
+    SourceFile& reader = *file;
+    const std::string path = source.where(name);
+    SH_ASSIGN_OR_RETURN(ParsedSafetensors header,
+                        parse_safetensors_header(
+                            [&reader](std::uint64_t offset, void* dst, std::size_t bytes) {
+                              return reader.read(offset, dst, bytes);
+                            },
+                            reader.size(), path));
+    m.files[name] = FileMeta{reader.size(), 0};
+    for (const auto& e : header.entries) {
+      if (m.tensors.count(e.key) != 0) {
+        return Status{ErrorCode::corruption, "tensor '" + e.key + "' is in '" + path + "' and in '" +
+                                                 m.tensors[e.key].chunks.front().file + "'"};
+      }
+      if (index_text && index.count(e.key) != 0 && index[e.key] != name) {
+        return Status{ErrorCode::corruption, "'" + index_path + "' puts tensor '" + e.key + "' in '" + index[e.key] +
+                                                 "', but it is in '" + path + "'"};
+      }
+      ChunkMeta chunk{Shape::zeros(e.shape.rank()), e.shape, name, header.data_start + e.begin,
+                      header.data_start + e.end, 0};
+      m.tensors[e.key] = TensorMeta{e.dtype, e.shape, {chunk}};
+    }
+  }
+  for (const auto& [tensor, file] : index) {
+    if (m.tensors.count(tensor) == 0) {
+      return Status{ErrorCode::corruption, "'" + index_path + "' names tensor '" + tensor + "' in '" + file +
+                                               "', which does not hold it"};
+    }
+  }
+  return m;
+}
+
+bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
 }  // namespace
+
+bool is_safetensors_folder(const std::string& dir) {
+  if (is_cloud(dir)) return false;
+  std::error_code ec;
+  if (fs::exists(CheckpointLayout::policy_dir(dir) + "/" + kMetadataFile, ec)) return false;
+  return fs::is_regular_file(dir + "/" + kSafetensorsIndex, ec) || fs::is_regular_file(dir + "/" + kSafetensorsSingle, ec);
+}
+
+LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scope) {
+  LoadOptions options;
+  for (const auto& t : state.tensors) {
+    if (!scope.optimizer && starts_with(t.desc.name, "optimizer.")) options.skip.insert(t.desc.name);
+  }
+  for (const auto& [name, value] : state.objects) {
+    const bool optimizer = starts_with(name, "optimizer.") || name == "scheduler";
+    const bool rng = starts_with(name, "rng.");
+    if ((optimizer && !scope.optimizer) || (rng && !scope.rng)) options.skip.insert(name);
+    if (rng) options.optional_objects.insert(name);
+  }
+  options.strict = scope.strict;
+  options.refuse_unused = scope.strict;
+  options.convert_dtypes = true;
+  return options;
+}
 
 Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStoreOptions& store) {
   if (is_cloud(path)) {
@@ -367,6 +460,7 @@ Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStor
                   "'" + path + "' is an uncommitted checkpoint being written (.tmp)"};
   }
   if (fs::exists(CheckpointLayout::policy_dir(path) + "/" + kMetadataFile, ec)) return path;
+  if (is_safetensors_folder(path)) return path;
   SH_ASSIGN_OR_RETURN(auto step, read_tracker(path));
   if (!step) {
     return Status{ErrorCode::not_found, "'" + path + "' holds neither a committed checkpoint nor a " +
@@ -430,6 +524,8 @@ struct ChunkJob {
   const DataFile* file = nullptr;
   /// The tensor's memory the whole chunk is read into; null when it goes through a buffer.
   std::uint8_t* direct = nullptr;
+  /// The saved dtype; when it differs from the live one, elements are converted on the way.
+  DType saved = DType::f32;
 };
 
 /// A byte range of one chunk inside a read.
@@ -464,9 +560,10 @@ struct PhaseTimes {
 /// saved chunks tile each tensor, so no two overlap one block's element).
 class ParallelLoad {
  public:
+  /// @param verify whether chunks carry checksums to check (a safetensors folder's do not).
   ParallelLoad(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
-               const LoadOptions& options, bool pinned)
-      : state_(state), jobs_(jobs), tasks_(std::move(tasks)), options_(options), pinned_(pinned) {
+               const LoadOptions& options, bool pinned, bool verify)
+      : state_(state), jobs_(jobs), tasks_(std::move(tasks)), options_(options), pinned_(pinned), verify_(verify) {
     for (const auto& task : tasks_) {
       if (!task.direct) largest_buffered_ = std::max(largest_buffered_, task.end() - task.begin());
     }
@@ -550,7 +647,7 @@ class ParallelLoad {
         const std::uint64_t hi = std::min(end, p.end);
         hash->update(jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
         if (hi < p.end) break;
-        if (hash->digest() != jobs_[p.job].chunk->xxh3) {
+        if (verify_ && hash->digest() != jobs_[p.job].chunk->xxh3) {
           times.verify_s += seconds_since(start);
           return checksum_mismatch(p.job, hash->digest());
         }
@@ -579,13 +676,14 @@ class ParallelLoad {
     }
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
+    std::vector<std::uint8_t> converted;
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       std::uint64_t n = std::min<std::uint64_t>(buffer.size(), task.end() - pos);
       // End the piece on an element boundary of the chunk it cuts.
       for (std::size_t i = k; i < task.pieces.size() && pos + n < task.end(); ++i) {
         const Piece& p = task.pieces[i];
         if (p.begin < pos + n && pos + n < p.end) {
-          n -= (pos + n - p.begin) % dtype_size(state_.tensors[jobs_[p.job].tensor].desc.dtype);
+          n -= (pos + n - p.begin) % dtype_size(jobs_[p.job].saved);
           break;
         }
       }
@@ -599,15 +697,24 @@ class ParallelLoad {
         const Piece& p = task.pieces[k];
         const ChunkJob& j = jobs_[p.job];
         ShardedTensor& live = state_.tensors[j.tensor];
-        const std::size_t elem = dtype_size(live.desc.dtype);
+        const std::size_t elem = dtype_size(j.saved);
         const std::uint64_t lo = std::max(pos, p.begin);
         const std::uint64_t hi = std::min(pos + n, p.end);
         const std::uint8_t* src = buffer.data() + (lo - pos);
         start = Clock::now();
-        hash->update(src, static_cast<std::size_t>(hi - lo));
+        if (verify_) hash->update(src, static_cast<std::size_t>(hi - lo));
         times.verify_s += seconds_since(start);
         start = Clock::now();
-        bool copied = copy_overlap_part(*j.chunk, live.desc, elem, static_cast<std::int64_t>((lo - p.begin) / elem),
+        if (j.saved != live.desc.dtype) {
+          // Converted into the live dtype first; the copy below then moves live-sized elements.
+          const std::size_t count = static_cast<std::size_t>(hi - lo) / elem;
+          converted.resize(count * dtype_size(live.desc.dtype));
+          Status conversion = convert_elements(src, j.saved, converted.data(), live.desc.dtype, count);
+          if (!conversion.is_ok()) return conversion.with_context("loading tensor '" + live.desc.name + "'");
+          src = converted.data();
+        }
+        bool copied = copy_overlap_part(*j.chunk, live.desc, dtype_size(live.desc.dtype),
+                                        static_cast<std::int64_t>((lo - p.begin) / elem),
                                         static_cast<std::int64_t>((hi - p.begin) / elem), src,
                                         static_cast<std::uint8_t*>(live.tensor.data()),
                                         live.tensor.device());
@@ -617,7 +724,7 @@ class ParallelLoad {
                                                  live.tensor.device().to_string() + " failed"};
         }
         if (hi < p.end) break;
-        if (hash->digest() != j.chunk->xxh3) return checksum_mismatch(p.job, hash->digest());
+        if (verify_ && hash->digest() != j.chunk->xxh3) return checksum_mismatch(p.job, hash->digest());
         hash = std::make_unique<Xxh3Stream>();
         ++k;
       }
@@ -634,6 +741,7 @@ class ParallelLoad {
   const std::vector<ReadTask> tasks_;
   const LoadOptions options_;
   const bool pinned_;
+  const bool verify_;
   std::uint64_t largest_buffered_ = 0;
   std::atomic<std::size_t> next_{0};
   std::atomic<bool> failed_{false};
@@ -686,24 +794,45 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   }
   if (options.max_read_bytes < 1) return Status{ErrorCode::invalid_argument, "max_read_bytes must be at least 1"};
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source, checkpoint_dir));
+  const bool safetensors_folder = is_safetensors_folder(checkpoint_dir);
+  CheckpointMetadata metadata;
+  if (safetensors_folder) {
+    SH_ASSIGN_OR_RETURN(metadata, read_safetensors_folder(*source));
+  } else {
+    SH_ASSIGN_OR_RETURN(metadata, read_metadata(*source, checkpoint_dir));
+  }
   SH_RETURN_IF_ERROR(state.validate());
-  FileCache files(*source, metadata);
+  FileCache files(*source, metadata, safetensors_folder ? "" : kPolicyDir);
   // Every check that needs no chunk bytes runs before any read, so that these errors leave the
   // state untouched.
   std::vector<ChunkJob> jobs;
+  std::set<std::string> used;  // saved tensors this load reads
+  std::set<std::string> live_names;
   bool pinned = false;
   for (std::size_t t = 0; t < state.tensors.size(); ++t) {
     ShardedTensor& live = state.tensors[t];
     const ShardedTensorDesc& block = live.desc;
+    live_names.insert(block.name);
+    if (options.skip.count(block.name) != 0) continue;
+    const auto source_name = options.sources.find(block.name);
+    const std::string& saved_name = source_name == options.sources.end() ? block.name : source_name->second;
+    const std::string as = saved_name == block.name ? "" : " (from saved tensor '" + saved_name + "')";
     auto fail = [&](const std::string& why) {
       return Status{ErrorCode::invalid_argument,
-                    "tensor '" + block.name + "' in '" + checkpoint_dir + "': " + why};
+                    "tensor '" + block.name + "'" + as + " in '" + checkpoint_dir + "': " + why};
     };
-    auto found = metadata.tensors.find(block.name);
-    if (found == metadata.tensors.end()) return fail("not in the checkpoint");
+    auto found = metadata.tensors.find(saved_name);
+    if (found == metadata.tensors.end()) {
+      if (!options.strict) {
+        out.missing_tensors.push_back(block.name);
+        continue;
+      }
+      return fail("not in the checkpoint");
+    }
+    used.insert(saved_name);
     const TensorMeta& saved = found->second;
-    if (saved.dtype != block.dtype) {
+    if (saved.dtype != block.dtype &&
+        !(options.convert_dtypes && convert_elements(nullptr, saved.dtype, nullptr, block.dtype, 0).is_ok())) {
       return fail("saved as " + std::string(dtype_name(saved.dtype)) + ", live as " +
                   std::string(dtype_name(block.dtype)));
     }
@@ -715,7 +844,8 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
     const bool on_device = live.tensor.device().is_cuda();
     pinned |= on_device;
     // validate_metadata proved that the saved chunks tile the global shape, so their overlaps
-    // with this block are disjoint and counting their elements proves that they fill it.
+    // with this block are disjoint and counting their elements proves that they fill it. A
+    // safetensors folder's tensors are one whole chunk each.
     std::int64_t covered = 0;
     for (const auto& chunk : saved.chunks) {
       const std::int64_t overlap = overlap_numel(chunk, block);
@@ -723,9 +853,11 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
       auto file = files.get(chunk.file);
       if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
       const DataFile& data = **file;
-      SH_RETURN_IF_ERROR(check_chunk_in_header(data.header, data.path, block.name, saved.dtype, chunk));
-      ChunkJob job{t, &chunk, &data, nullptr};
-      if (auto offset = contiguous_offset(chunk, block); offset && !on_device) {
+      if (!safetensors_folder) {
+        SH_RETURN_IF_ERROR(check_chunk_in_header(data.header, data.path, saved_name, saved.dtype, chunk));
+      }
+      ChunkJob job{t, &chunk, &data, nullptr, saved.dtype};
+      if (auto offset = contiguous_offset(chunk, block); offset && !on_device && saved.dtype == block.dtype) {
         job.direct = static_cast<std::uint8_t*>(live.tensor.data()) +
                      static_cast<std::size_t>(*offset) * dtype_size(block.dtype);
         ++out.direct_chunks;
@@ -739,17 +871,36 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
                   block.global_offset.to_string());
     }
   }
+  std::sort(out.missing_tensors.begin(), out.missing_tensors.end());
+  for (const auto& [name, tensor] : metadata.tensors) {
+    if (live_names.count(name) == 0 && used.count(name) == 0) out.unused_tensors.push_back(name);
+  }
+  if (options.refuse_unused && !out.unused_tensors.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < out.unused_tensors.size() && i < 5; ++i) {
+      names += (i ? ", '" : "'") + out.unused_tensors[i] + "'";
+    }
+    if (out.unused_tensors.size() > 5) names += " and " + std::to_string(out.unused_tensors.size() - 5) + " more";
+    return Status{ErrorCode::invalid_argument, "'" + checkpoint_dir + "' holds " +
+                                                   std::to_string(out.unused_tensors.size()) +
+                                                   " tensor(s) the state does not have: " + names};
+  }
   for (const auto& [name, value] : state.objects) {
-    if (metadata.objects.count(name) == 0) {
+    if (options.skip.count(name) != 0 || metadata.objects.count(name) != 0) continue;
+    if (options.optional_objects.count(name) == 0) {
       return Status{ErrorCode::invalid_argument, "object '" + name + "' is not in '" + checkpoint_dir + "'"};
     }
+    out.missing_objects.push_back(name);
   }
   out.chunks = jobs.size();
-  ParallelLoad load(state, jobs, plan_reads(jobs, options.max_read_bytes), options, pinned);
+  ParallelLoad load(state, jobs, plan_reads(jobs, options.max_read_bytes), options, pinned, !safetensors_folder);
   Status loaded = load.run(out);
   out.total_s = seconds_since(start);
   SH_RETURN_IF_ERROR(loaded);
-  for (auto& [name, value] : state.objects) value = metadata.objects.at(name);
+  for (auto& [name, value] : state.objects) {
+    if (options.skip.count(name) != 0) continue;
+    if (auto saved = metadata.objects.find(name); saved != metadata.objects.end()) value = saved->second;
+  }
   return Status::ok();
 }
 

@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,9 +17,16 @@ namespace stagehand {
 // to reach the object store (by default, the AWS environment variables).
 
 /// Turns a user's path into a checkpoint folder: a `ckpt_path` root resolves through its tracker,
-/// a `global_step_N` folder is taken as it is. A `.tmp` folder or an uncommitted one is an error.
+/// a `global_step_N` folder is taken as it is, and so is a local Hugging Face safetensors folder
+/// (is_safetensors_folder). A `.tmp` folder or an uncommitted one is an error.
 Result<std::string> resolve_checkpoint(const std::string& path,
                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
+/// Whether `dir` is a local Hugging Face style safetensors folder rather than a Stagehand
+/// checkpoint: it has no `policy/metadata.json`, and holds `model.safetensors.index.json` or
+/// `model.safetensors`. load_checkpoint reads such a folder as a checkpoint whose tensors are
+/// whole (one chunk each) and carry no checksums; it has no objects and no trainer state.
+bool is_safetensors_folder(const std::string& dir);
 
 /// Reads `policy/metadata.json` of a checkpoint folder: metadata_from_json, so its format,
 /// version, fields, checksum and validate_metadata are checked, and a folder named
@@ -47,7 +56,47 @@ struct LoadOptions {
   /// coalesced up to this size, larger chunks read in reads of this size; each read is hashed
   /// right after it lands, while it is in the CPU's cache.
   std::uint64_t max_read_bytes = 8u << 20;
+
+  // -- what the load fills (Checkpointable::load_selection) --
+
+  /// Tensors and objects of the state, by name, that the load leaves as they are.
+  std::set<std::string> skip;
+  /// Tensors of the state filled from a saved tensor of another name: live name -> saved name
+  /// (an fp32 master copy filled from the saved weights, say). Needs convert_dtypes when the
+  /// dtypes differ.
+  std::map<std::string, std::string> sources;
+  /// Objects of the state that may be missing from the checkpoint (a rank's RNG in a checkpoint
+  /// saved by fewer ranks): left as they are and listed in LoadReport::missing_objects.
+  std::set<std::string> optional_objects;
+  /// True: a tensor of the state that the checkpoint lacks is an error. False: it is left as it
+  /// is and listed in LoadReport::missing_tensors.
+  bool strict = true;
+  /// True: a tensor the checkpoint has but the state neither holds, skips nor takes as a source
+  /// (one the model does not have) is an error; false: it is listed in LoadReport::unused_tensors.
+  bool refuse_unused = false;
+  /// True: a saved floating-point tensor of another floating-point dtype than the live one is
+  /// converted (round to nearest even) instead of refused.
+  bool convert_dtypes = false;
 };
+
+/// Which parts of a checkpoint a trainer's load takes (trainer.load_optimizer, trainer.load_rng,
+/// trainer.load_strict); each model maps it onto LoadOptions (Checkpointable::load_selection).
+struct LoadScope {
+  /// The optimizer state (fp32 main weights, moments, its step). False: the model restarts its
+  /// optimizer from the loaded weights.
+  bool optimizer = true;
+  /// Each rank's RNG state. False: re-derived from the seed, the step and the rank.
+  bool rng = true;
+  /// Tensors the checkpoint lacks, or has but the model does not, are errors (else warnings).
+  bool strict = true;
+};
+
+/// The LoadOptions fields that a LoadScope sets for a state whose names follow Stagehand's
+/// conventions: with `scope.optimizer` false, tensors and objects named `optimizer.*` and the
+/// object `scheduler` are skipped; with `scope.rng` false, objects named `rng.*` are skipped;
+/// objects named `rng.*` are always optional (a checkpoint saved by fewer ranks lacks some);
+/// `strict` and `refuse_unused` follow `scope.strict`; dtypes are converted.
+LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scope);
 
 /// What one load did and where its time went. The phase times are summed over the loader's
 /// threads (thread-seconds: with several threads they may add up to more than `total_s`).
@@ -71,6 +120,13 @@ struct LoadReport {
   std::uint64_t buffer_peak_bytes = 0;
   /// Threads that read.
   int thread_count = 0;
+  /// Tensors of the state the checkpoint lacks (LoadOptions::strict false), sorted.
+  std::vector<std::string> missing_tensors;
+  /// Optional objects the checkpoint lacks, sorted.
+  std::vector<std::string> missing_objects;
+  /// Tensors of the checkpoint the load did not use (neither in the state, skipped nor a
+  /// source), sorted.
+  std::vector<std::string> unused_tensors;
 };
 
 /// Fills every tensor of `state` from the checkpoint (replicas included), and every object that

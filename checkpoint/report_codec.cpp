@@ -1,6 +1,7 @@
 #include "stagehand/checkpoint/report_codec.hpp"
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "stagehand/checkpoint/format.hpp"
 
@@ -107,6 +108,77 @@ Result<RankSaveReport> decode_report(const std::string& text) {
   } catch (const json::exception& e) {
     return Status{ErrorCode::corruption, std::string("malformed save report: ") + e.what()};
   }
+}
+
+namespace {
+
+/// Runs `parse` on the JSON object in `text`; a missing field or a wrong type is corruption
+/// naming `what`.
+template <class F>
+Status parse_object(const std::string& text, const char* what, F&& parse) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status{ErrorCode::corruption, std::string(what) + " is not a JSON object"};
+  try {
+    parse(j);
+  } catch (const json::exception& e) {
+    return Status{ErrorCode::corruption, std::string(what) + ": " + e.what()};
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string encode_load_scope(const LoadScope& scope) {
+  return json{{"optimizer", scope.optimizer}, {"rng", scope.rng}, {"strict", scope.strict}}.dump();
+}
+
+Result<LoadScope> decode_load_scope(const std::string& text) {
+  LoadScope scope;
+  SH_RETURN_IF_ERROR(parse_object(text, "a load scope", [&](const json& j) {
+    scope = {j.at("optimizer").get<bool>(), j.at("rng").get<bool>(), j.at("strict").get<bool>()};
+  }));
+  return scope;
+}
+
+std::string encode_load_selection(const LoadOptions& o) {
+  return json{{"skip", o.skip},
+              {"sources", o.sources},
+              {"optional_objects", o.optional_objects},
+              {"strict", o.strict},
+              {"refuse_unused", o.refuse_unused},
+              {"convert_dtypes", o.convert_dtypes}}
+      .dump();
+}
+
+Status decode_load_selection(const std::string& text, LoadOptions& into) {
+  return parse_object(text, "a load selection", [&](const json& j) {
+    into.skip = j.at("skip").get<std::set<std::string>>();
+    into.sources = j.at("sources").get<std::map<std::string, std::string>>();
+    into.optional_objects = j.at("optional_objects").get<std::set<std::string>>();
+    into.strict = j.at("strict").get<bool>();
+    into.refuse_unused = j.at("refuse_unused").get<bool>();
+    into.convert_dtypes = j.at("convert_dtypes").get<bool>();
+  });
+}
+
+std::string encode_load_notes(const LoadReport& r) {
+  return json{{"missing_tensors", r.missing_tensors},
+              {"missing_objects", r.missing_objects},
+              {"unused_tensors", r.unused_tensors}}
+      .dump();
+}
+
+Status decode_load_notes(const std::string& text, LoadReport& into) {
+  return parse_object(text, "load notes", [&](const json& j) {
+    auto merge = [&](const char* key, std::vector<std::string>& list) {
+      std::set<std::string> names(list.begin(), list.end());
+      for (auto& name : j.at(key).get<std::vector<std::string>>()) names.insert(std::move(name));
+      list.assign(names.begin(), names.end());
+    };
+    merge("missing_tensors", into.missing_tensors);
+    merge("missing_objects", into.missing_objects);
+    merge("unused_tensors", into.unused_tensors);
+  });
 }
 
 }  // namespace stagehand

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/report.hpp"
 
 namespace stagehand {
@@ -13,5 +14,23 @@ Result<RankSaveReport> decode_report(const std::string& text);
 /// A committed save's phases as JSON text, with the coordinator's `commit_s`: what phases_atom
 /// answers and the trainers' save metrics line carries.
 std::string encode_phases(const SavePhases& phases, double commit_s);
+
+// -- loads: what crosses processes in the load messages (plain CAF strings) --
+
+/// A trainer's LoadScope (trainer -> dispatch -> Worker).
+std::string encode_load_scope(const LoadScope& scope);
+Result<LoadScope> decode_load_scope(const std::string& text);
+
+/// The selection fields of LoadOptions (skip, sources, optional_objects, strict, refuse_unused,
+/// convert_dtypes), which a Worker's model chooses and its strategy loads with. The other
+/// fields of `into` are left as they are.
+std::string encode_load_selection(const LoadOptions& options);
+Status decode_load_selection(const std::string& text, LoadOptions& into);
+
+/// The name lists of a LoadReport (missing_tensors, missing_objects, unused_tensors), going back
+/// up from each rank; decode_load_notes adds them to `into`'s lists, sorted and without repeats,
+/// so that the dispatch can merge every rank's.
+std::string encode_load_notes(const LoadReport& report);
+Status decode_load_notes(const std::string& text, LoadReport& into);
 
 }  // namespace stagehand

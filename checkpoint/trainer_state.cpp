@@ -10,6 +10,9 @@ namespace stagehand {
 
 std::string trainer_state_to_json(const TrainerState& s) {
   nlohmann::json j{{"step", s.step}, {"kind", s.kind}, {"seed", s.seed}, {"data_cursor", s.data_cursor}};
+  if (s.layout) {
+    j["layout"] = {{"tensor_parallel", s.layout->tensor_parallel}, {"data_parallel", s.layout->data_parallel}};
+  }
   if (s.fully_async) {
     nlohmann::json batches = nlohmann::json::array();
     for (const auto& b : s.fully_async->pending_batches) {
@@ -147,6 +150,16 @@ Result<TrainerState> trainer_state_from_json(const std::string& text, const std:
                       top.nested("fully_async", nlohmann::json::value_t::object, false));
   if (fully_async != nullptr) {
     SH_ASSIGN_OR_RETURN(s.fully_async, read_fully_async_state(*fully_async, path));
+  }
+  SH_ASSIGN_OR_RETURN(const nlohmann::json* layout, top.nested("layout", nlohmann::json::value_t::object, false));
+  if (layout != nullptr) {
+    const StateObject part(*layout, path, "layout");
+    SavedLayout saved;
+    SH_RETURN_IF_ERROR(part.integer("tensor_parallel", saved.tensor_parallel, true));
+    SH_RETURN_IF_ERROR(part.integer("data_parallel", saved.data_parallel, true));
+    if (saved.tensor_parallel < 1) return part.error("tensor_parallel", "must be at least 1");
+    if (saved.data_parallel < 1) return part.error("data_parallel", "must be at least 1");
+    s.layout = saved;
   }
   return s;
 }

@@ -30,6 +30,13 @@ struct FullyAsyncState {
   std::vector<PendingBatch> pending_batches;
 };
 
+/// The parallel layout a checkpoint was saved with (it loads under any other one that divides
+/// the model); recorded for `stagehand-ckpt inspect` and the resume message.
+struct SavedLayout {
+  std::int64_t tensor_parallel = 1;
+  std::int64_t data_parallel = 1;
+};
+
 /// What a checkpoint's trainer_state.json holds.
 struct TrainerState {
   std::int64_t step = 0;
@@ -39,6 +46,8 @@ struct TrainerState {
   std::int64_t data_cursor = 0;
   /// Only for the fully-async trainer.
   std::optional<FullyAsyncState> fully_async;
+  /// Missing in checkpoints saved before it was recorded.
+  std::optional<SavedLayout> layout;
 };
 
 std::string trainer_state_to_json(const TrainerState& state);

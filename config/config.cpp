@@ -223,6 +223,16 @@ class ConfigReader {
     };
   }
 
+  /// A boolean that may also be left unset (its default then depends on other keys).
+  Field optional_boolean(std::optional<bool>* out) {
+    return [this, out](const YAML::Node& node, const std::string& path) -> Status {
+      bool value = false;
+      SH_RETURN_IF_ERROR(boolean(&value)(node, path));
+      *out = value;
+      return Status::ok();
+    };
+  }
+
   Field string(std::string* out, bool allow_empty) {
     return [this, out, allow_empty](const YAML::Node& node, const std::string& path) -> Status {
       SH_ASSIGN_OR_RETURN(std::string text, scalar(node, path, "a string"));
@@ -340,6 +350,12 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
       {"seed", r.unsigned_integer(&c.trainer.seed)},
       {"call_timeout_s", r.integer(&c.trainer.call_timeout_s, 1, kMaxCallTimeoutS)},
       {"overwrite_checkpoints", r.boolean(&c.trainer.overwrite_checkpoints)},
+      {"init_from", r.string(&c.trainer.init_from, true)},
+      {"load_optimizer", r.optional_boolean(&c.trainer.load_optimizer)},
+      {"load_rng", r.optional_boolean(&c.trainer.load_rng)},
+      {"load_strict", r.boolean(&c.trainer.load_strict)},
+      {"export_interval", r.integer(&c.trainer.export_interval, 0)},
+      {"export_path", r.string(&c.trainer.export_path, true)},
   };
   ConfigReader::Fields megatron{
       {"async_dist_ckpt_save", r.boolean(&c.megatron_config.async_dist_ckpt_save)},
@@ -425,6 +441,15 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
   if (c.trainer.resume_mode == ResumeMode::from_path && c.trainer.resume_path.empty()) {
     return r.error_at_keys({"trainer.resume_mode", "trainer.resume_path"},
                            "from_path needs trainer.resume_path");
+  }
+  if (c.trainer.export_interval > 0 && c.trainer.export_path.empty()) {
+    return r.error_at_keys({"trainer.export_interval", "trainer.export_path"},
+                           "trainer.export_interval needs trainer.export_path, the folder to export into");
+  }
+  for (const char* scheme : {"s3://", "gs://"}) {
+    if (c.trainer.export_path.rfind(scheme, 0) == 0) {
+      return r.error_at_keys({"trainer.export_path"}, "must be a local folder, got '" + c.trainer.export_path + "'");
+    }
   }
 
   // Each key is at most 2^24, so no product below overflows. The first key is the one blamed.

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,24 @@ struct TrainerConfig {
   /// ckpt_path that already holds committed checkpoints: its saves then replace steps of the same
   /// number, and retention may delete the others. False refuses such a start, naming what exists.
   bool overwrite_checkpoints = false;
+  /// A fresh run (nothing to resume) starts from the weights of this checkpoint: a Stagehand
+  /// checkpoint root or step folder of any trainer kind and layout, or a Hugging Face safetensors
+  /// folder. Empty: from the seeded initialization. A resume takes precedence.
+  std::string init_from;
+  /// Load the optimizer state (fp32 main weights, moments, step). Unset: yes for a resume, no
+  /// for init_from (a fresh optimizer started from the loaded weights).
+  std::optional<bool> load_optimizer;
+  /// Load each rank's RNG state. Unset: yes for a resume, no for init_from. A rank the
+  /// checkpoint has no RNG for re-derives it from the seed and the step.
+  std::optional<bool> load_rng;
+  /// A tensor the checkpoint lacks, or has but the model does not, fails the load; false lets
+  /// the load go on with one warning line naming them.
+  bool load_strict = true;
+  /// Every this many steps (when > 0) a committed checkpoint is also exported to export_path in
+  /// the Hugging Face layout, in the background.
+  std::int64_t export_interval = 0;
+  /// Local folder of the periodic exports: `<export_path>/global_step_<N>/`.
+  std::string export_path;
 };
 
 /// `megatron_config:` keys.

@@ -6,6 +6,8 @@
 #include <ostream>
 #include <string_view>
 
+#include "stagehand/core/status.hpp"
+
 namespace stagehand {
 
 /// Element types a checkpoint can hold. Names follow the safetensors format.
@@ -23,6 +25,11 @@ std::string_view dtype_name(DType dtype);
 
 /// Parses a safetensors name; nullopt when unknown.
 std::optional<DType> dtype_from_name(std::string_view name);
+
+/// Converts `count` elements from `from` to `to`. Floating-point types convert among each other
+/// with round-to-nearest-even (NaN stays NaN); the same dtype is a copy; anything else is
+/// invalid_argument naming both dtypes. `src` and `dst` must not overlap.
+Status convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count);
 
 inline std::ostream& operator<<(std::ostream& os, DType dtype) { return os << dtype_name(dtype); }
 

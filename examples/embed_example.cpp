@@ -45,7 +45,7 @@ class MyModel final : public Model {
   }
 
   Status export_weights(std::int64_t) override { return Status::ok(); }
-  Status on_loaded() override { return Status::ok(); }
+  Status on_loaded(const LoadScope&, const LoadReport&) override { return Status::ok(); }
 
  private:
   int rank_;

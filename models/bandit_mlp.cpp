@@ -29,6 +29,12 @@ float from_bf16(std::uint16_t h) {
 
 float round_bf16(float f) { return from_bf16(to_bf16(f)); }
 
+/// The rows [lo, hi) of a local block of `rows` rows whose optimizer state data-parallel rank
+/// `d` of `dp` holds.
+std::pair<std::int64_t, std::int64_t> optimizer_rows(std::int64_t rows, int d, int dp) {
+  return {rows * d / dp, rows * (d + 1) / dp};
+}
+
 }  // namespace
 
 struct BanditMlp::Param {
@@ -122,8 +128,12 @@ Status BanditMlp::build_state() {
   for (std::size_t pi = 0; pi < params_.size(); ++pi) {
     Param& p = *params_[pi];
     p.n = static_cast<std::size_t>(p.local_shape.numel());
-    p.lo = p.n * static_cast<std::size_t>(dp_) / static_cast<std::size_t>(dp_size);
-    p.hi = p.n * static_cast<std::size_t>(dp_ + 1) / static_cast<std::size_t>(dp_size);
+    // This data-parallel rank's slice of the optimizer state: whole rows of the local block, so
+    // that it is a block of the parameter's global shape whatever the layout.
+    const auto [row_lo, row_hi] = optimizer_rows(p.local_shape[0], dp_, dp_size);
+    const auto cols = static_cast<std::size_t>(p.local_shape.numel() / p.local_shape[0]);
+    p.lo = static_cast<std::size_t>(row_lo) * cols;
+    p.hi = static_cast<std::size_t>(row_hi) * cols;
     p.value.resize(p.n);
     p.grad.resize(p.n);
     SH_ASSIGN_OR_RETURN(p.weight, Tensor::empty(DType::bf16, p.local_shape, Device::host()));
@@ -134,7 +144,8 @@ Status BanditMlp::build_state() {
       w[i] = to_bf16(main_full[i]);
       p.value[i] = from_bf16(w[i]);
     }
-    Shape slice{1, static_cast<std::int64_t>(p.hi - p.lo)};
+    Shape slice = p.local_shape;
+    slice[0] = row_hi - row_lo;
     SH_ASSIGN_OR_RETURN(p.main, Tensor::empty(DType::f32, slice, Device::host()));
     SH_ASSIGN_OR_RETURN(p.exp_avg, Tensor::empty(DType::f32, slice, Device::host()));
     SH_ASSIGN_OR_RETURN(p.exp_avg_sq, Tensor::empty(DType::f32, slice, Device::host()));
@@ -146,15 +157,15 @@ Status BanditMlp::build_state() {
     // Model weights: replicas on data-parallel ranks (and tensor-parallel ranks when not split),
     // written by the replica that replica_writers() chose.
     state_->add(p.name, p.weight, p.global_shape, p.global_offset, writers.at(p.name));
-    // Optimizer state: [tensor-parallel shard, flat element], each data-parallel rank its slice.
-    std::int64_t rows = p.tensor_split ? layout_.tensor_parallel : 1;
-    Shape opt_global{rows, static_cast<std::int64_t>(p.n)};
-    Shape opt_offset{p.tensor_split ? t : 0, static_cast<std::int64_t>(p.lo)};
+    // Optimizer state: the parameter's global shape, each rank its rows of its block, so that
+    // the checkpoint does not depend on the tensor- or data-parallel size.
+    Shape opt_offset = p.global_offset;
+    opt_offset[0] += row_lo;
     auto opt_replica = [&](const std::string& name) { return p.tensor_split ? 0 : writers.at(name); };
     for (auto& [name, tensor] : {std::pair{"optimizer.main." + p.name, p.main},
                                  std::pair{"optimizer.exp_avg." + p.name, p.exp_avg},
                                  std::pair{"optimizer.exp_avg_sq." + p.name, p.exp_avg_sq}}) {
-      state_->add(name, tensor, opt_global, opt_offset, opt_replica(name));
+      state_->add(name, tensor, p.global_shape, opt_offset, opt_replica(name));
     }
   }
   refresh_objects();
@@ -179,9 +190,10 @@ std::map<std::string, std::int32_t> BanditMlp::replica_writers() const {
   };
   for (const auto& p : params_) {
     const auto n = static_cast<std::uint64_t>(p->local_shape.numel());
+    const auto cols = n / static_cast<std::uint64_t>(p->local_shape[0]);
     auto slice = [&](int d) {
-      return n * static_cast<std::uint64_t>(d + 1) / static_cast<std::uint64_t>(layout_.data_parallel) -
-             n * static_cast<std::uint64_t>(d) / static_cast<std::uint64_t>(layout_.data_parallel);
+      const auto [lo, hi] = optimizer_rows(p->local_shape[0], d, layout_.data_parallel);
+      return cols * static_cast<std::uint64_t>(hi - lo);
     };
     static constexpr const char* kMoments[] = {"optimizer.main.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
     if (p->tensor_split) {
@@ -223,25 +235,55 @@ void BanditMlp::refresh_objects() {
       nlohmann::json{{"kind", "counter"}, {"seed", seed_}, {"position", optimizer_step_}}.dump();
 }
 
-Status BanditMlp::on_loaded() {
-  // The objects come from a file: check their types, since a wrong one would throw.
-  auto scheduler = nlohmann::json::parse(state_->objects["scheduler"], nullptr, false);
-  if (scheduler.is_discarded() || !scheduler.is_object() || !scheduler.contains("step") ||
-      !scheduler["step"].is_number_integer()) {
-    return {ErrorCode::corruption,
-            "the checkpoint's 'scheduler' object (policy/metadata.json): field 'step' is missing or not an integer"};
+LoadOptions BanditMlp::load_selection(const LoadScope& scope) {
+  LoadOptions selection = load_selection_by_name(*state_, scope);
+  if (!scope.optimizer) {
+    // The optimizer restarts from the loaded weights: its fp32 main weights are filled from the
+    // saved weights themselves (converted), so that weights saved in fp32 (a Hugging Face
+    // export with --dtype fp32) come back bit for bit.
+    for (const auto& p : params_) {
+      selection.skip.erase("optimizer.main." + p->name);
+      selection.sources["optimizer.main." + p->name] = p->name;
+    }
   }
-  optimizer_step_ = scheduler["step"].get<std::int64_t>();
+  return selection;
+}
+
+Status BanditMlp::on_loaded(const LoadScope& scope, const LoadReport& report) {
+  if (scope.optimizer) {
+    // The objects come from a file: check their types, since a wrong one would throw.
+    auto scheduler = nlohmann::json::parse(state_->objects["scheduler"], nullptr, false);
+    if (scheduler.is_discarded() || !scheduler.is_object() || !scheduler.contains("step") ||
+        !scheduler["step"].is_number_integer()) {
+      return {ErrorCode::corruption,
+              "the checkpoint's 'scheduler' object (policy/metadata.json): field 'step' is missing or not an integer"};
+    }
+    optimizer_step_ = scheduler["step"].get<std::int64_t>();
+  } else {
+    // A fresh optimizer: no moments, and its bias correction starts over.
+    optimizer_step_ = 0;
+    for (auto& p : params_) {
+      std::fill_n(p->exp_avg.host_data<float>(), p->hi - p->lo, 0.0f);
+      std::fill_n(p->exp_avg_sq.host_data<float>(), p->hi - p->lo, 0.0f);
+    }
+  }
+  // The RNG: a rank takes its own saved position; it re-derives it from the seed and the step
+  // (refresh_objects below) when the load skipped it or the checkpoint has none for this rank
+  // (one saved by fewer ranks).
   const std::string rng_name = "rng.rank" + std::to_string(rank_);
-  auto rng = nlohmann::json::parse(state_->objects[rng_name], nullptr, false);
-  if (rng.is_discarded() || !rng.is_object() || !rng.contains("seed") || !rng["seed"].is_number_unsigned()) {
-    return {ErrorCode::corruption,
-            "the checkpoint's '" + rng_name +
-                "' object (policy/metadata.json): field 'seed' is missing or not a non-negative integer"};
-  }
-  if (rng["seed"].get<std::uint64_t>() != seed_) {
-    return {ErrorCode::invalid_argument, "the checkpoint's RNG of rank " + std::to_string(rank_) +
-                                             " has another seed than trainer.seed"};
+  const bool rng_missing =
+      std::find(report.missing_objects.begin(), report.missing_objects.end(), rng_name) != report.missing_objects.end();
+  if (scope.rng && !rng_missing) {
+    auto rng = nlohmann::json::parse(state_->objects[rng_name], nullptr, false);
+    if (rng.is_discarded() || !rng.is_object() || !rng.contains("seed") || !rng["seed"].is_number_unsigned()) {
+      return {ErrorCode::corruption,
+              "the checkpoint's '" + rng_name +
+                  "' object (policy/metadata.json): field 'seed' is missing or not a non-negative integer"};
+    }
+    if (rng["seed"].get<std::uint64_t>() != seed_) {
+      return {ErrorCode::invalid_argument, "the checkpoint's RNG of rank " + std::to_string(rank_) +
+                                               " has another seed than trainer.seed"};
+    }
   }
   for (auto& p : params_) {
     const auto* w = p->weight.host_data<std::uint16_t>();

@@ -19,8 +19,9 @@ namespace stagehand {
 /// contextual bandit whose rewarding arm is argmax(M c) for a hidden matrix M. Its state looks
 /// like a Megatron model's: the first layer column-parallel and the second row-parallel across
 /// tensor-parallel ranks, bf16 model weights replicated across data-parallel ranks, fp32 main
-/// weights and Adam moments sharded across data-parallel ranks (a distributed optimizer), a
-/// per-rank RNG position and a scheduler step. Matrix products run on the rank's GPU with cuBLAS
+/// weights and Adam moments sharded across data-parallel ranks (a distributed optimizer; each
+/// rank holds whole rows of its block, saved under the parameter's global shape, so that a
+/// checkpoint loads under any layout), a per-rank RNG position and a scheduler step. Matrix products run on the rank's GPU with cuBLAS
 /// when one is visible, otherwise on the host with OpenBLAS; the state itself is in host memory.
 class BanditMlp final : public Model {
  public:
@@ -39,7 +40,10 @@ class BanditMlp final : public Model {
   bool fences_itself() const override { return true; }
   Status export_weights(std::int64_t version) override;
   Result<double> evaluate() override;
-  Status on_loaded() override;
+  /// Without the optimizer (trainer.load_optimizer false, init_from), the fp32 main weights are
+  /// filled from the saved weights and the moments and step start at zero.
+  LoadOptions load_selection(const LoadScope& scope) override;
+  Status on_loaded(const LoadScope& scope, const LoadReport& report) override;
 
   /// Optimizer steps taken so far.
   std::int64_t optimizer_step() const { return optimizer_step_; }

@@ -49,8 +49,8 @@ class MegatronStrategy : public caf::event_based_actor {
           if (!st.is_ok()) return to_caf_error(st);
           return drained;
         },
-        [this](load_atom, const std::string& checkpoint_dir)
-            -> caf::result<double, double, double, double, std::uint64_t> {
+        [this](load_atom, const std::string& checkpoint_dir, const std::string& selection)
+            -> caf::result<double, double, double, double, std::uint64_t, std::string> {
           Status st = drain();
           LoadReport report;
           if (st.is_ok()) {
@@ -58,8 +58,11 @@ class MegatronStrategy : public caf::event_based_actor {
             auto dir = resolve_checkpoint(checkpoint_dir, options_.object_store);
             LoadOptions load_options;
             load_options.thread_count = options_.load_thread_count;
-            st = dir.is_ok() ? load_checkpoint(*dir, *state_, options_.object_store, load_options, &report)
-                             : dir.status();
+            st = decode_load_selection(selection, load_options);
+            if (st.is_ok()) {
+              st = dir.is_ok() ? load_checkpoint(*dir, *state_, options_.object_store, load_options, &report)
+                               : dir.status();
+            }
           }
           // The dispatch names the rank.
           if (!st.is_ok()) return to_caf_error(st.with_context("load of '" + checkpoint_dir + "'"));
@@ -69,9 +72,8 @@ class MegatronStrategy : public caf::event_based_actor {
                           options_.rank, checkpoint_dir, report.bytes, report.reads, report.direct_chunks,
                           report.chunks, report.thread_count, report.total_s, report.read_s, report.verify_s,
                           report.copy_s, report.buffer_peak_bytes);
-          return caf::result<double, double, double, double, std::uint64_t>(report.total_s, report.read_s,
-                                                                             report.verify_s, report.copy_s,
-                                                                             report.bytes);
+          return caf::result<double, double, double, double, std::uint64_t, std::string>(
+              report.total_s, report.read_s, report.verify_s, report.copy_s, report.bytes, encode_load_notes(report));
         },
         [this](write_done_atom, std::int64_t) { accept_background(queue_->take_finished()); },
         [this](stats_atom) -> caf::result<std::uint64_t, std::int32_t, std::int64_t> {

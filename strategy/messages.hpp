@@ -13,7 +13,8 @@ namespace stagehand {
 using save_atom = caf::atom_constant<caf::atom("save")>;
 /// finalize_atom -> bool (true when a pending save was drained)
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
-/// load_atom, checkpoint_dir -> (total_s, read_s, verify_s, copy_s, uint64 bytes)
+/// load_atom, checkpoint_dir, encoded load selection (encode_load_selection)
+///   -> (total_s, read_s, verify_s, copy_s, uint64 bytes, encoded load notes (encode_load_notes))
 using load_atom = caf::atom_constant<caf::atom("load")>;
 /// Internal to a strategy: its queue finished a background write.
 using write_done_atom = caf::atom_constant<caf::atom("writedone")>;

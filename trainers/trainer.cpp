@@ -15,6 +15,7 @@
 #include "stagehand/actors/model.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/checkpoint_policy.hpp"
 #include "stagehand/trainers/generator.hpp"
@@ -73,17 +74,49 @@ class TrainerBase : public caf::blocking_actor {
   caf::actor& dispatch() { return dispatch_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  /// Loads `dir` on every rank through the dispatch; where the time went.
-  Result<LoadReport> load_checkpoint_everywhere(const std::string& dir) {
+  /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what
+  /// was missing or unused (each said in one warning line).
+  Result<LoadReport> load_checkpoint_everywhere(const std::string& dir, const LoadScope& scope, const char* what) {
     Status st;
     LoadReport load;
-    request(dispatch_, timeout_, load_atom::value, dir)
+    request(dispatch_, timeout_, load_atom::value, dir, encode_load_scope(scope))
         .receive(
-            [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes) {
-              load = {load_s, read_s, verify_s, copy_s, bytes};
+            [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
+                const std::string& notes) {
+              load.total_s = load_s;
+              load.read_s = read_s;
+              load.verify_s = verify_s;
+              load.copy_s = copy_s;
+              load.bytes = bytes;
+              st = decode_load_notes(notes, load);
             },
-            [&](caf::error& err) { st = from_caf_error(err).with_context("resume"); });
-    if (!st.is_ok()) return st;
+            [&](caf::error& err) { st = from_caf_error(err); });
+    if (!st.is_ok()) {
+      return st.with_context(std::string(what) + (scope.strict ? "" : " (trainer.load_strict: false)"));
+    }
+    auto names = [](const std::vector<std::string>& list) {
+      std::string out;
+      for (std::size_t i = 0; i < list.size() && i < 8; ++i) out += (i ? ", " : "") + list[i];
+      if (list.size() > 8) out += " and " + std::to_string(list.size() - 8) + " more";
+      return out;
+    };
+    if (!load.missing_tensors.empty()) {
+      warn("%s: %zu tensor(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
+           load.missing_tensors.size(), dir.c_str(), names(load.missing_tensors).c_str());
+    }
+    if (!load.unused_tensors.empty() && !scope.strict) {
+      warn("%s: %zu tensor(s) of '%s' that the model does not have were ignored (trainer.load_strict: false): %s\n",
+           what, load.unused_tensors.size(), dir.c_str(), names(load.unused_tensors).c_str());
+    }
+    std::vector<std::string> rng;
+    for (const auto& name : load.missing_objects) {
+      if (name.rfind("rng.", 0) == 0) rng.push_back(name);
+    }
+    if (!rng.empty() && scope.rng) {
+      warn("%s: '%s' has no RNG state for %s (saved by fewer ranks): re-derived from trainer.seed, the step "
+           "and the rank\n",
+           what, dir.c_str(), names(rng).c_str());
+    }
     return load;
   }
 
@@ -127,21 +160,25 @@ class TrainerBase : public caf::blocking_actor {
       const std::string state_file = *resume + "/" + kTrainerStateFile;
       if (state.kind.empty()) return {ErrorCode::corruption, "'" + state_file + "': field 'kind' is missing"};
       if (state.kind != name()) {
-        return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' was written by the " + state.kind +
-                                                 " trainer, not " + name()};
+        return {ErrorCode::invalid_argument,
+                "checkpoint '" + *resume + "' was written by the " + state.kind + " trainer, not " + name() +
+                    ": it cannot be resumed by this one. To start a " + name() +
+                    " run from its weights, set trainer.init_from: '" + *resume + "' with trainer.resume_mode: none"};
       }
       if (state.step > t.total_steps) {
         return {ErrorCode::invalid_argument, "checkpoint '" + *resume + "' is at step " + std::to_string(state.step) +
                                                  ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
       }
-      SH_ASSIGN_OR_RETURN(LoadReport load, load_checkpoint_everywhere(*resume));
+      const LoadScope scope{t.load_optimizer.value_or(true), t.load_rng.value_or(true), t.load_strict};
+      SH_ASSIGN_OR_RETURN(LoadReport load, load_checkpoint_everywhere(*resume, scope, "resume"));
       step = state.step;
-      say("resumed from %s at step %lld (load %.3f s, %llu bytes; slowest rank's thread-seconds: read %.3f, "
-          "verify %.3f, copy %.3f)\n",
-          resume->c_str(), static_cast<long long>(step), load.total_s, static_cast<unsigned long long>(load.bytes),
-          load.read_s, load.verify_s, load.copy_s);
+      say("resumed from %s at step %lld, saved %s (load %.3f s, %llu bytes; slowest rank's thread-seconds: read "
+          "%.3f, verify %.3f, copy %.3f)\n",
+          resume->c_str(), static_cast<long long>(step), describe_layout(state).c_str(), load.total_s,
+          static_cast<unsigned long long>(load.bytes), load.read_s, load.verify_s, load.copy_s);
       SH_RETURN_IF_ERROR(on_start(step, &state, state_file));
     } else {
+      if (!t.init_from.empty()) SH_RETURN_IF_ERROR(init_from(t.init_from));
       SH_RETURN_IF_ERROR(on_start(step, nullptr, ""));
     }
     summary_->first_step = step + 1;
@@ -196,6 +233,34 @@ class TrainerBase : public caf::blocking_actor {
     return Status::ok();
   }
 
+  /// A fresh run's start from another checkpoint's weights (trainer.init_from): a Stagehand
+  /// checkpoint of any trainer kind and layout, or a safetensors folder. Its optimizer state and
+  /// RNG only when trainer.load_optimizer / load_rng ask for them.
+  Status init_from(const std::string& path) {
+    const auto& t = options_.config.trainer;
+    const LoadScope scope{t.load_optimizer.value_or(false), t.load_rng.value_or(false), t.load_strict};
+    auto dir = resolve_checkpoint(path, store_);
+    if (!dir.is_ok()) return dir.status().with_context("trainer.init_from");
+    std::string source = "a safetensors folder";
+    if (!is_safetensors_folder(*dir)) {
+      auto state = read_trainer_state(*dir, store_);
+      source = state.is_ok() ? "the " + state->kind + " trainer's step " + std::to_string(state->step) + ", saved " +
+                                   describe_layout(*state)
+                             : "a checkpoint without a trainer state";
+    }
+    SH_ASSIGN_OR_RETURN(LoadReport load, load_checkpoint_everywhere(*dir, scope, "trainer.init_from"));
+    say("initialized from %s (%s): weights%s%s (load %.3f s, %llu bytes); training starts at step 1\n", dir->c_str(),
+        source.c_str(), scope.optimizer ? ", optimizer state" : ", a fresh optimizer", scope.rng ? ", RNG" : "",
+        load.total_s, static_cast<unsigned long long>(load.bytes));
+    return Status::ok();
+  }
+
+  static std::string describe_layout(const TrainerState& state) {
+    if (!state.layout) return "with an unrecorded layout";
+    return "with tensor_parallel " + std::to_string(state.layout->tensor_parallel) + " x data_parallel " +
+           std::to_string(state.layout->data_parallel);
+  }
+
   Result<StepMetrics> train(std::int64_t step, const std::vector<std::int32_t>& actions) {
     StepMetrics out;
     Status st;
@@ -219,7 +284,8 @@ class TrainerBase : public caf::blocking_actor {
   Status save(std::int64_t step) {
     SH_RETURN_IF_ERROR(finalize());
     const auto& c = options_.config;
-    TrainerState state{step, name(), c.trainer.seed, step * c.model.batch_size, {}};
+    TrainerState state{step, name(), c.trainer.seed, step * c.model.batch_size, {},
+                       SavedLayout{c.parallel.tensor_parallel, c.parallel.data_parallel}};
     SH_RETURN_IF_ERROR(fill_state(step, state));
     staging_memory().reset_peak();
     Status st;
@@ -293,6 +359,14 @@ class TrainerBase : public caf::blocking_actor {
 
   void write_metrics(const nlohmann::json& line) {
     if (metrics_.is_open()) metrics_ << line.dump() << "\n" << std::flush;
+  }
+
+  /// One warning line on stderr, whatever --quiet says.
+  template <class... Ts>
+  void warn(const char* format, Ts... args) {
+    std::fprintf(stderr, "stagehand-train: warning: ");
+    std::fprintf(stderr, format, args...);
+    std::fflush(stderr);
   }
 
   template <class... Ts>

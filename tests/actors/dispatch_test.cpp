@@ -120,7 +120,7 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commi
   for (int rank = 0; rank < 4; ++rank) {
     auto& model = *models[static_cast<std::size_t>(rank)];
     Status s = load_checkpoint(dir / "global_step_1", *model.state());
-    loaded[static_cast<std::size_t>(rank)] = s.is_ok() ? model.on_loaded() : s;
+    loaded[static_cast<std::size_t>(rank)] = s.is_ok() ? model.on_loaded({}, {}) : s;
     BOOST_TEST(loaded[static_cast<std::size_t>(rank)].is_ok(), loaded[static_cast<std::size_t>(rank)].to_string());
     BOOST_TEST(model.optimizer_step() == 1);
   }

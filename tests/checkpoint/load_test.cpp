@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <regex>
 
@@ -619,4 +620,184 @@ BOOST_AUTO_TEST_CASE(buffered_pieces_end_on_element_boundaries) {
       }
     }
   }
+}
+
+// -- what a load fills: selections, conversions, safetensors folders --
+
+namespace {
+
+Tensor f32_tensor(const Shape& shape, const std::vector<float>& values) {
+  Tensor t = *Tensor::empty(DType::f32, shape, Device::host());
+  std::copy(values.begin(), values.end(), t.host_data<float>());
+  return t;
+}
+
+Tensor bf16_tensor(const Shape& shape, const std::vector<std::uint16_t>& bits) {
+  Tensor t = *Tensor::empty(DType::bf16, shape, Device::host());
+  std::copy(bits.begin(), bits.end(), t.host_data<std::uint16_t>());
+  return t;
+}
+
+/// A checkpoint of a model's weights (bf16, split over two ranks by rows), its optimizer's f32
+/// master copy, a scheduler and two ranks' RNG.
+std::string save_model_like(const TempDir& dir) {
+  std::vector<StateDict> states(2);
+  // bf16 bits of 1, 2, -0.5, 3.5 and 0.25, 1.5, -8, 0.
+  const std::vector<std::uint16_t> bits{0x3f80, 0x4000, 0xbf00, 0x4060, 0x3e80, 0x3fc0, 0xc100, 0x0000};
+  for (int r = 0; r < 2; ++r) {
+    StateDict& s = states[static_cast<std::size_t>(r)];
+    const auto at = static_cast<std::ptrdiff_t>(4 * r);
+    s.add("model.w", bf16_tensor(Shape{1, 4}, {bits.begin() + at, bits.begin() + at + 4}), Shape{2, 4}, Shape{r, 0});
+    s.add("optimizer.main.model.w", f32_tensor(Shape{1, 4}, {9, 9, 9, 9}), Shape{2, 4}, Shape{r, 0});
+    s.objects["rng.rank" + std::to_string(r)] = "rng of rank " + std::to_string(r);
+    s.objects["scheduler"] = "scheduler";
+  }
+  BOOST_REQUIRE(save_states(dir.path(), 1, states).is_ok());
+  return dir / "global_step_1";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_selection_skips_fills_from_another_name_and_converts) {
+  TempDir dir;
+  const std::string ckpt = save_model_like(dir);
+  StateDict live;
+  live.add_full("model.w", bf16_tensor(Shape{2, 4}, std::vector<std::uint16_t>(8, 0x7777)));
+  live.add_full("optimizer.main.model.w", f32_tensor(Shape{2, 4}, std::vector<float>(8, -1.0f)));
+  live.objects["scheduler"] = "untouched";
+  live.objects["rng.rank0"] = "untouched";
+
+  // Without the optimizer: its tensor and the scheduler stay as they are.
+  LoadOptions options = load_selection_by_name(live, LoadScope{false, true, true});
+  BOOST_TEST(options.skip.count("optimizer.main.model.w") == 1u);
+  BOOST_TEST(options.skip.count("scheduler") == 1u);
+  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options).is_ok());
+  BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[5] == 0x3fc0);
+  BOOST_TEST(live.tensors[1].tensor.host_data<float>()[0] == -1.0f);
+  BOOST_TEST(live.objects.at("scheduler") == "untouched");
+  BOOST_TEST(live.objects.at("rng.rank0") == "rng of rank 0");
+
+  // The master copy filled from the bf16 weights: exact, converted on the way.
+  options.sources["optimizer.main.model.w"] = "model.w";
+  options.skip.erase("optimizer.main.model.w");
+  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options).is_ok());
+  const std::vector<float> expected{1, 2, -0.5f, 3.5f, 0.25f, 1.5f, -8, 0};
+  for (std::size_t i = 0; i < 8; ++i) BOOST_TEST(live.tensors[1].tensor.host_data<float>()[i] == expected[i]);
+
+  // Without convert_dtypes another dtype is refused, naming both.
+  options.convert_dtypes = false;
+  Status refused = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  BOOST_TEST(refused.message().find("saved as BF16, live as F32") != std::string::npos, refused.to_string());
+  BOOST_TEST(refused.message().find("from saved tensor 'model.w'") != std::string::npos, refused.to_string());
+}
+
+BOOST_AUTO_TEST_CASE(missing_and_unused_names_are_errors_or_reported_as_asked) {
+  TempDir dir;
+  const std::string ckpt = save_model_like(dir);
+  StateDict live;
+  live.add_full("model.w", bf16_tensor(Shape{2, 4}, std::vector<std::uint16_t>(8, 0)));
+  live.add_full("model.extra", f32_tensor(Shape{3}, {5, 5, 5}));
+  live.objects["rng.rank7"] = "mine";
+  LoadOptions options;
+
+  // Strict: the tensor the checkpoint lacks is an error, and nothing was modified.
+  Status missing = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  BOOST_TEST(missing.message().find("tensor 'model.extra'") != std::string::npos, missing.to_string());
+  BOOST_TEST(missing.message().find("not in the checkpoint") != std::string::npos, missing.to_string());
+  BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[0] == 0);
+
+  // Not strict: left as it is and reported; an object not optional is still an error.
+  options.strict = false;
+  Status object = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  BOOST_TEST(object.message().find("object 'rng.rank7' is not in") != std::string::npos, object.to_string());
+  options.optional_objects.insert("rng.rank7");
+  LoadReport report;
+  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report).is_ok());
+  BOOST_TEST((report.missing_tensors == std::vector<std::string>{"model.extra"}));
+  BOOST_TEST((report.missing_objects == std::vector<std::string>{"rng.rank7"}));
+  BOOST_TEST(live.tensors[1].tensor.host_data<float>()[2] == 5.0f);
+  BOOST_TEST(live.objects.at("rng.rank7") == "mine");
+  BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[1] == 0x4000);
+  // The checkpoint's tensor this state does not have is reported, or refused when asked.
+  BOOST_TEST((report.unused_tensors == std::vector<std::string>{"optimizer.main.model.w"}));
+  options.refuse_unused = true;
+  Status unused = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  BOOST_TEST(unused.message().find("1 tensor(s) the state does not have: 'optimizer.main.model.w'") !=
+                 std::string::npos,
+             unused.to_string());
+}
+
+namespace {
+
+/// Writes a safetensors file of whole f32 tensors with plain names, as a Hugging Face export does.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<SafetensorsEntry> entries;
+  std::uint64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    entries.push_back({name, t.dtype(), t.shape(), at, at + t.nbytes()});
+    at += t.nbytes();
+  }
+  std::string bytes = make_safetensors_header(entries);
+  for (const auto& [name, t] : tensors) bytes.append(static_cast<const char*>(t.data()), t.nbytes());
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_safetensors_folder_loads_resharded_and_converted) {
+  Tensor w = f32_tensor(Shape{2, 3}, {1, 2, 3, 1.00390625f, -1.01171875f, 7});
+  Tensor b = f32_tensor(Shape{3}, {0.5f, 0.25f, -2});
+  for (bool sharded : {false, true}) {
+    BOOST_TEST_CONTEXT((sharded ? "two shards and an index" : "one model.safetensors")) {
+      TempDir dir;
+      if (sharded) {
+        write_safetensors(dir / "model-00001-of-00002.safetensors", {{"model.w", w}});
+        write_safetensors(dir / "model-00002-of-00002.safetensors", {{"model.b", b}});
+        std::ofstream(dir / "model.safetensors.index.json")
+            << R"({"metadata": {"total_size": 36}, "weight_map": {"model.w": "model-00001-of-00002.safetensors",
+                  "model.b": "model-00002-of-00002.safetensors"}})";
+      } else {
+        write_safetensors(dir / "model.safetensors", {{"model.w", w}, {"model.b", b}});
+      }
+      BOOST_TEST(is_safetensors_folder(dir.path()));
+      BOOST_TEST(*resolve_checkpoint(dir.path()) == dir.path());
+      // The second row only, as bf16: 1 + 2^-8 is a tie and rounds to even (1.0); -(1 + 3 x
+      // 2^-8) rounds up in magnitude to -1.015625.
+      StateDict live;
+      live.add("model.w", bf16_tensor(Shape{1, 3}, {0, 0, 0}), Shape{2, 3}, Shape{1, 0});
+      live.add_full("model.b", f32_tensor(Shape{3}, {0, 0, 0}));
+      LoadOptions options;
+      options.convert_dtypes = true;
+      Status st = load_checkpoint(dir.path(), live, ObjectStoreOptions{}, options);
+      BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+      const auto* row = live.tensors[0].tensor.host_data<std::uint16_t>();
+      BOOST_TEST(row[0] == 0x3f80);
+      BOOST_TEST(row[1] == 0xbf82);
+      BOOST_TEST(row[2] == 0x40e0);
+      BOOST_TEST(test::same_bytes(live.tensors[1].tensor, b));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_safetensors_index_that_disagrees_with_its_files_is_refused) {
+  Tensor w = f32_tensor(Shape{2}, {1, 2});
+  TempDir dir;
+  write_safetensors(dir / "a.safetensors", {{"w", w}});
+  write_safetensors(dir / "b.safetensors", {{"v", w}});
+  StateDict live;
+  live.add_full("w", f32_tensor(Shape{2}, {0, 0}));
+  auto refused = [&](const std::string& index) {
+    std::ofstream(dir / "model.safetensors.index.json", std::ios::trunc) << index;
+    return load_checkpoint(dir.path(), live).message();
+  };
+  BOOST_TEST(refused(R"({"weight_map": {"w": "b.safetensors", "v": "b.safetensors"}})").find("names tensor 'w' in 'b.safetensors'") !=
+             std::string::npos);
+  BOOST_TEST(refused(R"({"weight_map": {"w": "../a.safetensors"}})").find("is not the name of a file") != std::string::npos);
+  BOOST_TEST(refused(R"({"weight_map": {"w": "a.safetensors", "v": "b.safetensors", "x": "b.safetensors"}})")
+                 .find("names tensor 'x'") != std::string::npos);
+  BOOST_TEST(refused(R"({"metadata": {}})").find("'weight_map' is missing") != std::string::npos);
+  write_safetensors(dir / "b.safetensors", {{"w", w}});
+  const std::string twice = refused(R"({"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}})");
+  BOOST_TEST(twice.find("puts tensor 'w' in 'a.safetensors', but it is in") != std::string::npos, twice);
+  BOOST_TEST(live.tensors[0].tensor.host_data<float>()[0] == 0.0f);
 }

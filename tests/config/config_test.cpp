@@ -68,6 +68,12 @@ BOOST_AUTO_TEST_CASE(defaults_when_empty) {
   BOOST_TEST((c->megatron_config.ckpt_staging_memory == StagingMemory::persistent));
   BOOST_TEST((c->trainer.kind == TrainerKind::sync));
   BOOST_TEST(c->parallel.tensor_parallel == 1);
+  // Unset: the trainer decides (yes for a resume, no for init_from).
+  BOOST_TEST(!c->trainer.load_optimizer.has_value());
+  BOOST_TEST(!c->trainer.load_rng.has_value());
+  BOOST_TEST(c->trainer.load_strict);
+  BOOST_TEST(c->trainer.init_from.empty());
+  BOOST_TEST(c->trainer.export_interval == 0);
 }
 
 BOOST_AUTO_TEST_CASE(every_key_is_read) {
@@ -83,6 +89,12 @@ trainer:
   seed: 99
   call_timeout_s: 30
   overwrite_checkpoints: true
+  init_from: /tmp/sft/global_step_9
+  load_optimizer: false
+  load_rng: true
+  load_strict: false
+  export_interval: 10
+  export_path: /tmp/hf
 megatron_config:
   async_dist_ckpt_save: true
   ckpt_save_staging_buckets: 2
@@ -114,6 +126,12 @@ storage:
   BOOST_TEST(c->trainer.seed == 99u);
   BOOST_TEST(c->trainer.call_timeout_s == 30);
   BOOST_TEST(c->trainer.overwrite_checkpoints);
+  BOOST_TEST(c->trainer.init_from == "/tmp/sft/global_step_9");
+  BOOST_TEST((c->trainer.load_optimizer == std::optional<bool>(false)));
+  BOOST_TEST((c->trainer.load_rng == std::optional<bool>(true)));
+  BOOST_TEST(!c->trainer.load_strict);
+  BOOST_TEST(c->trainer.export_interval == 10);
+  BOOST_TEST(c->trainer.export_path == "/tmp/hf");
   BOOST_TEST(c->megatron_config.async_dist_ckpt_save);
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 8);
   BOOST_TEST(c->megatron_config.ckpt_load_thread_count == 16);
@@ -187,6 +205,13 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
       {"part above threshold", "storage:\n  s3:\n    part_size_mib: 32\n    multipart_threshold_mib: 16\n",
        {"storage.s3.part_size_mib", "at most storage.s3.multipart_threshold_mib (16), got 32"}},
       {"zero attempts", "storage:\n  s3:\n    max_attempts: 0\n", {"storage.s3.max_attempts"}},
+      {"load_optimizer typo", "trainer:\n  load_optimizer: yes\n",
+       {"bad.yaml:2", "trainer.load_optimizer", "true or false, got 'yes'"}},
+      {"negative export interval", "trainer:\n  export_interval: -1\n", {"trainer.export_interval", "at least 0"}},
+      {"export without path", "trainer:\n  export_interval: 5\n",
+       {"bad.yaml:2", "trainer.export_interval", "needs trainer.export_path"}},
+      {"export to an object store", "trainer:\n  export_path: s3://b/hf\n",
+       {"bad.yaml:2", "trainer.export_path", "must be a local folder"}},
   };
   for (const auto& c : cases) {
     auto result = load_config_string(c.yaml, "bad.yaml");

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/trainer_state.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
@@ -276,6 +278,7 @@ BOOST_AUTO_TEST_CASE(resume_errors_are_clear) {
   Run wrong_kind = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "sft", "trainer.resume_mode=latest"});
   BOOST_TEST(wrong_kind.code != 0);
   BOOST_TEST(wrong_kind.output.find("written by the sft trainer") != std::string::npos, wrong_kind.output);
+  BOOST_TEST(wrong_kind.output.find("set trainer.init_from") != std::string::npos, wrong_kind.output);
 }
 
 BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
@@ -636,4 +639,115 @@ BOOST_AUTO_TEST_CASE(a_second_run_on_the_same_ckpt_path_is_refused) {
   Run third = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=" + std::to_string(step + 2),
                                      "trainer.resume_mode=latest", "trainer.max_ckpts_to_keep=2"});
   BOOST_TEST(third.code == 0, third.output);
+}
+
+namespace {
+
+/// A verbose run (its progress lines say what was loaded) with metrics.
+Run train_with_progress(const std::string& config, const std::vector<std::string>& sets, const std::string& metrics) {
+  return test::run_command(train_command(config, sets, false) + " --metrics-out " + metrics);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_2x2_checkpoint_resumes_under_every_layout_that_divides_the_model) {
+  for (const std::string async : {"false", "true"}) {
+    BOOST_TEST_CONTEXT("async_dist_ckpt_save " << async) {
+      TempDir dir;
+      Run base = train("sync_rl.yaml",
+                       {"trainer.ckpt_path=" + dir / "base", "trainer.total_steps=20", "trainer.ckpt_interval=20",
+                        "megatron_config.async_dist_ckpt_save=" + async},
+                       dir / "base.jsonl");
+      BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+      const double saved_accuracy = lines_of(dir / "base.jsonl", "step").back()["accuracy"].get<double>();
+      BOOST_TEST(saved_accuracy > 0.4);  // chance is 1/8: the weights are worth resuming
+      const std::string ckpt = dir / "base/global_step_20";
+      std::optional<double> reference;  // the 2 x 2 resume's final accuracy
+      for (auto [tp, dp] : {std::pair{2, 2}, {1, 1}, {1, 2}, {2, 1}, {4, 1}, {2, 4}}) {
+        BOOST_TEST_CONTEXT("tensor " << tp << " x data " << dp) {
+          const std::string name = std::to_string(tp) + "x" + std::to_string(dp);
+          Run r = train_with_progress(
+              "sync_rl.yaml",
+              {"trainer.ckpt_path=" + dir / name, "trainer.total_steps=30", "trainer.ckpt_interval=10",
+               "trainer.resume_mode=from_path", "trainer.resume_path=" + ckpt, "megatron_config.async_dist_ckpt_save=" + async,
+               "parallel.tensor_parallel=" + std::to_string(tp), "parallel.data_parallel=" + std::to_string(dp)},
+              dir / (name + ".jsonl"));
+          BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+          BOOST_TEST(r.output.find("resumed from " + ckpt + " at step 20, saved with tensor_parallel 2 x data_parallel 2") !=
+                         std::string::npos,
+                     r.output);
+          // Only the ranks a 4-rank save had no RNG for re-derive theirs, said in one line.
+          const bool more_ranks = tp * dp > 4;
+          BOOST_TEST((r.output.find("has no RNG state for rng.rank4, rng.rank5, rng.rank6, rng.rank7 (saved by fewer ranks)") !=
+                      std::string::npos) == more_ranks,
+                     r.output);
+          auto steps = lines_of(dir / (name + ".jsonl"), "step");
+          BOOST_REQUIRE(steps.size() == 10u);
+          BOOST_TEST(steps.front()["step"].get<int>() == 21);
+          // The first step trains from the saved weights and optimizer, not from scratch, and
+          // training goes on learning as it does in the saved layout.
+          BOOST_TEST(steps.front()["accuracy"].get<double>() > saved_accuracy - 0.05);
+          const double final_accuracy = steps.back()["accuracy"].get<double>();
+          if (!reference) reference = final_accuracy;
+          BOOST_TEST(final_accuracy > saved_accuracy);
+          BOOST_TEST(final_accuracy == *reference, boost::test_tools::tolerance(0.05));
+          BOOST_TEST(lines_of(dir / (name + ".jsonl"), "save").size() == 1u);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sync_rl_starts_from_an_sft_run_s_weights_with_init_from) {
+  TempDir dir;
+  Run sft = train("sft.yaml",
+                  {"trainer.ckpt_path=" + dir / "sft", "trainer.total_steps=60", "trainer.ckpt_interval=60",
+                   "parallel.tensor_parallel=1", "parallel.data_parallel=2"},
+                  dir / "sft.jsonl");
+  BOOST_REQUIRE_MESSAGE(sft.code == 0, sft.output);
+  const double sft_accuracy = lines_of(dir / "sft.jsonl", "step").back()["accuracy"].get<double>();
+  BOOST_TEST(sft_accuracy > 0.6);
+
+  // From scratch, RL starts near chance; from the SFT run's weights (a 1 x 2 layout, another
+  // trainer kind) it starts where SFT ended.
+  Run scratch = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "scratch", "trainer.total_steps=1"},
+                      dir / "scratch.jsonl");
+  BOOST_REQUIRE_MESSAGE(scratch.code == 0, scratch.output);
+  BOOST_TEST(lines_of(dir / "scratch.jsonl", "step").front()["accuracy"].get<double>() < 0.35);
+  Run rl = train_with_progress("sync_rl.yaml",
+                               {"trainer.ckpt_path=" + dir / "rl", "trainer.total_steps=5", "trainer.ckpt_interval=5",
+                                "trainer.init_from=" + dir / "sft"},
+                               dir / "rl.jsonl");
+  BOOST_REQUIRE_MESSAGE(rl.code == 0, rl.output);
+  BOOST_TEST(rl.output.find("initialized from " + dir / "sft/global_step_60" +
+                            " (the sft trainer's step 60, saved with tensor_parallel 1 x data_parallel 2): weights, a "
+                            "fresh optimizer") != std::string::npos,
+             rl.output);
+  auto steps = lines_of(dir / "rl.jsonl", "step");
+  BOOST_REQUIRE(!steps.empty());
+  BOOST_TEST(steps.front()["step"].get<int>() == 1);
+  BOOST_TEST(steps.front()["accuracy"].get<double>() > sft_accuracy - 0.05);
+  auto state = read_trainer_state(dir / "rl/global_step_5");
+  BOOST_REQUIRE(state.is_ok());
+  BOOST_TEST(state->kind == "sync");
+
+  // A later start of the same run resumes its own checkpoint: init_from only starts fresh runs.
+  Run again = train_with_progress("sync_rl.yaml",
+                                  {"trainer.ckpt_path=" + dir / "rl", "trainer.total_steps=8", "trainer.resume_mode=latest",
+                                   "trainer.init_from=" + dir / "sft"},
+                                  dir / "again.jsonl");
+  BOOST_REQUIRE_MESSAGE(again.code == 0, again.output);
+  BOOST_TEST(again.output.find("resumed from " + dir / "rl/global_step_5") != std::string::npos, again.output);
+  BOOST_TEST(again.output.find("initialized from") == std::string::npos, again.output);
+
+  // Asked for, the optimizer state comes along; a path that holds nothing is named.
+  Run with_optimizer = train_with_progress("sync_rl.yaml",
+                                           {"trainer.ckpt_path=" + dir / "rl2", "trainer.total_steps=1",
+                                            "trainer.init_from=" + dir / "sft", "trainer.load_optimizer=true"},
+                                           dir / "rl2.jsonl");
+  BOOST_REQUIRE_MESSAGE(with_optimizer.code == 0, with_optimizer.output);
+  BOOST_TEST(with_optimizer.output.find("weights, optimizer state") != std::string::npos, with_optimizer.output);
+  Run nothing = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "rl3", "trainer.init_from=" + dir / "nothing"});
+  BOOST_TEST(nothing.code != 0);
+  BOOST_TEST(nothing.output.find("trainer.init_from") != std::string::npos, nothing.output);
 }

@@ -7,6 +7,7 @@
 
 #include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/gemm.hpp"
 #include "tests/test_util.hpp"
@@ -53,7 +54,50 @@ struct Models {
     for (double a : out) BOOST_TEST(a == out[0]);
     return out[0];
   }
+
+  /// Saves every rank's state as checkpoint `step` under `root`.
+  void save(const std::string& root, std::int64_t step) {
+    std::vector<std::unique_ptr<SaveEngine>> engines;
+    std::vector<SaveEngine*> e;
+    std::vector<const StateDict*> s;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      engines.push_back(*SaveEngine::create(static_cast<int>(r), {2, 0, false, {}}));
+      e.push_back(engines.back().get());
+      s.push_back(ranks[r]->state().get());
+    }
+    auto saved = save_checkpoint_in_process(root, step, e, s);
+    BOOST_REQUIRE_MESSAGE(saved.is_ok(), saved.status().to_string());
+  }
+
+  /// Loads `dir` into every rank as a Worker does (the model's selection for `scope`, then
+  /// on_loaded); each rank's report.
+  std::vector<LoadReport> load(const std::string& dir, const LoadScope& scope) {
+    std::vector<LoadReport> reports(ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const LoadOptions options = ranks[r]->load_selection(scope);
+      Status st = load_checkpoint(dir, *ranks[r]->state(), ObjectStoreOptions{}, options, &reports[r]);
+      if (st.is_ok()) st = ranks[r]->on_loaded(scope, reports[r]);
+      BOOST_REQUIRE_MESSAGE(st.is_ok(), "rank " << r << ": " << st.to_string());
+    }
+    return reports;
+  }
 };
+
+/// Every tensor of a checkpoint whole, as its bytes by name: assembled from its chunks.
+std::map<std::string, std::string> gathered(const std::string& dir) {
+  auto metadata = read_checkpoint_metadata(dir, ObjectStoreOptions{});
+  BOOST_REQUIRE(metadata.is_ok());
+  StateDict whole;
+  for (const auto& [name, t] : metadata->tensors) {
+    whole.add_full(name, *Tensor::empty(t.dtype, t.global_shape, Device::host()));
+  }
+  BOOST_REQUIRE(load_checkpoint(dir, whole, ObjectStoreOptions{}).is_ok());
+  std::map<std::string, std::string> out;
+  for (const auto& t : whole.tensors) {
+    out[t.desc.name] = std::string(static_cast<const char*>(t.tensor.data()), t.tensor.nbytes());
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -68,7 +112,12 @@ BOOST_AUTO_TEST_CASE(state_looks_like_a_megatron_model) {
   BOOST_TEST(by_name["model.fc1.weight"].replica_id >= 0);  // one of two data-parallel replicas
   BOOST_TEST((by_name["optimizer.main.model.fc1.weight"].dtype == DType::f32));
   BOOST_TEST(by_name["optimizer.main.model.fc1.weight"].replica_id == 0);     // sharded over data-parallel
-  BOOST_TEST((by_name["optimizer.exp_avg.model.fc1.weight"].local_shape == Shape{1, 16 * 16 / 2}));
+  // The optimizer state has the parameter's global shape; data-parallel rank 1 holds the second
+  // half of the rows of tensor-parallel rank 1's block.
+  BOOST_TEST((by_name["optimizer.exp_avg.model.fc1.weight"].global_shape == Shape{32, 16}));
+  BOOST_TEST((by_name["optimizer.exp_avg.model.fc1.weight"].local_shape == Shape{8, 16}));
+  BOOST_TEST((by_name["optimizer.exp_avg.model.fc1.weight"].global_offset == Shape{24, 0}));
+  BOOST_TEST((by_name["optimizer.exp_avg.model.fc2.weight"].global_offset == Shape{4, 16}));
   BOOST_TEST(rank3.objects.count("rng.rank3") == 1u);
   BOOST_TEST(rank3.objects.count("scheduler") == 1u);
 }
@@ -207,5 +256,72 @@ BOOST_AUTO_TEST_CASE(matrix_products_match_a_reference_on_the_default_device) {
         }
       }
     }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_checkpoint_loads_under_any_layout_with_the_same_weights_and_moments) {
+  Models saved({2, 2});
+  for (std::int64_t step = 1; step <= 6; ++step) saved.step(step, Objective::sft);
+  const double accuracy_at_save = saved.accuracy();
+  TempDir dir;
+  saved.save(dir / "a", 6);
+  const std::string ckpt = dir / "a/global_step_6";
+  const auto before = gathered(ckpt);
+  BOOST_TEST(before.size() == 16u);  // 4 parameters: weights, main weights, 2 moments
+  // How the 2 x 2 run goes on: the reference for every other layout.
+  std::vector<double> losses;
+  for (std::int64_t step = 7; step <= 16; ++step) losses.push_back(saved.step(step, Objective::sft)[0].loss);
+
+  for (ParallelLayout layout : {ParallelLayout{1, 1}, ParallelLayout{1, 2}, ParallelLayout{2, 1}, ParallelLayout{4, 1},
+                                ParallelLayout{2, 4}}) {
+    BOOST_TEST_CONTEXT("tensor " << layout.tensor_parallel << " x data " << layout.data_parallel) {
+      Models resumed(layout);
+      auto reports = resumed.load(ckpt, LoadScope{});
+      for (std::size_t r = 0; r < reports.size(); ++r) {
+        BOOST_TEST(resumed.ranks[r]->optimizer_step() == 6);
+        // Ranks the 4-rank save had no RNG for re-derive theirs.
+        const std::vector<std::string> missing = r < 4 ? std::vector<std::string>{}
+                                                        : std::vector<std::string>{"rng.rank" + std::to_string(r)};
+        BOOST_TEST(reports[r].missing_objects == missing, "rank " << r);
+        BOOST_TEST(reports[r].unused_tensors.empty());
+      }
+      // Saved again from this layout, every tensor gathers to the same bytes.
+      const std::string again = dir / ("l" + std::to_string(layout.tensor_parallel) + std::to_string(layout.data_parallel));
+      resumed.save(again, 6);
+      const auto after = gathered(again + "/global_step_6");
+      BOOST_TEST(after.size() == before.size());
+      for (const auto& [name, bytes] : before) BOOST_TEST((after.count(name) == 1 && after.at(name) == bytes), name);
+      // And training goes on as it does in the 2 x 2 layout (up to the order of sums).
+      BOOST_TEST(resumed.accuracy() == accuracy_at_save);
+      for (std::int64_t step = 7; step <= 16; ++step) {
+        BOOST_TEST(resumed.step(step, Objective::sft)[0].loss == losses[static_cast<std::size_t>(step - 7)],
+                   boost::test_tools::tolerance(0.02));
+      }
+      BOOST_TEST(resumed.accuracy() > accuracy_at_save);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_weights_only_load_restarts_the_optimizer_from_the_saved_weights) {
+  Models saved({2, 2});
+  for (std::int64_t step = 1; step <= 5; ++step) saved.step(step, Objective::sft);
+  TempDir dir;
+  saved.save(dir / "a", 5);
+  const auto before = gathered(dir / "a/global_step_5");
+  Models fresh({1, 2});
+  fresh.load(dir / "a/global_step_5", LoadScope{false, false, true});
+  for (const auto& rank : fresh.ranks) BOOST_TEST(rank->optimizer_step() == 0);
+  fresh.save(dir / "b", 1);
+  const auto after = gathered(dir / "b/global_step_1");
+  for (const char* p : {"model.fc1.weight", "model.fc1.bias", "model.fc2.weight", "model.fc2.bias"}) {
+    const std::string name = p;
+    BOOST_TEST((after.at(name) == before.at(name)), name);
+    // The fp32 main weights are the saved bf16 weights, widened; the moments start at zero.
+    const std::string& bf16 = before.at(name);
+    std::string widened(bf16.size() * 2, '\0');
+    BOOST_REQUIRE(convert_elements(bf16.data(), DType::bf16, widened.data(), DType::f32, bf16.size() / 2).is_ok());
+    BOOST_TEST((after.at("optimizer.main." + name) == widened), name);
+    BOOST_TEST((after.at("optimizer.main." + name) != before.at("optimizer.main." + name)), name);
+    BOOST_TEST((after.at("optimizer.exp_avg." + name) == std::string(widened.size(), '\0')), name);
   }
 }
