@@ -21,10 +21,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# Independent readers of our files for the interop tests; an S3-compatible server (moto) and an
-# independent S3 client (boto3) for the object-store tests.
-if ! python3 -c 'import safetensors, numpy, moto.server, boto3, flask, flask_cors' 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy 'moto[server]' boto3 ||
+# Independent readers of our files for the interop tests (ml_dtypes: BF16 and FP8 in numpy); an
+# S3-compatible server (moto) and an independent S3 client (boto3) for the object-store tests.
+if ! python3 -c 'import safetensors, numpy, ml_dtypes, moto.server, boto3, flask, flask_cors' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ml_dtypes 'moto[server]' boto3 ||
     python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors numpy \
-      'moto[server]' boto3
+      ml_dtypes 'moto[server]' boto3
 fi

@@ -1,11 +1,14 @@
-// stagehand-ckpt: inspect and verify checkpoints.
+// stagehand-ckpt: inspect, verify and export checkpoints.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
+#include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 
@@ -24,6 +27,46 @@ std::string human_bytes(std::uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
   return buf;
+}
+
+/// Ranks whose data files (`__{rank}_{bucket}.safetensors`) the checkpoint lists.
+std::set<int> writing_ranks(const CheckpointMetadata& m) {
+  static const std::regex kBucketFile(R"(__(\d+)_\d+\.safetensors)");
+  std::set<int> ranks;
+  std::smatch match;
+  for (const auto& [name, file] : m.files) {
+    if (std::regex_match(name, match, kBucketFile)) ranks.insert(std::stoi(match[1].str()));
+  }
+  return ranks;
+}
+
+/// The trainer that wrote the checkpoint and the layout it was saved with, from trainer_state.json.
+void print_provenance(const std::string& dir, const CheckpointMetadata& m) {
+  std::printf("\nranks that wrote files: %zu\n", writing_ranks(m).size());
+  auto text = read_trainer_state_text(dir);
+  if (!text.is_ok()) {
+    std::printf("trainer: not recorded (%s)\nlayout: not recorded\n",
+                text.status().code() == ErrorCode::not_found ? "no trainer_state.json"
+                                                             : text.status().message().c_str());
+    return;
+  }
+  const auto state = nlohmann::json::parse(*text, nullptr, false);
+  const auto kind = state.is_object() ? state.find("kind") : state.end();
+  std::printf("trainer: %s\n", kind != state.end() && kind->is_string()
+                                   ? kind->get<std::string>().c_str()
+                                   : "not recorded");
+  const auto layout = state.is_object() ? state.find("layout") : state.end();
+  if (layout == state.end() || !layout->is_object()) {
+    std::printf("layout: not recorded\n");
+    return;
+  }
+  auto size = [&](const char* key) {
+    auto v = layout->find(key);
+    return v != layout->end() && v->is_number_integer() ? std::to_string(v->get<long long>())
+                                                        : std::string("?");
+  };
+  std::printf("layout: tensor_parallel %s x data_parallel %s\n", size("tensor_parallel").c_str(),
+              size("data_parallel").c_str());
 }
 
 int run_verify(const std::string& path) {
@@ -79,6 +122,40 @@ int run_inspect(const std::string& path) {
   for (const auto& [name, value] : m.objects) {
     std::printf("  object %s: %zu bytes\n", name.c_str(), value.size());
   }
+  print_provenance(*dir, m);
+  return 0;
+}
+
+int run_export(const std::string& checkpoint, const std::string& out, const std::string& what,
+               const std::string& dtype, const std::string& max_shard_size, int threads) {
+  ExportOptions options;
+  options.what = what == "all" ? ExportOptions::What::all : ExportOptions::What::model;
+  if (dtype == "bf16") options.dtype = DType::bf16;
+  if (dtype == "fp32") options.dtype = DType::f32;
+  auto max_bytes = parse_byte_size(max_shard_size);
+  if (!max_bytes.is_ok()) {
+    std::cerr << "stagehand-ckpt export: --max-shard-size: " << max_bytes.status().message()
+              << "\n";
+    return 2;
+  }
+  options.max_shard_bytes = *max_bytes;
+  options.thread_count = threads;
+  ExportReport report;
+  Status status =
+      export_checkpoint(checkpoint, out, options, ObjectStoreOptions::from_environment(), &report);
+  if (!status.is_ok()) {
+    std::cerr << "stagehand-ckpt export: " << status.message() << "\n";
+    return 1;
+  }
+  std::printf(
+      "exported %llu tensors, %s, into %llu files in %s in %.2f s (largest tensor %s, buffers at "
+      "most %s)\n",
+      static_cast<unsigned long long>(report.tensors), human_bytes(report.bytes).c_str(),
+      static_cast<unsigned long long>(report.files), out.c_str(), report.total_s,
+      human_bytes(report.largest_tensor_bytes).c_str(),
+      human_bytes(report.buffer_peak_bytes).c_str());
+  for (const auto& file : report.files_written)
+    std::printf("  %s\n", file.c_str());
   return 0;
 }
 
@@ -89,17 +166,50 @@ constexpr const char* kPathHelp =
     "gs://bucket/prefix with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION";
 
 int main(int argc, char** argv) {
-  CLI::App app{"stagehand-ckpt: inspect and verify Stagehand checkpoints"};
+  CLI::App app{"stagehand-ckpt: inspect, verify and export Stagehand checkpoints"};
   app.require_subcommand(1);
   std::string path;
   auto* verify = app.add_subcommand(
       "verify", "check the metadata and headers as a load does, and every file and chunk checksum");
   verify->add_option("path", path, kPathHelp)
       ->required();
-  auto* inspect = app.add_subcommand("inspect", "list tensors, shards, bytes and files");
+  auto* inspect = app.add_subcommand("inspect",
+                                     "list tensors, shards, bytes and files, the trainer that "
+                                     "wrote the checkpoint and its layout");
   inspect->add_option("path", path, kPathHelp)
       ->required();
+  auto* export_cmd = app.add_subcommand(
+      "export",
+      "write consolidated full tensors with plain names in the Hugging Face layout "
+      "(model.safetensors, or "
+      "numbered shards and model.safetensors.index.json), verifying every chunk read");
+  export_cmd->add_option("checkpoint", path, kPathHelp)->required();
+  std::string out;
+  export_cmd
+      ->add_option("out", out, "a new local folder (one that does not exist, or an empty one)")
+      ->required();
+  std::string what = "model";
+  export_cmd
+      ->add_option("--what", what,
+                   "model: the tensors named model.*; all: every tensor, optimizer state too")
+      ->check(CLI::IsMember({"model", "all"}))
+      ->capture_default_str();
+  std::string dtype = "as-saved";
+  export_cmd
+      ->add_option("--dtype", dtype,
+                   "floating point tensors as saved, or converted (round to nearest even)")
+      ->check(CLI::IsMember({"as-saved", "bf16", "fp32"}))
+      ->capture_default_str();
+  std::string max_shard_size = "5GiB";
+  export_cmd
+      ->add_option("--max-shard-size", max_shard_size, "largest file: 5GB, 500MB, 2GiB, or bytes")
+      ->capture_default_str();
+  int threads = ExportOptions{}.thread_count;
+  export_cmd->add_option("--threads", threads, "reads in flight at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (verify->parsed()) return run_verify(path);
+  if (export_cmd->parsed()) return run_export(path, out, what, dtype, max_shard_size, threads);
   return run_inspect(path);
 }

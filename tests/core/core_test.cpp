@@ -2,8 +2,11 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cerrno>
+#include <cstdint>
+#include <vector>
 
 #include "stagehand/core/device.hpp"
+#include "stagehand/core/dtype.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
@@ -21,6 +24,128 @@ BOOST_AUTO_TEST_CASE(dtype_names_round_trip_and_sizes) {
   BOOST_TEST(dtype_size(DType::bf16) == 2u);
   BOOST_TEST(dtype_size(DType::i64) == 8u);
   BOOST_TEST(!dtype_from_name("F8").has_value());
+  BOOST_TEST((dtype_from_name("F8_E4M3") == DType::f8_e4m3));
+  BOOST_TEST((dtype_from_name("F8_E5M2") == DType::f8_e5m2));
+  BOOST_TEST(dtype_size(DType::f8_e4m3) == 1u);
+  BOOST_TEST(dtype_size(DType::u16) == 2u);
+  BOOST_TEST(dtype_size(DType::u32) == 4u);
+  BOOST_TEST(dtype_size(DType::u64) == 8u);
+}
+
+namespace {
+
+/// Little-endian bytes of `bits`, each element `size` bytes wide.
+std::vector<std::uint8_t> pack_bits(const std::vector<std::uint64_t>& bits, std::size_t size) {
+  std::vector<std::uint8_t> out;
+  for (std::uint64_t b : bits) {
+    for (std::size_t i = 0; i < size; ++i) out.push_back(static_cast<std::uint8_t>(b >> (8 * i)));
+  }
+  return out;
+}
+
+struct ConversionCase {
+  DType from;
+  DType to;
+  std::vector<std::uint64_t> in;
+  std::vector<std::uint64_t> out;
+};
+
+}  // namespace
+
+// Expected bit patterns computed independently with numpy 2.4 and ml_dtypes 0.6 (which round
+// once, to nearest even), except where noted: ml_dtypes turns finite F8_E4M3 overflow into NaN
+// (as torch's plain cast does), where Stagehand saturates to +-448; and ml_dtypes rounds F64 to
+// BF16 through F32 (twice), where Stagehand rounds once.
+BOOST_AUTO_TEST_CASE(convert_elements_rounds_to_nearest_even_between_floating_types) {
+  // 1.0 -2.5 1+2^-8 1+3*2^-8 65504 65520 448 464 1000 2^-24 2^-25 2^-9 2^-16 57344 61440 FLT_MAX
+  // inf -inf nan -nan
+  const std::vector<std::uint64_t> f32_in = {
+      0x3f800000, 0xc0200000, 0x3f808000, 0x3f818000, 0x477fe000, 0x477ff000, 0x43e00000,
+      0x43e80000, 0x447a0000, 0x33800000, 0x33000000, 0x3b000000, 0x37800000, 0x47600000,
+      0x47700000, 0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000};
+  const std::vector<ConversionCase> cases = {
+      {DType::f32, DType::bf16, f32_in,
+       {0x3f80, 0xc020, 0x3f80, 0x3f82, 0x4780, 0x4780, 0x43e0, 0x43e8, 0x447a, 0x3380,
+        0x3300, 0x3b00, 0x3780, 0x4760, 0x4770, 0x7f80, 0x7f80, 0xff80, 0x7fc0, 0xffc0}},
+      {DType::f32, DType::f16, f32_in,
+       {0x3c00, 0xc100, 0x3c04, 0x3c0c, 0x7bff, 0x7c00, 0x5f00, 0x5f40, 0x63d0, 0x0001,
+        0x0000, 0x1800, 0x0100, 0x7b00, 0x7b80, 0x7c00, 0x7c00, 0xfc00, 0x7e00, 0xfe00}},
+      // Saturates 464 .. FLT_MAX to 448 (0x7e); inf becomes NaN (0x7f) with its sign.
+      {DType::f32, DType::f8_e4m3, f32_in,
+       {0x38, 0xc2, 0x38, 0x38, 0x7e, 0x7e, 0x7e, 0x7e, 0x7e, 0x00,
+        0x00, 0x01, 0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0xff, 0x7f, 0xff}},
+      {DType::f32, DType::f8_e5m2, f32_in,
+       {0x3c, 0xc1, 0x3c, 0x3c, 0x7c, 0x7c, 0x5f, 0x5f, 0x64, 0x00,
+        0x00, 0x18, 0x01, 0x7b, 0x7c, 0x7c, 0x7c, 0xfc, 0x7e, 0xfe}},
+      // Ties: 1.0625 1.1875 1.125 1.375.
+      {DType::f32, DType::f8_e4m3, {0x3f880000, 0x3f980000, 0x3f900000, 0x3fb00000}, {0x38, 0x3a, 0x39, 0x3b}},
+      {DType::f32, DType::f8_e5m2, {0x3f880000, 0x3f980000, 0x3f900000, 0x3fb00000}, {0x3c, 0x3d, 0x3c, 0x3e}},
+      // 1.0 -2.5 max min-subnormal inf -nan nan-with-payload
+      {DType::bf16, DType::f32, {0x3f80, 0xc020, 0x7f7f, 0x0001, 0x7f80, 0xffc0, 0x7fc1},
+       {0x3f800000, 0xc0200000, 0x7f7f0000, 0x00010000, 0x7f800000, 0xffc00000, 0x7fc10000}},
+      {DType::f16, DType::f32, {0x3c00, 0xc100, 0x7bff, 0x0001, 0x7c00, 0xfe00},
+       {0x3f800000, 0xc0200000, 0x477fe000, 0x33800000, 0x7f800000, 0xffc00000}},
+      {DType::f8_e4m3, DType::f32, {0x38, 0xc2, 0x7e, 0x01, 0x7f, 0xff},
+       {0x3f800000, 0xc0200000, 0x43e00000, 0x3b000000, 0x7fc00000, 0xffc00000}},
+      // ... -inf too.
+      {DType::f8_e5m2, DType::f32, {0x3c, 0xc1, 0x7b, 0x01, 0x7c, 0xfc, 0x7e},
+       {0x3f800000, 0xc0200000, 0x47600000, 0x37800000, 0x7f800000, 0xff800000, 0x7fc00000}},
+      // 1.0 -2.5 1+2^-24 (a tie) inf nan.
+      {DType::f64, DType::f32,
+       {0x3ff0000000000000, 0xc004000000000000, 0x3ff0000010000000, 0x7ff0000000000000, 0x7ff8000000000000},
+       {0x3f800000, 0xc0200000, 0x3f800000, 0x7f800000, 0x7fc00000}},
+      // 1+2^-8 (a tie, to even), 1+2^-8+2^-30 (just above it: through F32 it would round twice,
+      // to 0x3f80), 1e300 (overflow).
+      {DType::f64, DType::bf16, {0x3ff0100000000000, 0x3ff0100000400000, 0x7e37e43c8800759c},
+       {0x3f80, 0x3f81, 0x7f80}},
+      // 1.0 65536 (overflow) 2^-24 nan.
+      {DType::bf16, DType::f16, {0x3f80, 0x4780, 0x3380, 0x7fc0}, {0x3c00, 0x7c00, 0x0001, 0x7e00}},
+      // 1.0 448 512 inf -inf.
+      {DType::f16, DType::f8_e4m3, {0x3c00, 0x5f00, 0x6000, 0x7c00, 0xfc00}, {0x38, 0x7e, 0x7e, 0x7f, 0xff}},
+      // 57344 1.0 inf.
+      {DType::f8_e5m2, DType::f8_e4m3, {0x7b, 0x3c, 0x7c}, {0x7e, 0x38, 0x7f}},
+      // 448 2^-9 1.0.
+      {DType::f8_e4m3, DType::f8_e5m2, {0x7e, 0x01, 0x38}, {0x5f, 0x18, 0x3c}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(dtype_name(c.from) << " -> " << dtype_name(c.to)) {
+      BOOST_REQUIRE(c.in.size() == c.out.size());
+      const auto in = pack_bits(c.in, dtype_size(c.from));
+      const auto expected = pack_bits(c.out, dtype_size(c.to));
+      std::vector<std::uint8_t> out(expected.size(), 0xaa);
+      BOOST_REQUIRE(convert_elements(in.data(), c.from, out.data(), c.to, c.in.size()).is_ok());
+      BOOST_TEST(out == expected, boost::test_tools::per_element());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(convert_elements_widens_integers_and_refuses_the_rest) {
+  const std::vector<std::int8_t> i8 = {-128, -1, 0, 127};
+  std::vector<std::int64_t> i64(i8.size());
+  BOOST_REQUIRE(convert_elements(i8.data(), DType::i8, i64.data(), DType::i64, i8.size()).is_ok());
+  BOOST_TEST(i64 == (std::vector<std::int64_t>{-128, -1, 0, 127}), boost::test_tools::per_element());
+  const std::vector<std::uint16_t> u16 = {0, 1, 65535};
+  std::vector<std::uint32_t> u32(u16.size());
+  BOOST_REQUIRE(convert_elements(u16.data(), DType::u16, u32.data(), DType::u32, u16.size()).is_ok());
+  BOOST_TEST(u32 == (std::vector<std::uint32_t>{0, 1, 65535}), boost::test_tools::per_element());
+  // Every dtype converts to itself byte for byte.
+  for (DType d : kAllDTypes) {
+    std::vector<std::uint8_t> in(3 * dtype_size(d));
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint8_t>(i * 37 + 1);
+    std::vector<std::uint8_t> out(in.size());
+    BOOST_REQUIRE(convert_elements(in.data(), d, out.data(), d, 3).is_ok());
+    BOOST_TEST(out == in, boost::test_tools::per_element());
+  }
+  const std::pair<DType, DType> refused[] = {{DType::i64, DType::i32}, {DType::i8, DType::u16},
+                                             {DType::u8, DType::i16},  {DType::i32, DType::f32},
+                                             {DType::f32, DType::i32}, {DType::boolean, DType::u8}};
+  for (auto [from, to] : refused) {
+    std::uint64_t in = 0, out = 0;
+    Status s = convert_elements(&in, from, &out, to, 1);
+    BOOST_TEST((s.code() == ErrorCode::invalid_argument));
+    BOOST_TEST(s.message().find(std::string(dtype_name(from))) != std::string::npos);
+    BOOST_TEST(s.message().find(std::string(dtype_name(to))) != std::string::npos);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(shape_is_a_value_type) {

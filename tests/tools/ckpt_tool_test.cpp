@@ -5,12 +5,22 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
 #include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/synthetic_state.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
@@ -74,7 +84,319 @@ void edit_safetensors_header(const std::string& path, const std::string& pattern
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+/// A tensor of the export fixture, whole, and how it is split over two ranks.
+struct GlobalTensor {
+  std::string name;
+  Tensor full;
+  /// The dimension split in two halves; -1: every rank holds all of it (replicated).
+  int split_dim;
+};
+
+/// Every kind of tensor an export meets: model weights and optimizer state, row and column
+/// splits, replicas, scalars, every dtype (FP8 and unsigned included).
+std::vector<GlobalTensor> export_fixture() {
+  std::vector<GlobalTensor> out;
+  std::uint32_t seed = 7;
+  auto add = [&](std::string name, DType dtype, Shape shape, int split_dim) {
+    out.push_back({std::move(name), test::random_tensor(dtype, shape, seed++), split_dim});
+  };
+  add("model.embed.weight", DType::bf16, {64, 48}, 0);
+  add("model.fc1.weight", DType::f32, {40, 24}, 1);
+  add("model.fc1.bias", DType::f32, {40}, -1);
+  add("model.fc2.weight", DType::f16, {12, 10}, 0);
+  add("model.fc2.weight_f8_e4m3", DType::f8_e4m3, {16, 8}, 0);
+  add("model.fc2.weight_f8_e5m2", DType::f8_e5m2, {16, 8}, 1);
+  add("model.fc2.scale", DType::f64, {}, -1);
+  add("model.tokens.count_u16", DType::u16, {10}, 0);
+  add("model.tokens.ids_u32", DType::u32, {6, 2}, 0);
+  add("model.tokens.offsets_u64", DType::u64, {4}, -1);
+  add("model.tokens.mask", DType::boolean, {8}, -1);
+  add("model.tokens.position_i64", DType::i64, {6}, 0);
+  add("optimizer.exp_avg.model.fc1.weight", DType::f32, {40, 24}, 1);
+  add("optimizer.step", DType::i64, {}, -1);
+  return out;
+}
+
+/// Rank `rank`'s half of `t` along its split dimension (1-D or 2-D), or all of it.
+Tensor block_of(const GlobalTensor& t, int rank, Shape& offset) {
+  const Shape& shape = t.full.shape();
+  offset = Shape::zeros(shape.rank());
+  if (t.split_dim < 0) return t.full;
+  Shape local = shape;
+  const auto dim = static_cast<std::size_t>(t.split_dim);
+  local[dim] = shape[dim] / 2;
+  offset[dim] = local[dim] * rank;
+  Tensor block = *Tensor::empty(t.full.dtype(), local, Device::host());
+  const std::size_t elem = dtype_size(t.full.dtype());
+  const std::int64_t rows = shape.rank() == 2 ? shape[0] : 1;
+  const std::int64_t cols = shape.rank() == 2 ? shape[1] : shape[0];
+  const std::int64_t local_rows = local.rank() == 2 ? local[0] : 1;
+  const std::int64_t local_cols = local.rank() == 2 ? local[1] : local[0];
+  const std::int64_t row0 = shape.rank() == 2 ? offset[0] : 0;
+  const std::int64_t col0 = shape.rank() == 2 ? offset[1] : offset[0];
+  BOOST_REQUIRE(row0 + local_rows <= rows);
+  for (std::int64_t r = 0; r < local_rows; ++r) {
+    std::memcpy(block.host_data<std::uint8_t>() + static_cast<std::size_t>(r * local_cols) * elem,
+                static_cast<const std::uint8_t*>(t.full.data()) +
+                    static_cast<std::size_t>((row0 + r) * cols + col0) * elem,
+                static_cast<std::size_t>(local_cols) * elem);
+  }
+  return block;
+}
+
+/// Saves `tensors` split over two ranks as step 1 of `root`, with `trainer_state` as its
+/// trainer_state.json when not empty.
+void save_two_ranks(const std::string& root, const std::vector<GlobalTensor>& tensors,
+                    const std::string& trainer_state = "") {
+  std::vector<StateDict> states(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const auto& t : tensors) {
+      Shape offset;
+      Tensor block = block_of(t, rank, offset);
+      states[static_cast<std::size_t>(rank)].add(t.name, block, t.full.shape(), offset,
+                                                 t.split_dim < 0 ? rank : 0);
+    }
+  }
+  auto tmp = prepare_checkpoint_dir(root, 1);
+  BOOST_REQUIRE(tmp.is_ok());
+  if (!trainer_state.empty()) std::ofstream(*tmp + "/" + kTrainerStateFile) << trainer_state;
+  std::vector<RankSaveReport> reports;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto engine = SaveEngine::create(rank, {2, 0, false, {}});
+    BOOST_REQUIRE(engine.is_ok());
+    reports.push_back((*engine)->save(states[static_cast<std::size_t>(rank)],
+                                      CheckpointLayout::policy_dir(*tmp), 1));
+  }
+  BOOST_REQUIRE(commit_checkpoint(root, 1, reports, 2).is_ok());
+}
+
+/// The tensors of an export folder, read through its safetensors headers: name -> (file, tensor).
+std::map<std::string, std::pair<std::string, Tensor>> read_export(const std::string& dir) {
+  std::map<std::string, std::pair<std::string, Tensor>> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();
+    if (entry.path().extension() != ".safetensors") continue;
+    auto header = parse_safetensors_header(entry.path().string());
+    BOOST_REQUIRE_MESSAGE(header.is_ok(), header.status());
+    const std::string bytes = test::read_file(entry.path().string());
+    // Entries come sorted by name; their data lies back to back in the same order.
+    std::uint64_t next_begin = 0;
+    for (const auto& e : header->entries) {
+      Tensor t = *Tensor::empty(e.dtype, e.shape, Device::host());
+      BOOST_REQUIRE(e.end - e.begin == t.nbytes());
+      std::memcpy(t.data(), bytes.data() + header->data_start + e.begin, t.nbytes());
+      BOOST_TEST(out.count(e.key) == 0u, e.key << " in two files");
+      BOOST_TEST(e.begin == next_begin, e.key);
+      next_begin = e.end;
+      out[e.key] = {file, t};
+    }
+  }
+  return out;
+}
+
+/// `t` converted to `dtype` when it is floating point and `dtype` is set.
+Tensor exported_form(const Tensor& t, std::optional<DType> dtype) {
+  if (!dtype || !is_floating_point(t.dtype())) return t;
+  Tensor out = *Tensor::empty(*dtype, t.shape(), Device::host());
+  BOOST_REQUIRE(
+      convert_elements(t.data(), t.dtype(), out.data(), *dtype, static_cast<std::size_t>(t.numel()))
+          .is_ok());
+  return out;
+}
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(export_writes_every_tensor_whole_in_the_hugging_face_layout) {
+  TempDir dir;
+  const auto fixture = export_fixture();
+  save_two_ranks(dir / "ckpt", fixture);
+  struct Config {
+    std::string what;
+    std::string dtype;
+    std::string max_shard_size;
+  };
+  const Config configs[] = {{"model", "as-saved", "5GB"}, {"all", "as-saved", "5GB"},
+                            {"model", "bf16", "5GB"},     {"all", "fp32", "5GB"},
+                            {"all", "as-saved", "4KB"},   {"model", "bf16", "1500"}};
+  int run = 0;
+  for (const auto& c : configs) {
+    BOOST_TEST_CONTEXT(c.what << " " << c.dtype << " " << c.max_shard_size) {
+      const std::string out = dir / ("export" + std::to_string(run++));
+      test::CommandRun exported = test::run_command(
+          kBin + "/stagehand-ckpt export " + dir / "ckpt" + " " + out + " --what " + c.what +
+          " --dtype " + c.dtype + " --max-shard-size " + c.max_shard_size);
+      BOOST_REQUIRE_MESSAGE(exported.code == 0, exported.output);
+      std::optional<DType> dtype;
+      if (c.dtype == "bf16") dtype = DType::bf16;
+      if (c.dtype == "fp32") dtype = DType::f32;
+      const auto files = read_export(out);
+      std::uint64_t total = 0;
+      std::size_t expected_count = 0;
+      for (const auto& t : fixture) {
+        if (c.what == "model" && t.name.rfind("model.", 0) != 0) continue;
+        ++expected_count;
+        BOOST_TEST_CONTEXT(t.name) {
+          auto found = files.find(t.name);
+          BOOST_REQUIRE(found != files.end());
+          const Tensor& got = found->second.second;
+          const Tensor expected = exported_form(t.full, dtype);
+          BOOST_TEST((got.dtype() == expected.dtype()));
+          BOOST_TEST((got.shape() == expected.shape()));
+          BOOST_TEST(test::same_bytes(got, expected));
+          total += got.nbytes();
+        }
+      }
+      BOOST_TEST(files.size() == expected_count);
+      const bool sharded = c.max_shard_size != "5GB";
+      BOOST_TEST(std::filesystem::exists(out + "/model.safetensors") == !sharded);
+      BOOST_TEST(std::filesystem::exists(out + "/model.safetensors.index.json") == sharded);
+      if (sharded) {
+        const auto index =
+            nlohmann::json::parse(test::read_file(out + "/model.safetensors.index.json"));
+        BOOST_TEST(index["metadata"]["total_size"].get<std::uint64_t>() == total);
+        BOOST_TEST(index["weight_map"].size() == expected_count);
+        std::set<std::string> shard_files;
+        for (const auto& [name, entry] : files) {
+          BOOST_TEST(index["weight_map"][name].get<std::string>() == entry.first);
+          shard_files.insert(entry.first);
+        }
+        BOOST_TEST(shard_files.size() > 2u);
+        const std::string count = std::to_string(shard_files.size());
+        const std::string last = "model-0000" + count + "-of-0000" + count + ".safetensors";
+        BOOST_TEST(shard_files.count(last) == 1u, last);
+        const std::uint64_t max_bytes = *parse_byte_size(c.max_shard_size);
+        for (const auto& file : shard_files) {
+          std::uint64_t bytes = 0;
+          std::size_t tensors = 0;
+          for (const auto& [name, entry] : files) {
+            if (entry.first != file) continue;
+            bytes += entry.second.nbytes();
+            ++tensors;
+          }
+          BOOST_TEST((bytes <= max_bytes || tensors == 1u), file << " holds " << bytes << " bytes");
+        }
+      }
+      // Every file is a safetensors file with the metadata Hugging Face loaders expect.
+      for (const auto& entry : std::filesystem::directory_iterator(out)) {
+        if (entry.path().extension() != ".safetensors") continue;
+        BOOST_TEST(
+            test::read_file(entry.path().string()).find(R"("__metadata__":{"format":"pt"})") !=
+            std::string::npos);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(export_of_a_corrupt_chunk_fails_and_leaves_nothing) {
+  TempDir dir;
+  save_two_ranks(dir / "ckpt", export_fixture());
+  auto metadata = read_checkpoint_metadata(dir / "ckpt/global_step_1");
+  BOOST_REQUIRE(metadata.is_ok());
+  const ChunkMeta& chunk = metadata->tensors.at("model.fc1.weight").chunks.at(1);
+  const std::string file = dir / ("ckpt/global_step_1/policy/" + chunk.file);
+  std::string bytes = test::read_file(file);
+  bytes[chunk.begin + 5] ^= 0x10;
+  std::ofstream(file, std::ios::binary) << bytes;
+  for (const std::string max_size : {"5GB", "2KB"}) {
+    BOOST_TEST_CONTEXT(max_size) {
+      const std::string out = dir / "hf";
+      test::CommandRun exported =
+          test::run_command(kBin + "/stagehand-ckpt export " + dir / "ckpt" + " " + out +
+                            " --max-shard-size " + max_size);
+      BOOST_TEST(exported.code == 1, exported.output);
+      BOOST_TEST(exported.output.find("checksum mismatch") != std::string::npos, exported.output);
+      BOOST_TEST(exported.output.find(chunk.file) != std::string::npos, exported.output);
+      BOOST_TEST(exported.output.find("model.fc1.weight") != std::string::npos, exported.output);
+      BOOST_TEST(!std::filesystem::exists(out));
+      // No temporary folder is left beside it either.
+      std::size_t entries = 0;
+      for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path()))
+        ++entries;
+      BOOST_TEST(entries == 1u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(export_refuses_a_used_output_and_bad_arguments) {
+  TempDir dir;
+  save_two_ranks(dir / "ckpt", export_fixture());
+  const std::string export_cmd = kBin + "/stagehand-ckpt export " + dir / "ckpt" + " ";
+  std::filesystem::create_directories(dir / "full");
+  std::ofstream(dir / "full/keep.txt") << "mine";
+  test::CommandRun used = test::run_command(export_cmd + dir / "full");
+  BOOST_TEST(used.code == 1);
+  BOOST_TEST(used.output.find("exists and is not an empty folder") != std::string::npos,
+             used.output);
+  BOOST_TEST(test::read_file(dir / "full/keep.txt") == "mine");
+  // An empty folder is taken, and a global_step_N folder works as well as the root.
+  std::filesystem::create_directories(dir / "empty");
+  test::CommandRun into_empty = test::run_command(export_cmd + dir / "empty");
+  BOOST_TEST(into_empty.code == 0, into_empty.output);
+  BOOST_TEST(std::filesystem::exists(dir / "empty/model.safetensors"));
+  test::CommandRun from_step = test::run_command(
+      kBin + "/stagehand-ckpt export " + dir / "ckpt/global_step_1 " + dir / "nested/a/out");
+  BOOST_TEST(from_step.code == 0, from_step.output);
+  BOOST_TEST(std::filesystem::exists(dir / "nested/a/out/model.safetensors"));
+  struct Bad {
+    std::string args;
+    std::string says;
+  };
+  const Bad bads[] = {{dir / "x --max-shard-size 5XB", "unknown unit"},
+                      {dir / "x --max-shard-size GB", "does not start with a number"},
+                      {dir / "x --max-shard-size 0", "less than one byte"},
+                      {dir / "x --dtype fp16", "--dtype"},
+                      {dir / "x --what optimizer", "--what"},
+                      {"s3://bucket/out", "local folder"}};
+  for (const auto& bad : bads) {
+    BOOST_TEST_CONTEXT(bad.args) {
+      test::CommandRun run = test::run_command(export_cmd + bad.args);
+      BOOST_TEST(run.code != 0);
+      BOOST_TEST(run.output.find(bad.says) != std::string::npos, run.output);
+    }
+  }
+  BOOST_TEST(!std::filesystem::exists(dir / "x"));
+}
+
+BOOST_AUTO_TEST_CASE(parse_byte_size_reads_hugging_face_sizes) {
+  BOOST_TEST(*parse_byte_size("5GB") == 5000000000ull);
+  BOOST_TEST(*parse_byte_size("500MB") == 500000000ull);
+  BOOST_TEST(*parse_byte_size("2GiB") == 2147483648ull);
+  BOOST_TEST(*parse_byte_size("1.5gb") == 1500000000ull);
+  BOOST_TEST(*parse_byte_size("4096") == 4096ull);
+  BOOST_TEST(*parse_byte_size("10KiB") == 10240ull);
+  for (const std::string bad :
+       {"", "GB", "5 XB", "-1", "1..5GB", "0", "0.1", "1e3", "99999999999TB"}) {
+    BOOST_TEST_CONTEXT(bad) {
+      auto parsed = parse_byte_size(bad);
+      BOOST_TEST(!parsed.is_ok());
+      BOOST_TEST((parsed.status().code() == ErrorCode::invalid_argument));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(inspect_shows_the_trainer_and_the_layout) {
+  TempDir dir;
+  const auto fixture = export_fixture();
+  save_two_ranks(
+      dir / "with", fixture,
+      R"({"step": 1, "kind": "sft", "layout": {"tensor_parallel": 2, "data_parallel": 1}})");
+  test::CommandRun with = test::run_command(kBin + "/stagehand-ckpt inspect " + dir / "with");
+  BOOST_TEST(with.code == 0, with.output);
+  BOOST_TEST(with.output.find("trainer: sft") != std::string::npos, with.output);
+  BOOST_TEST(with.output.find("layout: tensor_parallel 2 x data_parallel 1") != std::string::npos,
+             with.output);
+  BOOST_TEST(with.output.find("ranks that wrote files: 2") != std::string::npos, with.output);
+  BOOST_TEST(with.output.find("F8_E4M3") != std::string::npos, with.output);
+  save_two_ranks(dir / "older", fixture, R"({"step": 1, "kind": "sync"})");
+  test::CommandRun older = test::run_command(kBin + "/stagehand-ckpt inspect " + dir / "older");
+  BOOST_TEST(older.output.find("trainer: sync") != std::string::npos, older.output);
+  BOOST_TEST(older.output.find("layout: not recorded") != std::string::npos, older.output);
+  save_two_ranks(dir / "without", fixture);
+  test::CommandRun without = test::run_command(kBin + "/stagehand-ckpt inspect " + dir / "without");
+  BOOST_TEST(without.code == 0, without.output);
+  BOOST_TEST(without.output.find("trainer: not recorded") != std::string::npos, without.output);
+  BOOST_TEST(without.output.find("layout: not recorded") != std::string::npos, without.output);
+}
 
 BOOST_AUTO_TEST_CASE(verify_accepts_a_good_checkpoint_and_inspect_lists_it) {
   TempDir dir;

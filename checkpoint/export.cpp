@@ -1,0 +1,368 @@
+#include "stagehand/checkpoint/export.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/local_files.hpp"
+
+namespace stagehand {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Output bytes converted at once: the conversion buffer's size.
+constexpr std::size_t kConvertBufferBytes = 8u << 20;
+
+std::string quoted(const std::string& text) {
+  return "'" + text + "'";
+}
+
+/// One tensor of the export.
+struct ExportTensor {
+  std::string name;
+  const TensorMeta* saved = nullptr;
+  DType out_dtype = DType::f32;
+  std::uint64_t saved_bytes = 0;
+  std::uint64_t out_bytes = 0;
+};
+
+/// One output file: its tensors (indices into the export's, by name) and their bytes.
+struct ExportFile {
+  std::string name;
+  std::vector<std::size_t> tensors;
+  std::uint64_t bytes = 0;
+};
+
+std::uint64_t tensor_bytes(const Shape& shape, DType dtype) {
+  return static_cast<std::uint64_t>(shape.numel()) * dtype_size(dtype);
+}
+
+Result<std::vector<ExportTensor>> select_tensors(const CheckpointMetadata& metadata,
+                                                 const ExportOptions& options,
+                                                 const std::string& checkpoint_dir) {
+  std::vector<ExportTensor> out;
+  for (const auto& [name, saved] : metadata.tensors) {
+    if (options.what == ExportOptions::What::model && name.rfind("model.", 0) != 0) continue;
+    ExportTensor t{name, &saved, saved.dtype, tensor_bytes(saved.global_shape, saved.dtype), 0};
+    if (options.dtype && is_floating_point(saved.dtype)) t.out_dtype = *options.dtype;
+    t.out_bytes = tensor_bytes(saved.global_shape, t.out_dtype);
+    out.push_back(std::move(t));
+  }
+  if (out.empty()) {
+    return Status{ErrorCode::invalid_argument,
+                  quoted(checkpoint_dir) + " has no tensor to export" +
+                      (options.what == ExportOptions::What::model
+                           ? " (none named 'model.*'; --what all exports every one)"
+                           : "")};
+  }
+  return out;
+}
+
+/// Hugging Face's sharding: tensors in name order, a new file whenever the next tensor would
+/// take the current one past `max_bytes`; a tensor larger than that has a file of its own.
+std::vector<ExportFile> plan_files(const std::vector<ExportTensor>& tensors,
+                                   std::uint64_t max_bytes) {
+  std::vector<ExportFile> files(1);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!files.back().tensors.empty() && files.back().bytes + tensors[i].out_bytes > max_bytes) {
+      files.emplace_back();
+    }
+    files.back().tensors.push_back(i);
+    files.back().bytes += tensors[i].out_bytes;
+  }
+  if (files.size() == 1) {
+    files[0].name = kExportSingleFile;
+  } else {
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
+      files[i].name = name;
+    }
+  }
+  return files;
+}
+
+/// Refuses an output that is remote, or that exists and is not an empty folder.
+Status check_output(const std::string& out_dir) {
+  if (is_cloud(out_dir)) {
+    return Status{ErrorCode::unsupported, "export writes to a local folder, not to " +
+                                              quoted(out_dir) +
+                                              " (export locally, then upload the folder)"};
+  }
+  std::error_code ec;
+  const auto status = fs::status(out_dir, ec);
+  if (!fs::exists(status)) return Status::ok();
+  if (!fs::is_directory(status) || !fs::is_empty(out_dir, ec)) {
+    return Status{
+        ErrorCode::already_exists,
+        quoted(out_dir) + " exists and is not an empty folder; export writes a new folder"};
+  }
+  return Status::ok();
+}
+
+/// The tensors of one file are loaded a few at a time: `batch` tensors that together hold at
+/// most `budget` bytes as saved (or one larger tensor).
+std::vector<std::vector<std::size_t>> plan_batches(const std::vector<ExportTensor>& tensors,
+                                                   const std::vector<std::size_t>& order,
+                                                   std::uint64_t budget) {
+  std::vector<std::vector<std::size_t>> batches;
+  std::uint64_t held = 0;
+  for (std::size_t i : order) {
+    if (batches.empty() || held + tensors[i].saved_bytes > budget) {
+      batches.emplace_back();
+      held = 0;
+    }
+    batches.back().push_back(i);
+    held += tensors[i].saved_bytes;
+  }
+  return batches;
+}
+
+/// Writes one export file into `dir`, reading its tensors from the checkpoint.
+class ExportFileWriter {
+ public:
+  ExportFileWriter(const std::string& checkpoint_dir, const ExportOptions& options,
+                   const ObjectStoreOptions& store, const std::vector<ExportTensor>& tensors,
+                   ExportReport& report)
+      : checkpoint_dir_(checkpoint_dir),
+        options_(options),
+        store_(store),
+        tensors_(tensors),
+        report_(report) {}
+
+  Status write(const std::string& dir, const ExportFile& file, std::uint64_t batch_budget) {
+    const std::string path = dir + "/" + file.name;
+    std::vector<SafetensorsEntry> entries;
+    std::uint64_t offset = 0;
+    for (std::size_t i : file.tensors) {
+      const ExportTensor& t = tensors_[i];
+      entries.push_back({t.name, t.out_dtype, t.saved->global_shape, offset, offset + t.out_bytes});
+      offset += t.out_bytes;
+    }
+    SH_ASSIGN_OR_RETURN(out_, local_storage()->open_for_write(path));
+    const std::string header = make_safetensors_header(entries);
+    SH_RETURN_IF_ERROR(out_->append(header.data(), header.size()));
+    for (const auto& batch : plan_batches(tensors_, file.tensors, batch_budget)) {
+      SH_RETURN_IF_ERROR(write_batch(batch));
+    }
+    SH_RETURN_IF_ERROR(out_->sync());
+    SH_RETURN_IF_ERROR(out_->close());
+    report_.files_written.push_back(file.name);
+    ++report_.files;
+    return Status::ok();
+  }
+
+ private:
+  /// Loads the batch's tensors whole (load_checkpoint reads and verifies only their chunks) and
+  /// appends each, converted where asked.
+  Status write_batch(const std::vector<std::size_t>& batch) {
+    StateDict state;
+    std::uint64_t held = 0;
+    for (std::size_t i : batch) {
+      const ExportTensor& t = tensors_[i];
+      SH_ASSIGN_OR_RETURN(Tensor tensor,
+                          Tensor::empty(t.saved->dtype, t.saved->global_shape, Device::host()));
+      state.add_full(t.name, std::move(tensor));
+      held += t.saved_bytes;
+    }
+    LoadReport load;
+    LoadOptions load_options;
+    load_options.thread_count = options_.thread_count;
+    SH_RETURN_IF_ERROR(load_checkpoint(checkpoint_dir_, state, store_, load_options, &load));
+    std::uint64_t converting = 0;
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const ExportTensor& t = tensors_[batch[k]];
+      const Tensor& tensor = state.tensors[k].tensor;
+      if (t.out_dtype == t.saved->dtype) {
+        SH_RETURN_IF_ERROR(out_->append(tensor.data(), tensor.nbytes()));
+      } else {
+        SH_RETURN_IF_ERROR(append_converted(t, tensor));
+        converting = convert_buffer_.size();
+      }
+      report_.bytes += t.out_bytes;
+      ++report_.tensors;
+    }
+    report_.buffer_peak_bytes =
+        std::max(report_.buffer_peak_bytes, held + converting + load.buffer_peak_bytes);
+    return Status::ok();
+  }
+
+  Status append_converted(const ExportTensor& t, const Tensor& tensor) {
+    if (!convert_buffer_.valid()) {
+      convert_buffer_ = HostBuffer(kConvertBufferBytes, false, nullptr);
+      if (!convert_buffer_.valid())
+        return Status{ErrorCode::no_space, "cannot allocate the conversion buffer"};
+    }
+    const std::size_t in_size = dtype_size(t.saved->dtype);
+    const std::size_t out_size = dtype_size(t.out_dtype);
+    const std::size_t per_pass = kConvertBufferBytes / out_size;
+    const auto* src = static_cast<const std::uint8_t*>(tensor.data());
+    const auto total = static_cast<std::size_t>(tensor.numel());
+    for (std::size_t done = 0; done < total;) {
+      const std::size_t n = std::min(per_pass, total - done);
+      SH_RETURN_IF_ERROR(convert_elements(src + done * in_size, t.saved->dtype,
+                                          convert_buffer_.data(), t.out_dtype, n)
+                             .with_context("tensor " + quoted(t.name)));
+      SH_RETURN_IF_ERROR(out_->append(convert_buffer_.data(), n * out_size));
+      done += n;
+    }
+    return Status::ok();
+  }
+
+  const std::string& checkpoint_dir_;
+  const ExportOptions& options_;
+  const ObjectStoreOptions& store_;
+  const std::vector<ExportTensor>& tensors_;
+  ExportReport& report_;
+  std::unique_ptr<WritableFile> out_;
+  HostBuffer convert_buffer_;
+};
+
+Status write_index(const std::string& dir, const std::vector<ExportTensor>& tensors,
+                   const std::vector<ExportFile>& files) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::uint64_t total = 0;
+  for (const auto& file : files) {
+    for (std::size_t i : file.tensors) {
+      weight_map[tensors[i].name] = file.name;
+      total += tensors[i].out_bytes;
+    }
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return write_file_atomic(dir + "/" + kExportIndexFile, index.dump(2) + "\n");
+}
+
+/// Removes the temporary folder of a failed export.
+class TempFolder {
+ public:
+  explicit TempFolder(std::string path) : path_(std::move(path)) {}
+  ~TempFolder() {
+    if (!kept_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  const std::string& path() const { return path_; }
+  void keep() { kept_ = true; }
+
+ private:
+  std::string path_;
+  bool kept_ = false;
+};
+
+Status export_into(const std::string& checkpoint, const std::string& out_dir,
+                   const ExportOptions& options, const ObjectStoreOptions& store,
+                   ExportReport& report) {
+  if (options.max_shard_bytes < 1)
+    return Status{ErrorCode::invalid_argument, "max_shard_bytes must be at least 1"};
+  if (options.dtype && !is_floating_point(*options.dtype)) {
+    return Status{ErrorCode::invalid_argument, "export converts to a floating point dtype, not " +
+                                                   std::string(dtype_name(*options.dtype))};
+  }
+  SH_RETURN_IF_ERROR(check_output(out_dir));
+  SH_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(checkpoint, store));
+  SH_ASSIGN_OR_RETURN(const CheckpointMetadata metadata, read_checkpoint_metadata(dir, store));
+  SH_ASSIGN_OR_RETURN(const std::vector<ExportTensor> tensors,
+                      select_tensors(metadata, options, dir));
+  for (const auto& t : tensors)
+    report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, t.saved_bytes);
+  const std::vector<ExportFile> files = plan_files(tensors, options.max_shard_bytes);
+
+  const fs::path out = fs::absolute(fs::path(out_dir)).lexically_normal();
+  const fs::path target = out.has_filename() ? out : out.parent_path();
+  std::error_code ec;
+  fs::create_directories(target.parent_path(), ec);
+  if (ec) return Status::from_errno(ec.value(), "create " + quoted(target.parent_path().string()));
+  TempFolder temp(target.parent_path() / ("." + target.filename().string() + ".export-" +
+                                          std::to_string(::getpid()) + ".tmp"));
+  fs::remove_all(temp.path(), ec);
+  if (!fs::create_directory(temp.path(), ec))
+    return Status::from_errno(ec.value(), "create " + quoted(temp.path()));
+
+  ExportFileWriter writer(dir, options, store, tensors, report);
+  for (const auto& file : files) {
+    SH_RETURN_IF_ERROR(writer.write(temp.path(), file, report.largest_tensor_bytes));
+  }
+  if (files.size() > 1) {
+    SH_RETURN_IF_ERROR(write_index(temp.path(), tensors, files));
+    report.files_written.push_back(kExportIndexFile);
+  }
+  SH_RETURN_IF_ERROR(fsync_dir(temp.path()));
+  // rename(2) replaces an empty folder; check_output refused any other.
+  if (::rename(temp.path().c_str(), target.c_str()) != 0) {
+    return Status::from_errno(errno,
+                              "rename " + quoted(temp.path()) + " to " + quoted(target.string()));
+  }
+  temp.keep();
+  return fsync_dir(target.parent_path().string());
+}
+
+}  // namespace
+
+Status export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
+                         const ExportOptions& options, const ObjectStoreOptions& store,
+                         ExportReport* report) {
+  const auto start = std::chrono::steady_clock::now();
+  ExportReport local_report;
+  ExportReport& out = report != nullptr ? *report : local_report;
+  out = ExportReport{};
+  Status status = export_into(checkpoint, out_dir, options, store, out);
+  out.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return status.is_ok() ? status : status.with_context("export of " + quoted(checkpoint));
+}
+
+Result<std::uint64_t> parse_byte_size(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return Status{ErrorCode::invalid_argument,
+                  "size " + quoted(text) + " " + why + " (examples: 5GB, 500MB, 2GiB, 1048576)"};
+  };
+  std::size_t end = 0;
+  while (end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+    ++end;
+  if (end == 0 ||
+      std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(end), '.') > 1 ||
+      text[0] == '.' || text[end - 1] == '.') {
+    return bad("does not start with a number");
+  }
+  const double value = std::strtod(text.substr(0, end).c_str(), nullptr);
+  std::string unit = text.substr(end);
+  while (!unit.empty() && unit.front() == ' ')
+    unit.erase(unit.begin());
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"b", 1},
+                                                       {"kb", 1e3},
+                                                       {"mb", 1e6},
+                                                       {"gb", 1e9},
+                                                       {"tb", 1e12},
+                                                       {"kib", 1024.0},
+                                                       {"mib", 1048576.0},
+                                                       {"gib", 1073741824.0},
+                                                       {"tib", 1099511627776.0}};
+  const auto scale = kUnits.find(unit);
+  if (scale == kUnits.end()) return bad("has an unknown unit '" + text.substr(end) + "'");
+  const double bytes = std::floor(value * scale->second);
+  if (bytes < 1) return bad("is less than one byte");
+  if (bytes >= 18446744073709551616.0) return bad("does not fit in 64 bits");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+}  // namespace stagehand

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/status.hpp"
+#include "stagehand/storage/object_store.hpp"
+
+namespace stagehand {
+
+/// The file of a Hugging Face export that fits in one file.
+inline constexpr const char* kExportSingleFile = "model.safetensors";
+/// The index of a sharded Hugging Face export.
+inline constexpr const char* kExportIndexFile = "model.safetensors.index.json";
+
+/// What export_checkpoint writes.
+struct ExportOptions {
+  enum class What {
+    /// Tensors whose names start with `model.`.
+    model,
+    /// Every tensor, optimizer state included, under its full name.
+    all,
+  };
+  What what = What::model;
+  /// Floating point tensors are converted to this dtype (convert_elements); nullopt keeps the
+  /// dtype they were saved with. Other tensors (integers, BOOL) always keep theirs.
+  std::optional<DType> dtype;
+  /// A file holds tensors of at most this many bytes together; a larger tensor gets a file of
+  /// its own. At least 1.
+  std::uint64_t max_shard_bytes = 5ull << 30;
+  /// Reads in flight at once (LoadOptions::thread_count).
+  int thread_count = 4;
+};
+
+/// What one export did.
+struct ExportReport {
+  std::uint64_t tensors = 0;
+  /// Tensor bytes written (after conversion; headers not included).
+  std::uint64_t bytes = 0;
+  std::uint64_t files = 0;
+  /// Bytes of the largest tensor as saved.
+  std::uint64_t largest_tensor_bytes = 0;
+  /// Host memory the export held at once at most: assembled tensors, the conversion buffer
+  /// and the loader's read buffers.
+  std::uint64_t buffer_peak_bytes = 0;
+  double total_s = 0;
+  /// Names of the files written in the output folder, the index included.
+  std::vector<std::string> files_written;
+};
+
+/// Writes the tensors of a checkpoint as consolidated full tensors with their plain names, in
+/// the Hugging Face layout: `model.safetensors` when they fit in `max_shard_bytes`, else
+/// `model-00001-of-0000N.safetensors`... and `model.safetensors.index.json`
+/// (`{"metadata": {"total_size": N}, "weight_map": {name: file}}`). Each file's tensors are
+/// sorted by name, its `__metadata__` is `{"format": "pt"}`.
+///
+/// `checkpoint` is a `ckpt_path` root (resolved through its tracker) or a `global_step_N`
+/// folder, local or in an object store (`store` says how to reach it). Tensors are read a few
+/// at a time through load_checkpoint, which verifies every chunk's XXH3; the tensors held at
+/// once add up to at most the largest tensor's size, so host memory stays near the largest
+/// tensor plus a few buffers, whatever the model's size.
+///
+/// Everything is written into a folder beside `out_dir` that is renamed to `out_dir` once every
+/// file is written and fsynced.
+/// @pre `out_dir` is a local path that does not exist or is an empty folder.
+/// @post on an error nothing is left at `out_dir` (an empty folder that was there stays) and the
+///       temporary folder is removed; the checkpoint is never modified.
+/// @param report when not null, filled (also on error, with what was done).
+Status export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
+                         const ExportOptions& options, const ObjectStoreOptions& store,
+                         ExportReport* report = nullptr);
+
+/// Parses a size as Hugging Face's `max_shard_size` does: plain bytes ("1048576"), or a number
+/// with a decimal unit (KB, MB, GB, TB: powers of 1000) or a binary one (KiB, MiB, GiB, TiB:
+/// powers of 1024), case-insensitively ("5GB", "500MB", "2GiB", "1.5gb"). At least 1 byte.
+/// invalid_argument naming the text otherwise.
+Result<std::uint64_t> parse_byte_size(const std::string& text);
+
+}  // namespace stagehand
