@@ -887,7 +887,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   }
   for (const auto& [name, value] : state.objects) {
     if (options.skip.count(name) != 0 || metadata.objects.count(name) != 0) continue;
-    if (options.optional_objects.count(name) == 0) {
+    if (options.strict && options.optional_objects.count(name) == 0) {
       return Status{ErrorCode::invalid_argument, "object '" + name + "' is not in '" + checkpoint_dir + "'"};
     }
     out.missing_objects.push_back(name);

@@ -68,8 +68,9 @@ struct LoadOptions {
   /// Objects of the state that may be missing from the checkpoint (a rank's RNG in a checkpoint
   /// saved by fewer ranks): left as they are and listed in LoadReport::missing_objects.
   std::set<std::string> optional_objects;
-  /// True: a tensor of the state that the checkpoint lacks is an error. False: it is left as it
-  /// is and listed in LoadReport::missing_tensors.
+  /// True: a tensor or object of the state that the checkpoint lacks is an error (objects in
+  /// optional_objects aside). False: it is left as it is and listed in
+  /// LoadReport::missing_tensors or missing_objects.
   bool strict = true;
   /// True: a tensor the checkpoint has but the state neither holds, skips nor takes as a source
   /// (one the model does not have) is an error; false: it is listed in LoadReport::unused_tensors.
@@ -122,7 +123,8 @@ struct LoadReport {
   int thread_count = 0;
   /// Tensors of the state the checkpoint lacks (LoadOptions::strict false), sorted.
   std::vector<std::string> missing_tensors;
-  /// Optional objects the checkpoint lacks, sorted.
+  /// Objects the checkpoint lacks that the load let pass (optional ones, or any when not strict),
+  /// sorted.
   std::vector<std::string> missing_objects;
   /// Tensors of the checkpoint the load did not use (neither in the state, skipped nor a
   /// source), sorted.

@@ -442,6 +442,13 @@ Result<Config> read_config(const YAML::Node& root, const std::string& source, Ov
     return r.error_at_keys({"trainer.resume_mode", "trainer.resume_path"},
                            "from_path needs trainer.resume_path");
   }
+  if (c.trainer.export_interval > 0 &&
+      (c.trainer.ckpt_interval == 0 || c.trainer.export_interval % c.trainer.ckpt_interval != 0)) {
+    return r.error_at_keys({"trainer.export_interval", "trainer.ckpt_interval"},
+                           "must be a multiple of trainer.ckpt_interval (" + std::to_string(c.trainer.ckpt_interval) +
+                               "): only committed checkpoints are exported, got " +
+                               std::to_string(c.trainer.export_interval));
+  }
   if (c.trainer.export_interval > 0 && c.trainer.export_path.empty()) {
     return r.error_at_keys({"trainer.export_interval", "trainer.export_path"},
                            "trainer.export_interval needs trainer.export_path, the folder to export into");

@@ -49,8 +49,10 @@ struct TrainerConfig {
   /// A tensor the checkpoint lacks, or has but the model does not, fails the load; false lets
   /// the load go on with one warning line naming them.
   bool load_strict = true;
-  /// Every this many steps (when > 0) a committed checkpoint is also exported to export_path in
-  /// the Hugging Face layout, in the background.
+  /// Every this many steps (when > 0; a multiple of ckpt_interval) the committed checkpoint is
+  /// also exported to export_path in the Hugging Face layout (model weights as saved), in the
+  /// background: no training step waits for it, and a failed export is reported and leaves the
+  /// checkpoint untouched.
   std::int64_t export_interval = 0;
   /// Local folder of the periodic exports: `<export_path>/global_step_<N>/`.
   std::string export_path;

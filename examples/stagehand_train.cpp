@@ -142,6 +142,10 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                 steps.c_str(), summary->last_accuracy, static_cast<long long>(summary->checkpoints_committed),
                 summary->total_stall_s, summary->total_fence_wait_s,
                 summary->latest_checkpoint.empty() ? "(none)" : summary->latest_checkpoint.c_str());
+    if (c.trainer.export_interval > 0) {
+      std::printf("exports: %lld written to %s, %lld failed\n", static_cast<long long>(summary->exports_done),
+                  c.trainer.export_path.c_str(), static_cast<long long>(summary->exports_failed));
+    }
   }
   if (summary->stopped_by_signal) report_stop(*summary, c.trainer.ckpt_path);
   return code;

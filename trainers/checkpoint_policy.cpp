@@ -88,15 +88,15 @@ Result<std::optional<std::int64_t>> CheckpointPolicy::tracked_step() const {
   return read_tracker(config_.ckpt_path);
 }
 
-Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
+Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention(const std::set<std::int64_t>& in_use) const {
   std::vector<std::int64_t> deleted;
   if (config_.max_ckpts_to_keep <= 0) return deleted;
-  if (is_cloud(config_.ckpt_path)) return apply_cloud_retention();
+  if (is_cloud(config_.ckpt_path)) return apply_cloud_retention(in_use);
   SH_ASSIGN_OR_RETURN(auto newest, read_tracker(config_.ckpt_path));
   auto steps = committed_steps(config_.ckpt_path);
   auto keep = static_cast<std::size_t>(config_.max_ckpts_to_keep);
   for (std::size_t i = 0; i + keep < steps.size(); ++i) {
-    if (newest && steps[i] == *newest) continue;
+    if ((newest && steps[i] == *newest) || in_use.count(steps[i]) != 0) continue;
     std::string dir = CheckpointLayout{config_.ckpt_path}.step_dir(steps[i]);
     // Renamed first so that a crash mid-delete leaves a .tmp folder, which loaders ignore.
     std::string doomed = CheckpointLayout{config_.ckpt_path}.tmp_dir(steps[i]);
@@ -110,14 +110,14 @@ Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention() const {
   return deleted;
 }
 
-Result<std::vector<std::int64_t>> CheckpointPolicy::apply_cloud_retention() const {
+Result<std::vector<std::int64_t>> CheckpointPolicy::apply_cloud_retention(const std::set<std::int64_t>& in_use) const {
   std::vector<std::int64_t> deleted;
   SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(config_.ckpt_path, store_));
   SH_ASSIGN_OR_RETURN(auto newest, cloud.read_tracker());
   SH_ASSIGN_OR_RETURN(auto steps, cloud.committed_steps());
   auto keep = static_cast<std::size_t>(config_.max_ckpts_to_keep);
   for (std::size_t i = 0; i + keep < steps.size(); ++i) {
-    if (newest && steps[i] == *newest) continue;
+    if ((newest && steps[i] == *newest) || in_use.count(steps[i]) != 0) continue;
     SH_RETURN_IF_ERROR(cloud.remove_step(steps[i]).with_context("retention"));
     deleted.push_back(steps[i]);
   }

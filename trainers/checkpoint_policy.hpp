@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,10 @@ class CheckpointPolicy {
   Result<std::optional<std::int64_t>> tracked_step() const;
 
   /// Deletes the oldest committed checkpoints beyond max_ckpts_to_keep (0 keeps all). Only
-  /// committed ones are touched, never the one the tracker names. Call only after a commit.
+  /// committed ones are touched, never the one the tracker names nor those in `in_use` (being
+  /// exported). Call only after a commit.
   /// @return the steps deleted.
-  Result<std::vector<std::int64_t>> apply_retention() const;
+  Result<std::vector<std::int64_t>> apply_retention(const std::set<std::int64_t>& in_use = {}) const;
 
   /// Fails fast, before any training, when `ckpt_path` cannot hold checkpoints: a local path
   /// that is not a folder, or whose parent folder is missing or not writable; an object store
@@ -60,7 +62,7 @@ class CheckpointPolicy {
   Status clean_interrupted_saves() const;
 
  private:
-  Result<std::vector<std::int64_t>> apply_cloud_retention() const;
+  Result<std::vector<std::int64_t>> apply_cloud_retention(const std::set<std::int64_t>& in_use) const;
 
   TrainerConfig config_;
   std::string local_work_dir_;

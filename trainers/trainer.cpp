@@ -17,6 +17,7 @@
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/host_buffer.hpp"
+#include "stagehand/trainers/background_export.hpp"
 #include "stagehand/trainers/checkpoint_policy.hpp"
 #include "stagehand/trainers/generator.hpp"
 
@@ -109,8 +110,11 @@ class TrainerBase : public caf::blocking_actor {
            what, load.unused_tensors.size(), dir.c_str(), names(load.unused_tensors).c_str());
     }
     std::vector<std::string> rng;
-    for (const auto& name : load.missing_objects) {
-      if (name.rfind("rng.", 0) == 0) rng.push_back(name);
+    std::vector<std::string> objects;
+    for (const auto& name : load.missing_objects) (name.rfind("rng.", 0) == 0 ? rng : objects).push_back(name);
+    if (!objects.empty()) {
+      warn("%s: %zu object(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
+           objects.size(), dir.c_str(), names(objects).c_str());
     }
     if (!rng.empty() && scope.rng) {
       warn("%s: '%s' has no RNG state for %s (saved by fewer ranks): re-derived from trainer.seed, the step "
@@ -155,6 +159,7 @@ class TrainerBase : public caf::blocking_actor {
       }
     }
     SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
+    if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, store_);
     if (resume) {
       SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume, store_));
       const std::string state_file = *resume + "/" + kTrainerStateFile;
@@ -202,6 +207,7 @@ class TrainerBase : public caf::blocking_actor {
       if (!accuracy.is_ok()) return accuracy.status().with_context("evaluation at step " + std::to_string(step));
       summary_->last_step = step;
       summary_->last_accuracy = *accuracy;
+      report_exports();
       double rate = double(step - summary_->first_step + 1) /
                     std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
       nlohmann::json line{{"type", "step"}, {"step", step}, {"accuracy", *accuracy},
@@ -228,9 +234,36 @@ class TrainerBase : public caf::blocking_actor {
         SH_RETURN_IF_ERROR(save(step));
       }
     }
-    // End of training: every save is finished before the trainer reports done.
+    // End of training: every save is finished before the trainer reports done, and so is every
+    // export.
     SH_RETURN_IF_ERROR(finalize());
+    if (exports_) {
+      exports_->wait_idle();
+      report_exports();
+    }
     return Status::ok();
+  }
+
+  /// Says how the exports that ended went: a line and a metrics line each. A failed export is
+  /// reported, not fatal: the checkpoint it read is untouched.
+  void report_exports() {
+    if (!exports_) return;
+    for (const auto& done : exports_->take_done()) {
+      nlohmann::json line{{"type", "export"}, {"step", done.step}, {"path", done.out_dir}, {"ok", done.status.is_ok()},
+                          {"export_s", done.report.total_s}, {"bytes", done.report.bytes}, {"files", done.report.files}};
+      if (done.status.is_ok()) {
+        ++summary_->exports_done;
+        say("exported step %lld to %s (%llu files, %llu bytes, %.3f s)\n", static_cast<long long>(done.step),
+            done.out_dir.c_str(), static_cast<unsigned long long>(done.report.files),
+            static_cast<unsigned long long>(done.report.bytes), done.report.total_s);
+      } else {
+        ++summary_->exports_failed;
+        line["error"] = done.status.message();
+        warn("the export of step %lld to %s failed (the checkpoint is untouched): %s\n",
+             static_cast<long long>(done.step), done.out_dir.c_str(), done.status.message().c_str());
+      }
+      write_metrics(line);
+    }
   }
 
   /// A fresh run's start from another checkpoint's weights (trainer.init_from): a Stagehand
@@ -352,7 +385,11 @@ class TrainerBase : public caf::blocking_actor {
             },
             [&](caf::error&) {});
     write_metrics(line);
-    SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention());
+    const auto& t = options_.config.trainer;
+    if (exports_ && saved.step % t.export_interval == 0) {
+      exports_->enqueue(saved.step, dir, t.export_path + "/global_step_" + std::to_string(saved.step));
+    }
+    SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention(exports_ ? exports_->steps_in_use() : std::set<std::int64_t>{}));
     for (auto s : deleted) say("retention: removed checkpoint step %lld\n", static_cast<long long>(s));
     return Status::ok();
   }
@@ -394,6 +431,8 @@ class TrainerBase : public caf::blocking_actor {
   std::chrono::milliseconds timeout_;
   std::ofstream metrics_;
   std::optional<PendingSave> pending_;
+  /// trainer.export_interval's exports; null when it is 0.
+  std::unique_ptr<BackgroundExports> exports_;
   std::string last_save_ = "none";
 };
 

@@ -37,6 +37,9 @@ struct TrainerSummary {
   /// rank's wait, summed over steps).
   double total_fence_wait_s = 0;
   double last_accuracy = 0;
+  /// Periodic exports (trainer.export_interval) that were written, and that failed.
+  std::int64_t exports_done = 0;
+  std::int64_t exports_failed = 0;
   bool stopped_by_signal = false;
   /// After a signal: the step saved on it (the last one trained); -1 when none was trained.
   std::int64_t signal_save_step = -1;

@@ -706,11 +706,20 @@ BOOST_AUTO_TEST_CASE(missing_and_unused_names_are_errors_or_reported_as_asked) {
   BOOST_TEST(missing.message().find("not in the checkpoint") != std::string::npos, missing.to_string());
   BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[0] == 0);
 
-  // Not strict: left as it is and reported; an object not optional is still an error.
-  options.strict = false;
-  Status object = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  // An object the checkpoint lacks is an error too, unless it is optional.
+  StateDict objects;
+  objects.add_full("model.w", bf16_tensor(Shape{2, 4}, std::vector<std::uint16_t>(8, 0)));
+  objects.objects["rng.rank7"] = "mine";
+  Status object = load_checkpoint(ckpt, objects, ObjectStoreOptions{}, options);
   BOOST_TEST(object.message().find("object 'rng.rank7' is not in") != std::string::npos, object.to_string());
-  options.optional_objects.insert("rng.rank7");
+  LoadOptions optional;
+  optional.optional_objects.insert("rng.rank7");
+  LoadReport optional_report;
+  BOOST_REQUIRE(load_checkpoint(ckpt, objects, ObjectStoreOptions{}, optional, &optional_report).is_ok());
+  BOOST_TEST((optional_report.missing_objects == std::vector<std::string>{"rng.rank7"}));
+
+  // Not strict: left as they are and reported.
+  options.strict = false;
   LoadReport report;
   BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report).is_ok());
   BOOST_TEST((report.missing_tensors == std::vector<std::string>{"model.extra"}));
@@ -800,4 +809,18 @@ BOOST_AUTO_TEST_CASE(a_safetensors_index_that_disagrees_with_its_files_is_refuse
   const std::string twice = refused(R"({"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}})");
   BOOST_TEST(twice.find("puts tensor 'w' in 'a.safetensors', but it is in") != std::string::npos, twice);
   BOOST_TEST(live.tensors[0].tensor.host_data<float>()[0] == 0.0f);
+}
+
+BOOST_AUTO_TEST_CASE(a_load_that_is_not_strict_lets_missing_objects_pass_and_names_them) {
+  TempDir dir;
+  const std::string ckpt = save_model_like(dir);
+  StateDict live;
+  live.add_full("model.w", bf16_tensor(Shape{2, 4}, std::vector<std::uint16_t>(8, 0)));
+  live.objects["optimizer.lr"] = "mine";
+  LoadOptions options;
+  options.strict = false;
+  LoadReport report;
+  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report).is_ok());
+  BOOST_TEST((report.missing_objects == std::vector<std::string>{"optimizer.lr"}));
+  BOOST_TEST(live.objects.at("optimizer.lr") == "mine");
 }

@@ -208,8 +208,10 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
       {"load_optimizer typo", "trainer:\n  load_optimizer: yes\n",
        {"bad.yaml:2", "trainer.load_optimizer", "true or false, got 'yes'"}},
       {"negative export interval", "trainer:\n  export_interval: -1\n", {"trainer.export_interval", "at least 0"}},
-      {"export without path", "trainer:\n  export_interval: 5\n",
-       {"bad.yaml:2", "trainer.export_interval", "needs trainer.export_path"}},
+      {"export off the save steps", "trainer:\n  ckpt_interval: 4\n  export_interval: 6\n",
+       {"bad.yaml:3", "trainer.export_interval", "multiple of trainer.ckpt_interval (4)"}},
+      {"export without path", "trainer:\n  ckpt_interval: 5\n  export_interval: 5\n",
+       {"bad.yaml:3", "trainer.export_interval", "needs trainer.export_path"}},
       {"export to an object store", "trainer:\n  export_path: s3://b/hf\n",
        {"bad.yaml:2", "trainer.export_path", "must be a local folder"}},
   };

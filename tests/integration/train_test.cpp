@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/trainer_state.hpp"
 #include "tests/metadata_edit.hpp"
@@ -750,4 +751,90 @@ BOOST_AUTO_TEST_CASE(sync_rl_starts_from_an_sft_run_s_weights_with_init_from) {
   Run nothing = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "rl3", "trainer.init_from=" + dir / "nothing"});
   BOOST_TEST(nothing.code != 0);
   BOOST_TEST(nothing.output.find("trainer.init_from") != std::string::npos, nothing.output);
+}
+
+BOOST_AUTO_TEST_CASE(periodic_exports_run_in_the_background_and_a_failed_one_is_reported) {
+  TempDir dir;
+  // The export of step 10 cannot be written (its folder is taken); step 20's is.
+  fs::create_directories(dir / "hf/global_step_10");
+  std::ofstream(dir / "hf/global_step_10/taken") << "x";
+  Run r = train_with_progress("sync_rl.yaml",
+                              {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=20", "trainer.ckpt_interval=10",
+                               "trainer.max_ckpts_to_keep=1", "trainer.export_interval=10",
+                               "trainer.export_path=" + dir / "hf"},
+                              dir / "m.jsonl");
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("the export of step 10 to " + dir / "hf/global_step_10" +
+                           " failed (the checkpoint is untouched)") != std::string::npos,
+             r.output);
+  BOOST_TEST(r.output.find("exported step 20 to " + dir / "hf/global_step_20") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("exports: 1 written to " + dir / "hf" + ", 1 failed") != std::string::npos, r.output);
+  auto exports = lines_of(dir / "m.jsonl", "export");
+  BOOST_REQUIRE(exports.size() == 2u);
+  BOOST_TEST(!exports[0]["ok"].get<bool>());
+  BOOST_TEST(exports[0]["error"].get<std::string>().find("is not an empty folder") != std::string::npos,
+             exports[0].dump());
+  BOOST_TEST(exports[1]["ok"].get<bool>());
+  BOOST_TEST(fs::exists(dir / "hf/global_step_20/model.safetensors"));
+  BOOST_TEST(test::read_file(dir / "hf/global_step_10/taken") == "x");
+  // The failed export left the checkpoints as retention wants them, and the export is the
+  // checkpoint's model weights: starting from it gives the run's accuracy.
+  BOOST_TEST(committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20});
+  const double accuracy = lines_of(dir / "m.jsonl", "step").back()["accuracy"].get<double>();
+  Run from_export = train("sync_rl.yaml",
+                          {"trainer.ckpt_path=" + dir / "again", "trainer.total_steps=1",
+                           "trainer.init_from=" + dir / "hf/global_step_20"},
+                          dir / "again.jsonl");
+  BOOST_REQUIRE_MESSAGE(from_export.code == 0, from_export.output);
+  BOOST_TEST(lines_of(dir / "again.jsonl", "step").front()["accuracy"].get<double>() > accuracy - 0.05);
+}
+
+BOOST_AUTO_TEST_CASE(load_strict_refuses_missing_and_extra_tensors_unless_told_to_warn) {
+  TempDir dir;
+  Run base = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=5"});
+  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  Run exported = test::run_command(kBin + "/stagehand-ckpt export " + dir / "ckpt" + " " + dir / "hf");
+  BOOST_REQUIRE_MESSAGE(exported.code == 0, exported.output);
+  // A tensor the model does not have, in a second file of the folder.
+  Tensor extra = *Tensor::empty(DType::f32, Shape{2}, Device::host());
+  std::fill_n(extra.host_data<float>(), 2, 1.0f);
+  std::string bytes = make_safetensors_header({{"lm_head.weight", DType::f32, Shape{2}, 0, 8}});
+  bytes.append(static_cast<const char*>(extra.data()), 8);
+  std::ofstream(dir / "hf/extra.safetensors", std::ios::binary) << bytes;
+  auto index = nlohmann::json::object();
+  auto header = parse_safetensors_header(dir / "hf/model.safetensors");
+  BOOST_REQUIRE(header.is_ok());
+  for (const auto& e : header->entries) index["weight_map"][e.key] = "model.safetensors";
+  index["weight_map"]["lm_head.weight"] = "extra.safetensors";
+  std::ofstream(dir / "hf/model.safetensors.index.json") << index.dump();
+
+  const std::vector<std::string> from = {"trainer.total_steps=1", "trainer.init_from=" + dir / "hf"};
+  auto with = [&](std::vector<std::string> sets, const std::string& root) {
+    sets.insert(sets.end(), from.begin(), from.end());
+    sets.push_back("trainer.ckpt_path=" + dir / root);
+    return train("sync_rl.yaml", sets);
+  };
+  Run strict = with({}, "a");
+  BOOST_TEST(strict.code != 0);
+  BOOST_TEST(strict.output.find("1 tensor(s) the state does not have: 'lm_head.weight'") != std::string::npos,
+             strict.output);
+  BOOST_TEST(strict.output.find("trainer.init_from") != std::string::npos, strict.output);
+  Run lenient = with({"trainer.load_strict=false"}, "b");
+  BOOST_TEST(lenient.code == 0, lenient.output);
+  BOOST_TEST(lenient.output.find("warning: trainer.init_from: 1 tensor(s) of '" + dir / "hf" +
+                                 "' that the model does not have were ignored (trainer.load_strict: false): "
+                                 "lm_head.weight") != std::string::npos,
+             lenient.output);
+  // The export holds no optimizer state: asking for it names what is missing.
+  Run optimizer = with({"trainer.load_optimizer=true", "trainer.load_strict=false"}, "c");
+  BOOST_TEST(optimizer.code == 0, optimizer.output);
+  BOOST_TEST(optimizer.output.find("not in '" + dir / "hf" + "', left as initialized (trainer.load_strict: false): "
+                                   "optimizer.exp_avg.model.fc1.bias") != std::string::npos,
+             optimizer.output);
+  BOOST_TEST(optimizer.output.find("1 object(s) not in '" + dir / "hf" + "', left as initialized "
+                                   "(trainer.load_strict: false): scheduler") != std::string::npos,
+             optimizer.output);
+  Run optimizer_strict = with({"trainer.load_optimizer=true"}, "d");
+  BOOST_TEST(optimizer_strict.code != 0);
+  BOOST_TEST(optimizer_strict.output.find("not in the checkpoint") != std::string::npos, optimizer_strict.output);
 }

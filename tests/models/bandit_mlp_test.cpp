@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
@@ -94,6 +95,21 @@ std::map<std::string, std::string> gathered(const std::string& dir) {
   BOOST_REQUIRE(load_checkpoint(dir, whole, ObjectStoreOptions{}).is_ok());
   std::map<std::string, std::string> out;
   for (const auto& t : whole.tensors) {
+    out[t.desc.name] = std::string(static_cast<const char*>(t.tensor.data()), t.tensor.nbytes());
+  }
+  return out;
+}
+
+/// Every tensor of a safetensors folder, read whole as f32 bytes by name.
+std::map<std::string, std::string> gathered_safetensors(const std::string& dir) {
+  auto single = parse_safetensors_header(dir + "/model.safetensors");
+  BOOST_REQUIRE_MESSAGE(single.is_ok(), single.status().to_string());
+  StateDict whole;
+  for (const auto& e : single->entries) whole.add_full(e.key, *Tensor::empty(e.dtype, e.shape, Device::host()));
+  BOOST_REQUIRE(load_checkpoint(dir, whole, ObjectStoreOptions{}).is_ok());
+  std::map<std::string, std::string> out;
+  for (const auto& t : whole.tensors) {
+    BOOST_TEST((t.desc.dtype == DType::f32));
     out[t.desc.name] = std::string(static_cast<const char*>(t.tensor.data()), t.tensor.nbytes());
   }
   return out;
@@ -323,5 +339,29 @@ BOOST_AUTO_TEST_CASE(a_weights_only_load_restarts_the_optimizer_from_the_saved_w
     BOOST_TEST((after.at("optimizer.main." + name) == widened), name);
     BOOST_TEST((after.at("optimizer.main." + name) != before.at("optimizer.main." + name)), name);
     BOOST_TEST((after.at("optimizer.exp_avg." + name) == std::string(widened.size(), '\0')), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_fp32_export_started_from_gives_bit_identical_fp32_weights) {
+  Models saved({2, 2});
+  for (std::int64_t step = 1; step <= 5; ++step) saved.step(step, Objective::sft);
+  TempDir dir;
+  saved.save(dir / "a", 5);
+  ExportOptions fp32;
+  fp32.dtype = DType::f32;
+  BOOST_REQUIRE(export_checkpoint(dir / "a", dir / "hf", fp32, ObjectStoreOptions{}).is_ok());
+  const auto exported = gathered_safetensors(dir / "hf");
+  BOOST_TEST(exported.size() == 4u);
+  // Started from the export (another layout, weights only), then saved: the fp32 main weights
+  // are the exported fp32 tensors bit for bit, the bf16 weights those first saved.
+  Models fresh({4, 1});
+  auto reports = fresh.load(dir / "hf", LoadScope{false, false, true});
+  for (const auto& report : reports) BOOST_TEST(report.unused_tensors.empty());
+  fresh.save(dir / "b", 1);
+  const auto before = gathered(dir / "a/global_step_5");
+  const auto after = gathered(dir / "b/global_step_1");
+  for (const auto& [name, bytes] : exported) {
+    BOOST_TEST((after.at("optimizer.main." + name) == bytes), name);
+    BOOST_TEST((after.at(name) == before.at(name)), name);
   }
 }
