@@ -146,6 +146,10 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
   }
   for (const auto& r : reports) {
     for (const auto& [name, value] : r.objects) {
+      if (!is_valid_utf8(name) || !is_valid_utf8(value)) {
+        return Status{ErrorCode::invalid_argument, "object '" + name + "' of rank " + std::to_string(r.rank) +
+                                                       ": its name and value must be UTF-8 text (JSON holds no other)"};
+      }
       auto [it, inserted] = m.objects.emplace(name, value);
       if (!inserted && it->second != value) {
         return Status{ErrorCode::invalid_argument,
@@ -159,6 +163,10 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
       for (const auto& c : b.chunks) {
         auto [it, inserted] = m.tensors.try_emplace(c.desc.name);
         TensorMeta& t = it->second;
+        if (inserted && !is_valid_utf8(c.desc.name)) {
+          return Status{ErrorCode::invalid_argument,
+                        "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
+        }
         if (inserted) {
           t.dtype = c.desc.dtype;
           t.global_shape = c.desc.global_shape;

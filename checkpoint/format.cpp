@@ -3,10 +3,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <tuple>
 
 #include "stagehand/core/sharded_tensor.hpp"
@@ -141,6 +144,27 @@ class JsonFields {
     return error(field, "is " + describe(v) + ", not an object");
   }
 
+  /// An error naming the first member of `object` that is none of `known`; ok when there is
+  /// none. The checksum covers only the format's fields, so any other is refused.
+  /// @pre object.is_object()
+  Status only_members(const json& object, const std::string& field,
+                      std::initializer_list<std::string_view> known) const {
+    if (object.size() <= known.size()) {
+      // Every known member is required, except those the caller checked the absence of.
+      bool all_known = true;
+      for (const auto& [key, value] : object.items()) {
+        all_known &= std::find(known.begin(), known.end(), key) != known.end();
+      }
+      if (all_known) return Status::ok();
+    }
+    for (const auto& [key, value] : object.items()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        return error(field.empty() ? key : field + "." + key, "is not a field of the format");
+      }
+    }
+    return Status::ok();
+  }
+
   /// `object[key]`. @pre object.is_object()
   Result<const json*> member(const json& object, const std::string& field, const char* key) const {
     auto it = object.find(key);
@@ -263,6 +287,7 @@ Result<ChunkMeta> chunk_from_json(const JsonFields& f, const json& c, const std:
   std::tie(cm.begin, cm.end) = range;
   SH_ASSIGN_OR_RETURN(const json* hash, f.member(c, field, "xxh3"));
   SH_ASSIGN_OR_RETURN(cm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  SH_RETURN_IF_ERROR(f.only_members(c, field, {"offsets", "shape", "file", "byte_range", "xxh3"}));
   return cm;
 }
 
@@ -282,6 +307,7 @@ Result<TensorMeta> tensor_from_json(const JsonFields& f, const json& t, const st
         chunk_from_json(f, (*chunks)[i], field + ".chunks[" + std::to_string(i) + "]"));
     tm.chunks.push_back(std::move(cm));
   }
+  SH_RETURN_IF_ERROR(f.only_members(t, field, {"dtype", "shape", "chunks"}));
   return tm;
 }
 
@@ -292,14 +318,183 @@ Result<FileMeta> file_meta_from_json(const JsonFields& f, const json& value, con
   SH_ASSIGN_OR_RETURN(fm.size, f.as_unsigned(*size, field + ".size"));
   SH_ASSIGN_OR_RETURN(const json* hash, f.member(value, field, "xxh3"));
   SH_ASSIGN_OR_RETURN(fm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  SH_RETURN_IF_ERROR(f.only_members(value, field, {"size", "xxh3"}));
   return fm;
 }
 
-/// XXH3 of the compact JSON text of `root` without its "checksum" field: what metadata.json's
+/// Writes metadata.json's JSON text straight from a CheckpointMetadata (no JSON tree: at
+/// thousands of ranks the tree costs seconds and gigabytes). Members come in key order and
+/// strings are escaped as nlohmann::json's dump() does, so the compact text equals the dump of
+/// the parsed file; that text is what the "checksum" field hashes, for files of every writer.
+/// Pretty text puts each member of the top level, each file, object and tensor, and each chunk
+/// on a line of its own, and writes the rest compactly.
+class MetadataWriter {
+ public:
+  explicit MetadataWriter(bool pretty) : pretty_(pretty) {}
+
+  /// @param checksum written as the first member when given (the compact text hashed omits it).
+  std::string write(const CheckpointMetadata& m, std::optional<std::uint64_t> checksum) {
+    out_.clear();
+    out_ += '{';
+    bool first = true;
+    auto member = [&](const char* key) {
+      if (!first) out_ += ',';
+      first = false;
+      line(1);
+      key_(key);
+    };
+    if (checksum) {
+      member("checksum");
+      string(xxh3_hex(*checksum));
+    }
+    member("files");
+    map(m.files, [&](const FileMeta& f) { file_meta(f); });
+    member("format");
+    string(kFormatName);
+    member("objects");
+    map(m.objects, [&](const std::string& value) { string(value); });
+    member("step");
+    number(m.step);
+    member("tensors");
+    map(m.tensors, [&](const TensorMeta& t) { tensor(t); });
+    if (m.trainer_state) {
+      member("trainer_state");
+      file_meta(*m.trainer_state);
+    }
+    member("version");
+    number(kFormatVersion);
+    line(0);
+    out_ += '}';
+    if (pretty_) out_ += '\n';
+    return std::move(out_);
+  }
+
+ private:
+  void line(int depth) {
+    if (!pretty_) return;
+    out_ += '\n';
+    out_.append(static_cast<std::size_t>(depth), ' ');
+  }
+
+  void key_(std::string_view key) {
+    string(key);
+    out_ += pretty_ ? ": " : ":";
+  }
+
+  template <typename T>
+  void number(T value) {
+    char buf[24];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+    out_.append(buf, end);
+  }
+
+  /// As nlohmann::json's dump(): the two-character escapes, \u00xx for other control
+  /// characters, everything else (UTF-8 included) as it is.
+  void string(std::string_view text) {
+    out_ += '"';
+    for (char c : text) {
+      switch (c) {
+        case '"': out_ += "\\\""; break;
+        case '\\': out_ += "\\\\"; break;
+        case '\b': out_ += "\\b"; break;
+        case '\f': out_ += "\\f"; break;
+        case '\n': out_ += "\\n"; break;
+        case '\r': out_ += "\\r"; break;
+        case '\t': out_ += "\\t"; break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+            out_ += buf;
+          } else {
+            out_ += c;
+          }
+      }
+    }
+    out_ += '"';
+  }
+
+  void shape(const Shape& s) {
+    out_ += '[';
+    for (std::size_t i = 0; i < s.rank(); ++i) {
+      if (i > 0) out_ += ',';
+      number(s[i]);
+    }
+    out_ += ']';
+  }
+
+  /// A map of the top level's members: one entry a line.
+  template <typename Map, typename WriteValue>
+  void map(const Map& entries, WriteValue write_value) {
+    out_ += '{';
+    bool first = true;
+    for (const auto& [name, value] : entries) {
+      if (!first) out_ += ',';
+      first = false;
+      line(2);
+      key_(name);
+      write_value(value);
+    }
+    if (!entries.empty()) line(1);
+    out_ += '}';
+  }
+
+  void file_meta(const FileMeta& f) {
+    out_ += '{';
+    key_("size");
+    number(f.size);
+    out_ += ',';
+    key_("xxh3");
+    string(xxh3_hex(f.xxh3));
+    out_ += '}';
+  }
+
+  void tensor(const TensorMeta& t) {
+    out_ += '{';
+    key_("chunks");
+    out_ += '[';
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      const ChunkMeta& c = t.chunks[i];
+      if (i > 0) out_ += ',';
+      line(3);
+      out_ += '{';
+      key_("byte_range");
+      out_ += '[';
+      number(c.begin);
+      out_ += ',';
+      number(c.end);
+      out_ += "],";
+      key_("file");
+      string(c.file);
+      out_ += ',';
+      key_("offsets");
+      shape(c.offsets);
+      out_ += ',';
+      key_("shape");
+      shape(c.shape);
+      out_ += ',';
+      key_("xxh3");
+      string(xxh3_hex(c.xxh3));
+      out_ += '}';
+    }
+    if (!t.chunks.empty()) line(2);
+    out_ += "],";
+    key_("dtype");
+    string(dtype_name(t.dtype));
+    out_ += ',';
+    key_("shape");
+    shape(t.global_shape);
+    out_ += '}';
+  }
+
+  bool pretty_;
+  std::string out_;
+};
+
+/// XXH3 of the compact JSON text of `m` without a "checksum" field: what metadata.json's
 /// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
-std::uint64_t metadata_checksum(json root) {
-  root.erase("checksum");
-  const std::string text = root.dump();
+std::uint64_t metadata_checksum(const CheckpointMetadata& m) {
+  const std::string text = MetadataWriter(false).write(m, std::nullopt);
   return xxh3(text.data(), text.size());
 }
 
@@ -457,30 +652,27 @@ Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::
   return out;
 }
 
-std::string metadata_to_json(const CheckpointMetadata& m) {
-  json tensors = json::object();
-  for (const auto& [name, t] : m.tensors) {
-    json chunks = json::array();
-    for (const auto& c : t.chunks) {
-      chunks.push_back({{"offsets", shape_to_json(c.offsets)},
-                        {"shape", shape_to_json(c.shape)},
-                        {"file", c.file},
-                        {"byte_range", {c.begin, c.end}},
-                        {"xxh3", xxh3_hex(c.xxh3)}});
+bool is_valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    std::uint32_t code = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next >> 6) != 0x2) return false;
+      code = code << 6 | (next & 0x3f);
     }
-    tensors[name] = {{"dtype", std::string(dtype_name(t.dtype))},
-                     {"shape", shape_to_json(t.global_shape)},
-                     {"chunks", chunks}};
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    constexpr std::uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[n] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return false;
+    i += n;
   }
-  json files = json::object();
-  for (const auto& [name, f] : m.files) files[name] = {{"size", f.size}, {"xxh3", xxh3_hex(f.xxh3)}};
-  json root = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step},
-               {"tensors", tensors},    {"objects", m.objects},      {"files", files}};
-  if (m.trainer_state) {
-    root["trainer_state"] = {{"size", m.trainer_state->size}, {"xxh3", xxh3_hex(m.trainer_state->xxh3)}};
-  }
-  root["checksum"] = xxh3_hex(metadata_checksum(root));
-  return root.dump(1) + "\n";
+  return true;
+}
+
+std::string metadata_to_json(const CheckpointMetadata& m) {
+  return MetadataWriter(true).write(m, metadata_checksum(m));
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {
@@ -522,11 +714,13 @@ Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std
   if (trainer_state != root.end()) {
     SH_ASSIGN_OR_RETURN(m.trainer_state, file_meta_from_json(f, *trainer_state, "trainer_state"));
   }
+  SH_RETURN_IF_ERROR(f.only_members(root, "", {"checksum", "files", "format", "objects", "step", "tensors",
+                                               "trainer_state", "version"}));
   SH_RETURN_IF_ERROR(validate_metadata(m, source));
   // Last, so that a damaged field is named rather than only the checksum.
   SH_ASSIGN_OR_RETURN(const json* checksum, f.member(root, "", "checksum"));
   SH_ASSIGN_OR_RETURN(std::uint64_t expected, f.as_xxh3(*checksum, "checksum"));
-  if (std::uint64_t actual = metadata_checksum(root); actual != expected) {
+  if (std::uint64_t actual = metadata_checksum(m); actual != expected) {
     return f.error("", "was changed after it was written: its content has XXH3 " + xxh3_hex(actual) +
                            ", its field checksum says " + xxh3_hex(expected));
   }

@@ -15,6 +15,7 @@
 
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/metadata_index.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/storage/destination.hpp"
@@ -265,6 +266,16 @@ Result<CheckpointMetadata> read_metadata(const CheckpointSource& source, const s
   return m;
 }
 
+/// The part of the checkpoint's metadata that a load of `state` reads (MetadataIndex::part_for).
+/// A local metadata.json is read and checked once per process, whichever rank asks first, and
+/// shared by the others (shared_metadata_index).
+Result<CheckpointMetadata> read_metadata_part(const CheckpointSource& source, const std::string& dir,
+                                              const StateDict& state) {
+  const std::string path = is_cloud(dir) ? std::string() : source.where(kMetadataRel);
+  SH_ASSIGN_OR_RETURN(auto index, shared_metadata_index(path, [&] { return read_metadata(source, dir); }));
+  return index->part_for(state);
+}
+
 /// Reads trainer_state.json and proves it is the one committed with `m`: recorded in the
 /// metadata with its size and XXH3, and holding the metadata's step.
 Result<std::string> read_trainer_state(const CheckpointSource& source, const CheckpointMetadata& m) {
@@ -384,6 +395,12 @@ Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStor
 Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   return read_metadata(*source, checkpoint_dir);
+}
+
+Result<CheckpointMetadata> read_checkpoint_metadata_part(const std::string& checkpoint_dir, const StateDict& state,
+                                                         const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  return read_metadata_part(*source, checkpoint_dir, state);
 }
 
 Result<std::string> read_trainer_state_text(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
@@ -686,7 +703,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   }
   if (options.max_read_bytes < 1) return Status{ErrorCode::invalid_argument, "max_read_bytes must be at least 1"};
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata(*source, checkpoint_dir));
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_metadata_part(*source, checkpoint_dir, state));
   SH_RETURN_IF_ERROR(state.validate());
   FileCache files(*source, metadata);
   // Every check that needs no chunk bytes runs before any read, so that these errors leave the
