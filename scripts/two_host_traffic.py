@@ -10,6 +10,11 @@ import re
 import sys
 
 
+def plain(endpoint):
+    """10.0.0.1:80 for [::ffff:10.0.0.1]:80 too (a listening IPv6 socket's view of an IPv4 peer)."""
+    return re.sub(r"^\[(?:::ffff:)?([^\]]+)\]", r"\1", endpoint)
+
+
 def connections(log):
     """{(local, peer): (bytes_sent, bytes_received)}, the largest counters seen, each connection
     once (the side in the namespace that sampled it; a connection inside one namespace shows from
@@ -22,7 +27,7 @@ def connections(log):
             current = None
             continue
         if len(fields) >= 5 and fields[1].isdigit():
-            current = (fields[3], fields[4])
+            current = (plain(fields[3]), plain(fields[4]))
             continue
         if current is None:
             continue
