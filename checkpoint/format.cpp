@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <tuple>
@@ -326,28 +327,35 @@ Result<FileMeta> file_meta_from_json(const JsonFields& f, const json& value, con
 /// thousands of ranks the tree costs seconds and gigabytes). Members come in key order and
 /// strings are escaped as nlohmann::json's dump() does, so the compact text equals the dump of
 /// the parsed file; that text is what the "checksum" field hashes, for files of every writer.
-/// Pretty text puts each member of the top level, each file, object and tensor, and each chunk
-/// on a line of its own, and writes the rest compactly.
+///
+/// One pass makes both: the compact text without the "checksum" member is hashed as it is made
+/// (never held whole), and, when text is asked for, the pretty text is written beside it with
+/// the checksum's 16 digits filled in at the end. Pretty text puts each member of the top level,
+/// each file, object and tensor, and each chunk on a line of its own, and writes the rest
+/// compactly.
 class MetadataWriter {
  public:
-  explicit MetadataWriter(bool pretty) : pretty_(pretty) {}
+  /// @param out where the pretty text goes; nullptr to only hash the compact text.
+  explicit MetadataWriter(std::string* out) : out_(out) {}
 
-  /// @param checksum written as the first member when given (the compact text hashed omits it).
-  std::string write(const CheckpointMetadata& m, std::optional<std::uint64_t> checksum) {
-    out_.clear();
-    out_ += '{';
-    bool first = true;
-    auto member = [&](const char* key) {
-      if (!first) out_ += ',';
-      first = false;
-      line(1);
-      key_(key);
-    };
-    if (checksum) {
-      member("checksum");
-      string(xxh3_hex(*checksum));
+  /// The XXH3 of the compact text of `m` without a "checksum" member; the pretty text, with
+  /// that checksum as its first member, is in *out when one was given.
+  std::uint64_t write(const CheckpointMetadata& m) {
+    if (out_ != nullptr) {
+      out_->clear();
+      out_->reserve(estimated_size(m));
     }
-    member("files");
+    hash_.reset();
+    pending_ = 0;
+    put('{');
+    std::size_t checksum_digits = 0;
+    if (out_ != nullptr) {
+      // Pretty only: the hashed text has no checksum member, and its first member no comma.
+      pretty_only("\n \"checksum\": \"");
+      checksum_digits = out_->size();
+      pretty_only("0000000000000000\"");
+    }
+    member("files", true);
     map(m.files, [&](const FileMeta& f) { file_meta(f); });
     member("format");
     string(kFormatName);
@@ -363,139 +371,217 @@ class MetadataWriter {
     }
     member("version");
     number(kFormatVersion);
-    line(0);
-    out_ += '}';
-    if (pretty_) out_ += '\n';
-    return std::move(out_);
+    pretty_only("\n");
+    put('}');
+    pretty_only("\n");
+    flush_hash();
+    const std::uint64_t checksum = hash_.digest();
+    if (out_ != nullptr) {
+      char digits[16];
+      hex16(checksum, digits);
+      out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
+    }
+    return checksum;
   }
 
  private:
+  /// Enough for the usual names and numbers, so that the text is not copied as it grows.
+  static std::size_t estimated_size(const CheckpointMetadata& m) {
+    std::size_t chunks = 0;
+    for (const auto& [name, t] : m.tensors) chunks += t.chunks.size();
+    return 256 + 64 * m.files.size() + 64 * m.objects.size() + 96 * m.tensors.size() + 160 * chunks;
+  }
+
+  static void hex16(std::uint64_t value, char* digits) {
+    constexpr char kHex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; --i) {
+      digits[i] = kHex[value & 0xf];
+      value >>= 4;
+    }
+  }
+
+  /// Text of both the pretty and the hashed compact form.
+  void put(std::string_view text) {
+    if (out_ != nullptr) out_->append(text);
+    if (text.size() > sizeof(hash_buffer_) - pending_) {
+      flush_hash();
+      if (text.size() > sizeof(hash_buffer_)) {
+        hash_.update(text.data(), text.size());
+        return;
+      }
+    }
+    std::memcpy(hash_buffer_ + pending_, text.data(), text.size());
+    pending_ += text.size();
+  }
+
+  void put(char c) {
+    if (out_ != nullptr) out_->push_back(c);
+    if (pending_ == sizeof(hash_buffer_)) flush_hash();
+    hash_buffer_[pending_++] = c;
+  }
+
+  /// Whitespace and the checksum member: the pretty text only.
+  void pretty_only(std::string_view text) {
+    if (out_ != nullptr) out_->append(text);
+  }
+
+  void flush_hash() {
+    hash_.update(hash_buffer_, pending_);
+    pending_ = 0;
+  }
+
   void line(int depth) {
-    if (!pretty_) return;
-    out_ += '\n';
-    out_.append(static_cast<std::size_t>(depth), ' ');
+    if (out_ == nullptr) return;
+    out_->push_back('\n');
+    out_->append(static_cast<std::size_t>(depth), ' ');
+  }
+
+  /// A member of the top level; `first` in the hashed text (the pretty one starts with the
+  /// checksum).
+  void member(const char* key, bool first = false) {
+    if (first) {
+      pretty_only(",");
+    } else {
+      put(',');
+    }
+    line(1);
+    key_(key);
   }
 
   void key_(std::string_view key) {
     string(key);
-    out_ += pretty_ ? ": " : ":";
+    put(':');
+    pretty_only(" ");
   }
 
   template <typename T>
   void number(T value) {
     char buf[24];
     auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
-    out_.append(buf, end);
+    put(std::string_view(buf, static_cast<std::size_t>(end - buf)));
   }
 
   /// As nlohmann::json's dump(): the two-character escapes, \u00xx for other control
   /// characters, everything else (UTF-8 included) as it is.
   void string(std::string_view text) {
-    out_ += '"';
-    for (char c : text) {
+    put('"');
+    std::size_t plain = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      if (c >= 0x20 && c != '"' && c != '\\') continue;
+      put(text.substr(plain, i - plain));
+      plain = i + 1;
       switch (c) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\b': out_ += "\\b"; break;
-        case '\f': out_ += "\\f"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-            out_ += buf;
-          } else {
-            out_ += c;
-          }
+        case '"': put("\\\""); break;
+        case '\\': put("\\\\"); break;
+        case '\b': put("\\b"); break;
+        case '\f': put("\\f"); break;
+        case '\n': put("\\n"); break;
+        case '\r': put("\\r"); break;
+        case '\t': put("\\t"); break;
+        default: {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+          put(buf);
+        }
       }
     }
-    out_ += '"';
+    put(text.substr(plain));
+    put('"');
+  }
+
+  void hash_string(std::uint64_t hash) {
+    char buf[18];
+    buf[0] = '"';
+    hex16(hash, buf + 1);
+    buf[17] = '"';
+    put(std::string_view(buf, sizeof(buf)));
   }
 
   void shape(const Shape& s) {
-    out_ += '[';
+    put('[');
     for (std::size_t i = 0; i < s.rank(); ++i) {
-      if (i > 0) out_ += ',';
+      if (i > 0) put(',');
       number(s[i]);
     }
-    out_ += ']';
+    put(']');
   }
 
   /// A map of the top level's members: one entry a line.
   template <typename Map, typename WriteValue>
   void map(const Map& entries, WriteValue write_value) {
-    out_ += '{';
+    put('{');
     bool first = true;
     for (const auto& [name, value] : entries) {
-      if (!first) out_ += ',';
+      if (!first) put(',');
       first = false;
       line(2);
       key_(name);
       write_value(value);
     }
     if (!entries.empty()) line(1);
-    out_ += '}';
+    put('}');
   }
 
   void file_meta(const FileMeta& f) {
-    out_ += '{';
-    key_("size");
+    put("{\"size\":");
+    pretty_only(" ");
     number(f.size);
-    out_ += ',';
-    key_("xxh3");
-    string(xxh3_hex(f.xxh3));
-    out_ += '}';
+    put(",\"xxh3\":");
+    pretty_only(" ");
+    hash_string(f.xxh3);
+    put('}');
   }
 
   void tensor(const TensorMeta& t) {
-    out_ += '{';
-    key_("chunks");
-    out_ += '[';
+    put("{\"chunks\":");
+    pretty_only(" ");
+    put('[');
     for (std::size_t i = 0; i < t.chunks.size(); ++i) {
       const ChunkMeta& c = t.chunks[i];
-      if (i > 0) out_ += ',';
+      if (i > 0) put(',');
       line(3);
-      out_ += '{';
-      key_("byte_range");
-      out_ += '[';
+      put("{\"byte_range\":");
+      pretty_only(" ");
+      put('[');
       number(c.begin);
-      out_ += ',';
+      put(',');
       number(c.end);
-      out_ += "],";
-      key_("file");
+      put("],\"file\":");
+      pretty_only(" ");
       string(c.file);
-      out_ += ',';
-      key_("offsets");
+      put(",\"offsets\":");
+      pretty_only(" ");
       shape(c.offsets);
-      out_ += ',';
-      key_("shape");
+      put(",\"shape\":");
+      pretty_only(" ");
       shape(c.shape);
-      out_ += ',';
-      key_("xxh3");
-      string(xxh3_hex(c.xxh3));
-      out_ += '}';
+      put(",\"xxh3\":");
+      pretty_only(" ");
+      hash_string(c.xxh3);
+      put('}');
     }
     if (!t.chunks.empty()) line(2);
-    out_ += "],";
-    key_("dtype");
+    put("],\"dtype\":");
+    pretty_only(" ");
     string(dtype_name(t.dtype));
-    out_ += ',';
-    key_("shape");
+    put(",\"shape\":");
+    pretty_only(" ");
     shape(t.global_shape);
-    out_ += '}';
+    put('}');
   }
 
-  bool pretty_;
-  std::string out_;
+  std::string* out_;
+  Xxh3Stream hash_;
+  /// Compact text not yet hashed: hashing a few bytes at a time costs more than copying them.
+  char hash_buffer_[64 * 1024];
+  std::size_t pending_ = 0;
 };
 
 /// XXH3 of the compact JSON text of `m` without a "checksum" field: what metadata.json's
 /// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
 std::uint64_t metadata_checksum(const CheckpointMetadata& m) {
-  const std::string text = MetadataWriter(false).write(m, std::nullopt);
-  return xxh3(text.data(), text.size());
+  return std::make_unique<MetadataWriter>(nullptr)->write(m);
 }
 
 bool is_plain_file_name(const std::string& name) {
@@ -672,7 +758,9 @@ bool is_valid_utf8(std::string_view text) {
 }
 
 std::string metadata_to_json(const CheckpointMetadata& m) {
-  return MetadataWriter(true).write(m, metadata_checksum(m));
+  std::string text;
+  std::make_unique<MetadataWriter>(&text)->write(m);
+  return text;
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {
