@@ -29,10 +29,7 @@ namespace {
 
 struct LoadArgs {
   std::string out;
-  int ranks = 2;
-  std::string bytes_per_rank = "64M";
-  int tensors = 16;
-  std::uint64_t seed = 1;
+  StateArgs state;
   int thread_count = kDefaultLoadThreadCount;
   int repeat = 1;
   bool cold = false;
@@ -137,11 +134,11 @@ int fail(const std::string& what, int code = 1) {
 
 int run_load(const LoadArgs& args) {
   if (is_cloud(args.out)) return fail("--out must be a local folder (the raw reads and --cold need files)", 2);
-  std::uint64_t bytes_per_rank = 0;
+  SyntheticStateSpec spec;
   try {
-    bytes_per_rank = parse_size(args.bytes_per_rank);
+    spec = args.state.spec();
   } catch (const std::exception& e) {
-    return fail("bad --bytes-per-rank '" + args.bytes_per_rank + "'", 2);
+    return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "'", 2);
   }
   auto dir = resolve_checkpoint(args.out);
   if (!dir.is_ok()) return fail(dir.status().to_string(), 2);
@@ -156,12 +153,11 @@ int run_load(const LoadArgs& args) {
 
   // The live state: the same synthetic state the save wrote, its tensors' hashes kept to check
   // each load against.
-  SyntheticStateSpec spec{args.ranks, bytes_per_rank, args.tensors, args.seed};
   std::vector<std::shared_ptr<StateDict>> live;
   std::vector<std::vector<std::uint64_t>> expected;
   std::vector<std::unique_ptr<Checkpointable>> ranks;
   std::uint64_t state_bytes = 0;
-  for (int r = 0; r < args.ranks; ++r) {
+  for (int r = 0; r < spec.ranks; ++r) {
     auto state = make_synthetic_state(spec, r, default_device(r));
     if (!state.is_ok()) return fail(state.status().to_string(), 2);
     auto hashes = tensor_hashes(*state);
@@ -239,7 +235,7 @@ int run_load(const LoadArgs& args) {
     reads.push_back(timing.read_s);
     verifies.push_back(timing.verify_s);
     copies.push_back(timing.copy_s);
-    nlohmann::json line = bench_line("load", k, args.ranks, args.thread_count);
+    nlohmann::json line = bench_line("load", k, spec.ranks, args.thread_count);
     line["cold"] = args.cold;
     line["bytes"] = timing.bytes;
     line["file_bytes"] = file_bytes;
@@ -284,10 +280,7 @@ BenchCommand add_load_command(CLI::App& app) {
       "load", "load the checkpoint `save` left under --out through the dispatch, against raw reads of its files");
   load->add_option("--out", args->out, "checkpoint root that `stagehand-bench save` wrote (a local folder)")
       ->required();
-  load->add_option("--ranks", args->ranks, "in-process ranks (as the save's)")->check(CLI::Range(1, 1024));
-  load->add_option("--bytes-per-rank", args->bytes_per_rank, "state per rank (as the save's)");
-  load->add_option("--tensors", args->tensors, "tensors per rank (as the save's)")->check(CLI::Range(1, 100000));
-  load->add_option("--seed", args->seed, "state seed (as the save's)");
+  add_state_options(load, args->state, "as the save's");
   load->add_option("--thread-count", args->thread_count, "ckpt_load_thread_count, and the raw reads' threads")
       ->check(CLI::Range(1, 256));
   load->add_option("--repeat", args->repeat, "loads to run")->check(CLI::Range(1, 1000));

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/synthetic_state.hpp"
 #include "stagehand/core/device.hpp"
 
 namespace stagehand::bench {
@@ -40,6 +42,31 @@ inline std::uint64_t parse_size(const std::string& text) {
   else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
   else if (!unit.empty()) throw std::invalid_argument("unknown unit '" + unit + "'");
   return static_cast<std::uint64_t>(value * scale);
+}
+
+/// The synthetic state's options, shared by every subcommand that saves or loads it.
+struct StateArgs {
+  int ranks = 2;
+  std::string bytes_per_rank = "64M";
+  int tensors = 16;
+  std::uint64_t seed = 1;
+  std::int64_t columns = 1024;
+
+  /// @throws std::invalid_argument on a bad --bytes-per-rank.
+  SyntheticStateSpec spec() const { return {ranks, parse_size(bytes_per_rank), tensors, seed, columns}; }
+};
+
+/// Adds --ranks, --bytes-per-rank, --tensors, --seed and --columns; `as` says what they must
+/// match (for instance "as the save's"), or is empty.
+inline void add_state_options(CLI::App* command, StateArgs& args, const std::string& as) {
+  const std::string tail = as.empty() ? "" : " (" + as + ")";
+  command->add_option("--ranks", args.ranks, "in-process ranks" + tail)->check(CLI::Range(1, 1024));
+  command->add_option("--bytes-per-rank", args.bytes_per_rank, "state per rank, e.g. 256M or 1G" + tail);
+  command->add_option("--tensors", args.tensors, "tensors per rank" + tail)->check(CLI::Range(1, 100000));
+  command->add_option("--seed", args.seed, "state seed" + tail);
+  command->add_option("--columns", args.columns,
+                      "elements per tensor row; small values give small shards at many tensors" + tail)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
 }
 
 /// Resident set size of this process now (VmRSS).

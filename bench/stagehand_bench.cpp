@@ -17,6 +17,7 @@
 
 #include "stagehand/actors/dispatch_client.hpp"
 #include "bench/bench_load.hpp"
+#include "bench/bench_metadata.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
@@ -125,12 +126,9 @@ nlohmann::json vmstat_delta(const std::map<std::string, std::int64_t>& before,
 
 struct SaveArgs {
   std::string out;
-  int ranks = 2;
-  std::string bytes_per_rank = "64M";
-  int tensors = 16;
+  StateArgs state;
   int thread_count = 2;
   int staging_buckets = 0;
-  std::uint64_t seed = 1;
   int repeat = 1;
   bool baseline = false;
   bool async = false;
@@ -149,7 +147,7 @@ struct SaveArgs {
 
 /// The figures every save prints.
 nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std::uint64_t bytes, double save_s) {
-  nlohmann::json line = bench_line(mode, repeat, args.ranks, args.thread_count);
+  nlohmann::json line = bench_line(mode, repeat, args.state.ranks, args.thread_count);
   line["staging_buckets"] = args.staging_buckets;
   line["bytes"] = bytes;
   line["save_s"] = save_s;
@@ -171,7 +169,7 @@ std::vector<std::uint64_t> planned_file_sizes(const SaveArgs& args, int rank, co
 /// coordinator, as stagehand-train does: `stall_s` is how long the caller was blocked, `save_s`
 /// the time until the commit.
 int run_save(const SaveArgs& args) {
-  SyntheticStateSpec spec{args.ranks, parse_size(args.bytes_per_rank), args.tensors, args.seed};
+  const SyntheticStateSpec spec = args.state.spec();
   std::error_code ec;
   if (!is_cloud(args.out)) std::filesystem::create_directories(args.out, ec);
   if (ec) {
@@ -185,7 +183,7 @@ int run_save(const SaveArgs& args) {
   std::vector<std::unique_ptr<Checkpointable>> ranks;
   std::vector<std::uint64_t> file_sizes;
   const bool device = args.source == "device";
-  for (int r = 0; r < args.ranks; ++r) {
+  for (int r = 0; r < spec.ranks; ++r) {
     auto state = make_synthetic_state(spec, r, device ? default_device(r) : Device::host());
     if (!state.is_ok()) {
       std::cerr << "stagehand-bench: " << state.status().to_string() << "\n";
@@ -278,7 +276,17 @@ int run_save(const SaveArgs& args) {
     line["vmstat"] = vm;
     if (auto phases = client.save_phases(step); phases.is_ok()) {
       auto parsed = nlohmann::json::parse(*phases, nullptr, false);
-      if (parsed.is_object()) line["phases"] = parsed;
+      if (parsed.is_object()) {
+        // From the last rank's report to the tracker written.
+        if (parsed.contains("commit_s")) line["commit_s"] = parsed["commit_s"];
+        line["phases"] = parsed;
+      }
+    }
+    if (!is_cloud(args.out)) {
+      std::error_code size_error;
+      const auto metadata_bytes = std::filesystem::file_size(
+          CheckpointLayout::policy_dir(CheckpointLayout{args.out}.step_dir(step)) + "/" + kMetadataFile, size_error);
+      if (!size_error) line["metadata_bytes"] = metadata_bytes;
     }
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     std::cout << line.dump() << std::endl;
@@ -318,13 +326,10 @@ int main(int argc, char** argv) {
   save->add_option("--out", args.out, "checkpoint root: a folder, or s3://bucket/prefix (AWS_* variables)")
       ->required();
   save->add_option("--work-dir", args.work_dir, "local_work_dir for object-store saves");
-  save->add_option("--ranks", args.ranks, "in-process ranks")->check(CLI::Range(1, 1024));
-  save->add_option("--bytes-per-rank", args.bytes_per_rank, "state per rank, e.g. 256M or 1G");
-  save->add_option("--tensors", args.tensors, "tensors per rank")->check(CLI::Range(1, 100000));
+  add_state_options(save, args.state, "");
   save->add_option("--thread-count", args.thread_count, "ckpt_save_thread_count")->check(CLI::Range(1, 256));
   save->add_option("--staging-buckets", args.staging_buckets, "ckpt_save_staging_buckets")
       ->check(CLI::Range(0, 256));
-  save->add_option("--seed", args.seed, "state seed");
   save->add_option("--repeat", args.repeat, "saves to run")->check(CLI::Range(1, 1000));
   save->add_flag("--baseline", args.baseline,
                  "also time raw writes + fsync of the same bytes (one stream, and one per file), before the saves");
@@ -341,15 +346,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0));
   save->add_flag("--per-save-staging", args.per_save, "ckpt_staging_memory: per_save (else persistent)");
   const stagehand::bench::BenchCommand load = stagehand::bench::add_load_command(app);
+  const stagehand::bench::BenchCommand metadata = stagehand::bench::add_metadata_command(app);
   try {
     app.parse(argc, argv);
-    parse_size(args.bytes_per_rank);
+    parse_size(args.state.bytes_per_rank);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
-    std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.bytes_per_rank << "'\n";
+    std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.state.bytes_per_rank << "'\n";
     return 2;
   }
   if (load.command->parsed()) return load.run();
+  if (metadata.command->parsed()) return metadata.run();
   return run_save(args);
 }

@@ -15,8 +15,8 @@ constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f32, DType::f16, DT
 }  // namespace
 
 Result<StateDict> make_synthetic_state(const SyntheticStateSpec& spec, int rank, Device device) {
-  if (spec.ranks < 1 || rank < 0 || rank >= spec.ranks || spec.tensors < 1) {
-    return Status{ErrorCode::invalid_argument, "synthetic state needs ranks >= 1, 0 <= rank < ranks, tensors >= 1"};
+  if (spec.ranks < 1 || rank < 0 || rank >= spec.ranks || spec.tensors < 1 || spec.columns < 1) {
+    return Status{ErrorCode::invalid_argument, "synthetic state needs ranks >= 1, 0 <= rank < ranks, tensors >= 1, columns >= 1"};
   }
   std::vector<double> weights;
   double weight_sum = 0;
@@ -29,7 +29,7 @@ Result<StateDict> make_synthetic_state(const SyntheticStateSpec& spec, int rank,
     DType dtype = kDTypes[static_cast<std::size_t>(i) % std::size(kDTypes)];
     std::size_t elem = dtype_size(dtype);
     auto bytes = static_cast<std::uint64_t>(static_cast<double>(spec.bytes_per_rank) * weights[static_cast<std::size_t>(i)] / weight_sum);
-    std::int64_t cols = 1024;
+    const std::int64_t cols = spec.columns;
     std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / elem) / cols);
     bool replicated = i % 4 == 3;
     Shape local{rows, cols};

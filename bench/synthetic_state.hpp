@@ -14,6 +14,9 @@ struct SyntheticStateSpec {
   std::uint64_t bytes_per_rank = 64u << 20;
   int tensors = 16;
   std::uint64_t seed = 1;
+  /// Elements per row of every tensor; a tensor has at least one row, so a small value with
+  /// many tensors gives small shards (the commit and metadata at many ranks, not the disk).
+  std::int64_t columns = 1024;
 };
 
 /// One rank's state: three in four tensors are split along dimension 0 across ranks, every fourth

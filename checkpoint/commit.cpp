@@ -144,8 +144,19 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
       }
     }
   }
-  for (const auto& r : reports) {
+  // In rank order, so that the chunks of a tensor split by rank arrive already sorted.
+  std::vector<const RankSaveReport*> by_rank;
+  by_rank.reserve(reports.size());
+  for (const auto& r : reports) by_rank.push_back(&r);
+  std::sort(by_rank.begin(), by_rank.end(),
+            [](const RankSaveReport* a, const RankSaveReport* b) { return a->rank < b->rank; });
+  for (const RankSaveReport* report : by_rank) {
+    const RankSaveReport& r = *report;
     for (const auto& [name, value] : r.objects) {
+      if (!is_valid_utf8(name) || !is_valid_utf8(value)) {
+        return Status{ErrorCode::invalid_argument, "object '" + name + "' of rank " + std::to_string(r.rank) +
+                                                       ": its name and value must be UTF-8 text (JSON holds no other)"};
+      }
       auto [it, inserted] = m.objects.emplace(name, value);
       if (!inserted && it->second != value) {
         return Status{ErrorCode::invalid_argument,
@@ -159,6 +170,10 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
       for (const auto& c : b.chunks) {
         auto [it, inserted] = m.tensors.try_emplace(c.desc.name);
         TensorMeta& t = it->second;
+        if (inserted && !is_valid_utf8(c.desc.name)) {
+          return Status{ErrorCode::invalid_argument,
+                        "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
+        }
         if (inserted) {
           t.dtype = c.desc.dtype;
           t.global_shape = c.desc.global_shape;
@@ -172,8 +187,10 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
     }
   }
   for (auto& [name, t] : m.tensors) {
-    std::sort(t.chunks.begin(), t.chunks.end(),
-              [](const ChunkMeta& a, const ChunkMeta& b) { return a.offsets < b.offsets; });
+    auto by_offsets = [](const ChunkMeta& a, const ChunkMeta& b) { return a.offsets < b.offsets; };
+    if (!std::is_sorted(t.chunks.begin(), t.chunks.end(), by_offsets)) {
+      std::sort(t.chunks.begin(), t.chunks.end(), by_offsets);
+    }
     std::int64_t covered = 0;
     for (std::size_t i = 0; i < t.chunks.size(); ++i) {
       if (i > 0 && t.chunks[i].offsets == t.chunks[i - 1].offsets) {

@@ -3,10 +3,14 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <tuple>
 
 #include "stagehand/core/sharded_tensor.hpp"
@@ -141,6 +145,27 @@ class JsonFields {
     return error(field, "is " + describe(v) + ", not an object");
   }
 
+  /// An error naming the first member of `object` that is none of `known`; ok when there is
+  /// none. The checksum covers only the format's fields, so any other is refused.
+  /// @pre object.is_object()
+  Status only_members(const json& object, const std::string& field,
+                      std::initializer_list<std::string_view> known) const {
+    if (object.size() <= known.size()) {
+      // Every known member is required, except those the caller checked the absence of.
+      bool all_known = true;
+      for (const auto& [key, value] : object.items()) {
+        all_known &= std::find(known.begin(), known.end(), key) != known.end();
+      }
+      if (all_known) return Status::ok();
+    }
+    for (const auto& [key, value] : object.items()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        return error(field.empty() ? key : field + "." + key, "is not a field of the format");
+      }
+    }
+    return Status::ok();
+  }
+
   /// `object[key]`. @pre object.is_object()
   Result<const json*> member(const json& object, const std::string& field, const char* key) const {
     auto it = object.find(key);
@@ -263,26 +288,8 @@ Result<ChunkMeta> chunk_from_json(const JsonFields& f, const json& c, const std:
   std::tie(cm.begin, cm.end) = range;
   SH_ASSIGN_OR_RETURN(const json* hash, f.member(c, field, "xxh3"));
   SH_ASSIGN_OR_RETURN(cm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  SH_RETURN_IF_ERROR(f.only_members(c, field, {"offsets", "shape", "file", "byte_range", "xxh3"}));
   return cm;
-}
-
-Result<TensorMeta> tensor_from_json(const JsonFields& f, const json& t, const std::string& field) {
-  SH_RETURN_IF_ERROR(f.expect_object(t, field));
-  TensorMeta tm;
-  SH_ASSIGN_OR_RETURN(const json* dtype, f.member(t, field, "dtype"));
-  SH_ASSIGN_OR_RETURN(tm.dtype, f.as_dtype(*dtype, field + ".dtype"));
-  SH_ASSIGN_OR_RETURN(const json* shape, f.member(t, field, "shape"));
-  SH_ASSIGN_OR_RETURN(tm.global_shape, f.as_shape(*shape, field + ".shape"));
-  SH_ASSIGN_OR_RETURN(const json* chunks, f.member(t, field, "chunks"));
-  if (!chunks->is_array())
-    return f.error(field + ".chunks", "is " + describe(*chunks) + ", not a list");
-  for (std::size_t i = 0; i < chunks->size(); ++i) {
-    SH_ASSIGN_OR_RETURN(
-        ChunkMeta cm,
-        chunk_from_json(f, (*chunks)[i], field + ".chunks[" + std::to_string(i) + "]"));
-    tm.chunks.push_back(std::move(cm));
-  }
-  return tm;
 }
 
 Result<FileMeta> file_meta_from_json(const JsonFields& f, const json& value, const std::string& field) {
@@ -292,15 +299,602 @@ Result<FileMeta> file_meta_from_json(const JsonFields& f, const json& value, con
   SH_ASSIGN_OR_RETURN(fm.size, f.as_unsigned(*size, field + ".size"));
   SH_ASSIGN_OR_RETURN(const json* hash, f.member(value, field, "xxh3"));
   SH_ASSIGN_OR_RETURN(fm.xxh3, f.as_xxh3(*hash, field + ".xxh3"));
+  SH_RETURN_IF_ERROR(f.only_members(value, field, {"size", "xxh3"}));
   return fm;
 }
 
-/// XXH3 of the compact JSON text of `root` without its "checksum" field: what metadata.json's
+/// A chunk whose members are all present, of the right types and in range, and no others:
+/// what every writer writes. Anything else goes through chunk_from_json, which names the field.
+bool fast_chunk(const json& c, ChunkMeta& out) {
+  if (!c.is_object() || c.size() != 5) return false;
+  auto shape = [](const json* v, Shape& s) {
+    if (v == nullptr || !v->is_array() || v->size() > Shape::kMaxRank) return false;
+    s = Shape::zeros(v->size());
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const json& d = (*v)[i];
+      if (!d.is_number_unsigned()) return false;
+      const auto value = d.get<std::uint64_t>();
+      if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return false;
+      s[i] = static_cast<std::int64_t>(value);
+    }
+    return true;
+  };
+  auto find = [&](const char* key) -> const json* {
+    auto it = c.find(key);
+    return it == c.end() ? nullptr : &*it;
+  };
+  const json* range = find("byte_range");
+  const json* file = find("file");
+  const json* hash = find("xxh3");
+  if (!shape(find("offsets"), out.offsets) || !shape(find("shape"), out.shape) || range == nullptr ||
+      !range->is_array() || range->size() != 2 || !(*range)[0].is_number_unsigned() ||
+      !(*range)[1].is_number_unsigned() || file == nullptr || !file->is_string() || hash == nullptr ||
+      !hash->is_string()) {
+    return false;
+  }
+  out.begin = (*range)[0].get<std::uint64_t>();
+  out.end = (*range)[1].get<std::uint64_t>();
+  auto parsed_hash = parse_xxh3_hex(hash->get_ref<const std::string&>());
+  if (out.end < out.begin || !parsed_hash) return false;
+  out.xxh3 = *parsed_hash;
+  out.file = file->get_ref<const std::string&>();
+  return true;
+}
+
+/// Reads metadata.json as nlohmann::json's SAX events into a CheckpointMetadata, without a tree
+/// of the whole file: only one chunk, file entry, object or top-level scalar at a time is held as
+/// a JSON value and checked with the same functions (and messages) as before. Which error is
+/// reported is also as before, when a file has several: the checks of the top level run at its
+/// end in the same order, and of the tensors, objects and files whose values are wrong the one
+/// first in key order is named (with a repeated key, its last value counts, as in a tree).
+class MetadataReader {
+ public:
+  using string_t = json::string_t;
+
+  explicit MetadataReader(const std::string& source) : f_(source) {}
+
+  Result<CheckpointMetadata> read(const std::string& text) {
+    const bool parsed = json::sax_parse(text, this);
+    if (!parsed || where_ != Where::done) return f_.error("", "is not a JSON object");
+    SH_ASSIGN_OR_RETURN(const json* format, f_.member(root_, "", "format"));
+    if (!format->is_string() || format->get_ref<const std::string&>() != kFormatName) {
+      return f_.error("format", "is " + describe(*format) + ", not '" + kFormatName + "'");
+    }
+    SH_ASSIGN_OR_RETURN(const json* version_json, f_.member(root_, "", "version"));
+    SH_ASSIGN_OR_RETURN(std::uint64_t version, f_.as_unsigned(*version_json, "version"));
+    if (version != kFormatVersion) {
+      return f_.error("version " + std::to_string(version),
+                      "is not the supported version " + std::to_string(kFormatVersion));
+    }
+    SH_ASSIGN_OR_RETURN(const json* step, f_.member(root_, "", "step"));
+    SH_ASSIGN_OR_RETURN(m_.step, f_.as_size(*step, "step"));
+    for (Section s : {Section::tensors, Section::objects, Section::files}) {
+      SH_ASSIGN_OR_RETURN(const json* value, f_.member(root_, "", kSectionNames[s]));
+      SH_RETURN_IF_ERROR(f_.expect_object(*value, kSectionNames[s]));
+      if (!errors_[s].empty()) return errors_[s].begin()->second;
+    }
+    // Absent when the save had no trainer state.
+    auto trainer_state = root_.find("trainer_state");
+    if (trainer_state != root_.end()) {
+      SH_ASSIGN_OR_RETURN(m_.trainer_state, file_meta_from_json(f_, *trainer_state, "trainer_state"));
+    }
+    SH_RETURN_IF_ERROR(f_.only_members(root_, "", {"checksum", "files", "format", "objects", "step", "tensors",
+                                                   "trainer_state", "version"}));
+    return std::move(m_);
+  }
+
+  /// The top level's "checksum" field. @pre read() succeeded
+  const json& root() const { return root_; }
+
+  // -- nlohmann::json SAX events --
+
+  bool null() { return scalar(json(nullptr)); }
+  bool boolean(bool value) { return scalar(json(value)); }
+  bool number_integer(json::number_integer_t value) { return scalar(json(value)); }
+  bool number_unsigned(json::number_unsigned_t value) { return scalar(json(value)); }
+  bool number_float(json::number_float_t value, const string_t&) { return scalar(json(value)); }
+  bool string(string_t& value) { return scalar(json(std::move(value))); }
+  bool binary(json::binary_t&) { return false; }
+
+  bool start_object(std::size_t) {
+    if (!capture_.empty()) return open_in_capture(json::object());
+    switch (where_) {
+      case Where::start:
+        where_ = Where::root;
+        return true;
+      case Where::root:
+        if (auto section = section_of(key_)) {
+          begin_section(*section);
+          root_[key_] = json::object();
+          where_ = kSectionWhere[*section];
+          return true;
+        }
+        break;
+      case Where::tensors:
+        where_ = Where::tensor;
+        tensor_ = json::object();
+        tensor_name_ = key_;
+        chunks_.clear();
+        chunk_error_ = Status::ok();
+        return true;
+      default:
+        break;
+    }
+    return open_in_capture(json::object());
+  }
+
+  bool start_array(std::size_t) {
+    if (capture_.empty()) {
+      if (where_ == Where::start) return false;
+      if (where_ == Where::tensor && key_ == "chunks") {
+        tensor_["chunks"] = json::array();
+        chunks_.clear();
+        chunk_error_ = Status::ok();
+        where_ = Where::chunks;
+        return true;
+      }
+    }
+    return open_in_capture(json::array());
+  }
+
+  bool key(string_t& key) {
+    if (!capture_.empty()) {
+      slot_ = &(*capture_.back())[key];
+      return true;
+    }
+    key_ = std::move(key);
+    return true;
+  }
+
+  bool end_object() {
+    if (!capture_.empty()) return close_in_capture();
+    switch (where_) {
+      case Where::root:
+        where_ = Where::done;
+        return true;
+      case Where::tensor:
+        finish_tensor();
+        where_ = Where::tensors;
+        return true;
+      default:
+        where_ = Where::root;
+        return true;
+    }
+  }
+
+  bool end_array() {
+    if (!capture_.empty()) return close_in_capture();
+    where_ = Where::tensor;
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+ private:
+  enum class Where { start, root, tensors, tensor, chunks, files, objects, done };
+  enum Section { tensors = 0, objects = 1, files = 2 };
+  static constexpr const char* kSectionNames[] = {"tensors", "objects", "files"};
+  static constexpr Where kSectionWhere[] = {Where::tensors, Where::objects, Where::files};
+
+  static std::optional<Section> section_of(const std::string& key) {
+    for (Section s : {Section::tensors, Section::objects, Section::files}) {
+      if (key == kSectionNames[s]) return s;
+    }
+    return std::nullopt;
+  }
+
+  /// A repeated section replaces the one before it.
+  void begin_section(Section s) {
+    errors_[s].clear();
+    if (s == Section::tensors) m_.tensors.clear();
+    if (s == Section::objects) m_.objects.clear();
+    if (s == Section::files) m_.files.clear();
+  }
+
+  bool scalar(json value) {
+    if (!capture_.empty()) {
+      place(std::move(value));
+      return true;
+    }
+    if (where_ == Where::start) return false;
+    captured_ = std::move(value);
+    return on_captured();
+  }
+
+  bool open_in_capture(json value) {
+    if (capture_.empty()) {
+      if (where_ == Where::start) return false;
+      captured_ = std::move(value);
+      capture_.push_back(&captured_);
+    } else {
+      capture_.push_back(place(std::move(value)));
+    }
+    return true;
+  }
+
+  bool close_in_capture() {
+    capture_.pop_back();
+    return capture_.empty() ? on_captured() : true;
+  }
+
+  /// Puts `value` into the captured value being built: at the end of its list, or under the
+  /// last key (which a repeated key overwrites, as in a tree).
+  json* place(json value) {
+    json& parent = *capture_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    *slot_ = std::move(value);
+    return slot_;
+  }
+
+  /// A whole value outside the streamed parts is in captured_: take it where it belongs.
+  bool on_captured() {
+    switch (where_) {
+      case Where::root:
+        if (auto section = section_of(key_)) begin_section(*section);
+        root_[key_] = std::move(captured_);
+        return true;
+      case Where::tensors: {
+        const std::string field = quoted_key("tensors", key_);
+        m_.tensors.erase(key_);
+        errors_[Section::tensors].insert_or_assign(key_, f_.expect_object(captured_, field));
+        return true;
+      }
+      case Where::tensor:
+        tensor_[key_] = std::move(captured_);
+        if (key_ == "chunks") {
+          chunks_.clear();
+          chunk_error_ = Status::ok();
+        }
+        return true;
+      case Where::chunks:
+        take_chunk();
+        return true;
+      case Where::files: {
+        auto file = file_meta_from_json(f_, captured_, quoted_key("files", key_));
+        record(Section::files, file, m_.files);
+        return true;
+      }
+      case Where::objects: {
+        auto object = f_.as_string(captured_, quoted_key("objects", key_));
+        record(Section::objects, object, m_.objects);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  template <typename T, typename Map>
+  void record(Section s, Result<T>& value, Map& into) {
+    if (value.is_ok()) {
+      errors_[s].erase(key_);
+      into.insert_or_assign(key_, std::move(*value));
+    } else {
+      into.erase(key_);
+      errors_[s].insert_or_assign(key_, value.status());
+    }
+  }
+
+  void take_chunk() {
+    const std::size_t index = chunks_.size();
+    if (!chunk_error_.is_ok()) return;
+    ChunkMeta chunk;
+    if (fast_chunk(captured_, chunk)) {
+      chunks_.push_back(std::move(chunk));
+      return;
+    }
+    auto slow = chunk_from_json(f_, captured_,
+                                quoted_key("tensors", tensor_name_) + ".chunks[" + std::to_string(index) + "]");
+    if (slow.is_ok()) {
+      chunks_.push_back(std::move(*slow));
+    } else {
+      chunk_error_ = slow.status();
+    }
+  }
+
+  /// The checks of one tensor in the order a tree's reader made them.
+  void finish_tensor() {
+    const std::string field = quoted_key("tensors", tensor_name_);
+    auto tensor = [&]() -> Result<TensorMeta> {
+      TensorMeta tm;
+      SH_ASSIGN_OR_RETURN(const json* dtype, f_.member(tensor_, field, "dtype"));
+      SH_ASSIGN_OR_RETURN(tm.dtype, f_.as_dtype(*dtype, field + ".dtype"));
+      SH_ASSIGN_OR_RETURN(const json* shape, f_.member(tensor_, field, "shape"));
+      SH_ASSIGN_OR_RETURN(tm.global_shape, f_.as_shape(*shape, field + ".shape"));
+      SH_ASSIGN_OR_RETURN(const json* chunks, f_.member(tensor_, field, "chunks"));
+      if (!chunks->is_array()) return f_.error(field + ".chunks", "is " + describe(*chunks) + ", not a list");
+      SH_RETURN_IF_ERROR(chunk_error_);
+      SH_RETURN_IF_ERROR(f_.only_members(tensor_, field, {"dtype", "shape", "chunks"}));
+      tm.chunks = std::move(chunks_);
+      return tm;
+    }();
+    key_ = tensor_name_;
+    record(Section::tensors, tensor, m_.tensors);
+  }
+
+  JsonFields f_;
+  Where where_ = Where::start;
+  /// The last key outside a captured value.
+  std::string key_;
+  /// The top level's members, with an empty object for each streamed section.
+  json root_ = json::object();
+  CheckpointMetadata m_;
+  /// Per section, the error of each entry whose value is wrong, by name.
+  std::map<std::string, Status> errors_[3];
+  /// The value being captured and the path into it.
+  json captured_;
+  std::vector<json*> capture_;
+  json* slot_ = nullptr;
+  /// The tensor being read: its members other than the chunks, its chunks so far and the first
+  /// error among them.
+  std::string tensor_name_;
+  json tensor_ = json::object();
+  std::vector<ChunkMeta> chunks_;
+  Status chunk_error_ = Status::ok();
+};
+
+/// Writes metadata.json's JSON text straight from a CheckpointMetadata (no JSON tree: at
+/// thousands of ranks the tree costs seconds and gigabytes). Members come in key order and
+/// strings are escaped as nlohmann::json's dump() does, so the compact text equals the dump of
+/// the parsed file; that text is what the "checksum" field hashes, for files of every writer.
+///
+/// One pass makes both: the compact text without the "checksum" member is hashed as it is made
+/// (never held whole), and, when text is asked for, the pretty text is written beside it with
+/// the checksum's 16 digits filled in at the end. Pretty text puts each member of the top level,
+/// each file, object and tensor, and each chunk on a line of its own, and writes the rest
+/// compactly.
+class MetadataWriter {
+ public:
+  /// @param out where the pretty text goes; nullptr to only hash the compact text.
+  explicit MetadataWriter(std::string* out) : out_(out) {}
+
+  /// The XXH3 of the compact text of `m` without a "checksum" member; the pretty text, with
+  /// that checksum as its first member, is in *out when one was given.
+  std::uint64_t write(const CheckpointMetadata& m) {
+    if (out_ != nullptr) {
+      out_->clear();
+      out_->reserve(estimated_size(m));
+    }
+    hash_.reset();
+    pending_ = 0;
+    put('{');
+    std::size_t checksum_digits = 0;
+    if (out_ != nullptr) {
+      // Pretty only: the hashed text has no checksum member, and its first member no comma.
+      pretty_only("\n \"checksum\": \"");
+      checksum_digits = out_->size();
+      pretty_only("0000000000000000\"");
+    }
+    member("files", true);
+    map(m.files, [&](const FileMeta& f) { file_meta(f); });
+    member("format");
+    string(kFormatName);
+    member("objects");
+    map(m.objects, [&](const std::string& value) { string(value); });
+    member("step");
+    number(m.step);
+    member("tensors");
+    map(m.tensors, [&](const TensorMeta& t) { tensor(t); });
+    if (m.trainer_state) {
+      member("trainer_state");
+      file_meta(*m.trainer_state);
+    }
+    member("version");
+    number(kFormatVersion);
+    pretty_only("\n");
+    put('}');
+    pretty_only("\n");
+    flush_hash();
+    const std::uint64_t checksum = hash_.digest();
+    if (out_ != nullptr) {
+      char digits[16];
+      hex16(checksum, digits);
+      out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
+    }
+    return checksum;
+  }
+
+ private:
+  /// Enough for the usual names and numbers, so that the text is not copied as it grows.
+  static std::size_t estimated_size(const CheckpointMetadata& m) {
+    std::size_t chunks = 0;
+    for (const auto& [name, t] : m.tensors) chunks += t.chunks.size();
+    return 256 + 64 * m.files.size() + 64 * m.objects.size() + 96 * m.tensors.size() + 160 * chunks;
+  }
+
+  static void hex16(std::uint64_t value, char* digits) {
+    constexpr char kHex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; --i) {
+      digits[i] = kHex[value & 0xf];
+      value >>= 4;
+    }
+  }
+
+  /// Text of both the pretty and the hashed compact form.
+  void put(std::string_view text) {
+    if (out_ != nullptr) out_->append(text);
+    if (text.size() > sizeof(hash_buffer_) - pending_) {
+      flush_hash();
+      if (text.size() > sizeof(hash_buffer_)) {
+        hash_.update(text.data(), text.size());
+        return;
+      }
+    }
+    std::memcpy(hash_buffer_ + pending_, text.data(), text.size());
+    pending_ += text.size();
+  }
+
+  void put(char c) {
+    if (out_ != nullptr) out_->push_back(c);
+    if (pending_ == sizeof(hash_buffer_)) flush_hash();
+    hash_buffer_[pending_++] = c;
+  }
+
+  /// Whitespace and the checksum member: the pretty text only.
+  void pretty_only(std::string_view text) {
+    if (out_ != nullptr) out_->append(text);
+  }
+
+  void flush_hash() {
+    hash_.update(hash_buffer_, pending_);
+    pending_ = 0;
+  }
+
+  void line(int depth) {
+    if (out_ == nullptr) return;
+    out_->push_back('\n');
+    out_->append(static_cast<std::size_t>(depth), ' ');
+  }
+
+  /// A member of the top level; `first` in the hashed text (the pretty one starts with the
+  /// checksum).
+  void member(const char* key, bool first = false) {
+    if (first) {
+      pretty_only(",");
+    } else {
+      put(',');
+    }
+    line(1);
+    key_(key);
+  }
+
+  void key_(std::string_view key) {
+    string(key);
+    put(':');
+    pretty_only(" ");
+  }
+
+  template <typename T>
+  void number(T value) {
+    char buf[24];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+    put(std::string_view(buf, static_cast<std::size_t>(end - buf)));
+  }
+
+  /// As nlohmann::json's dump(): the two-character escapes, \u00xx for other control
+  /// characters, everything else (UTF-8 included) as it is.
+  void string(std::string_view text) {
+    put('"');
+    std::size_t plain = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      if (c >= 0x20 && c != '"' && c != '\\') continue;
+      put(text.substr(plain, i - plain));
+      plain = i + 1;
+      switch (c) {
+        case '"': put("\\\""); break;
+        case '\\': put("\\\\"); break;
+        case '\b': put("\\b"); break;
+        case '\f': put("\\f"); break;
+        case '\n': put("\\n"); break;
+        case '\r': put("\\r"); break;
+        case '\t': put("\\t"); break;
+        default: {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+          put(buf);
+        }
+      }
+    }
+    put(text.substr(plain));
+    put('"');
+  }
+
+  void hash_string(std::uint64_t hash) {
+    char buf[18];
+    buf[0] = '"';
+    hex16(hash, buf + 1);
+    buf[17] = '"';
+    put(std::string_view(buf, sizeof(buf)));
+  }
+
+  void shape(const Shape& s) {
+    put('[');
+    for (std::size_t i = 0; i < s.rank(); ++i) {
+      if (i > 0) put(',');
+      number(s[i]);
+    }
+    put(']');
+  }
+
+  /// A map of the top level's members: one entry a line.
+  template <typename Map, typename WriteValue>
+  void map(const Map& entries, WriteValue write_value) {
+    put('{');
+    bool first = true;
+    for (const auto& [name, value] : entries) {
+      if (!first) put(',');
+      first = false;
+      line(2);
+      key_(name);
+      write_value(value);
+    }
+    if (!entries.empty()) line(1);
+    put('}');
+  }
+
+  void file_meta(const FileMeta& f) {
+    put("{\"size\":");
+    pretty_only(" ");
+    number(f.size);
+    put(",\"xxh3\":");
+    pretty_only(" ");
+    hash_string(f.xxh3);
+    put('}');
+  }
+
+  void tensor(const TensorMeta& t) {
+    put("{\"chunks\":");
+    pretty_only(" ");
+    put('[');
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      const ChunkMeta& c = t.chunks[i];
+      if (i > 0) put(',');
+      line(3);
+      put("{\"byte_range\":");
+      pretty_only(" ");
+      put('[');
+      number(c.begin);
+      put(',');
+      number(c.end);
+      put("],\"file\":");
+      pretty_only(" ");
+      string(c.file);
+      put(",\"offsets\":");
+      pretty_only(" ");
+      shape(c.offsets);
+      put(",\"shape\":");
+      pretty_only(" ");
+      shape(c.shape);
+      put(",\"xxh3\":");
+      pretty_only(" ");
+      hash_string(c.xxh3);
+      put('}');
+    }
+    if (!t.chunks.empty()) line(2);
+    put("],\"dtype\":");
+    pretty_only(" ");
+    string(dtype_name(t.dtype));
+    put(",\"shape\":");
+    pretty_only(" ");
+    shape(t.global_shape);
+    put('}');
+  }
+
+  std::string* out_;
+  Xxh3Stream hash_;
+  /// Compact text not yet hashed: hashing a few bytes at a time costs more than copying them.
+  char hash_buffer_[64 * 1024];
+  std::size_t pending_ = 0;
+};
+
+/// XXH3 of the compact JSON text of `m` without a "checksum" field: what metadata.json's
 /// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
-std::uint64_t metadata_checksum(json root) {
-  root.erase("checksum");
-  const std::string text = root.dump();
-  return xxh3(text.data(), text.size());
+std::uint64_t metadata_checksum(const CheckpointMetadata& m) {
+  return std::make_unique<MetadataWriter>(nullptr)->write(m);
 }
 
 /// Whether two blocks share an element (a block with an empty dimension shares none).
@@ -457,76 +1051,40 @@ Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::
   return out;
 }
 
-std::string metadata_to_json(const CheckpointMetadata& m) {
-  json tensors = json::object();
-  for (const auto& [name, t] : m.tensors) {
-    json chunks = json::array();
-    for (const auto& c : t.chunks) {
-      chunks.push_back({{"offsets", shape_to_json(c.offsets)},
-                        {"shape", shape_to_json(c.shape)},
-                        {"file", c.file},
-                        {"byte_range", {c.begin, c.end}},
-                        {"xxh3", xxh3_hex(c.xxh3)}});
+bool is_valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    std::uint32_t code = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next >> 6) != 0x2) return false;
+      code = code << 6 | (next & 0x3f);
     }
-    tensors[name] = {{"dtype", std::string(dtype_name(t.dtype))},
-                     {"shape", shape_to_json(t.global_shape)},
-                     {"chunks", chunks}};
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    constexpr std::uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[n] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return false;
+    i += n;
   }
-  json files = json::object();
-  for (const auto& [name, f] : m.files) files[name] = {{"size", f.size}, {"xxh3", xxh3_hex(f.xxh3)}};
-  json root = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step},
-               {"tensors", tensors},    {"objects", m.objects},      {"files", files}};
-  if (m.trainer_state) {
-    root["trainer_state"] = {{"size", m.trainer_state->size}, {"xxh3", xxh3_hex(m.trainer_state->xxh3)}};
-  }
-  root["checksum"] = xxh3_hex(metadata_checksum(root));
-  return root.dump(1) + "\n";
+  return true;
+}
+
+std::string metadata_to_json(const CheckpointMetadata& m) {
+  std::string text;
+  std::make_unique<MetadataWriter>(&text)->write(m);
+  return text;
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {
-  const json root = json::parse(text, nullptr, false);
-  JsonFields f(source);
-  if (root.is_discarded() || !root.is_object()) return f.error("", "is not a JSON object");
-  SH_ASSIGN_OR_RETURN(const json* format, f.member(root, "", "format"));
-  if (!format->is_string() || format->get_ref<const std::string&>() != kFormatName) {
-    return f.error("format", "is " + describe(*format) + ", not '" + kFormatName + "'");
-  }
-  SH_ASSIGN_OR_RETURN(const json* version_json, f.member(root, "", "version"));
-  SH_ASSIGN_OR_RETURN(std::uint64_t version, f.as_unsigned(*version_json, "version"));
-  if (version != kFormatVersion) {
-    return f.error("version " + std::to_string(version),
-                   "is not the supported version " + std::to_string(kFormatVersion));
-  }
-  CheckpointMetadata m;
-  SH_ASSIGN_OR_RETURN(const json* step, f.member(root, "", "step"));
-  SH_ASSIGN_OR_RETURN(m.step, f.as_size(*step, "step"));
-  SH_ASSIGN_OR_RETURN(const json* tensors, f.member(root, "", "tensors"));
-  SH_RETURN_IF_ERROR(f.expect_object(*tensors, "tensors"));
-  for (const auto& [name, t] : tensors->items()) {
-    SH_ASSIGN_OR_RETURN(TensorMeta tm, tensor_from_json(f, t, quoted_key("tensors", name)));
-    m.tensors.emplace(name, std::move(tm));
-  }
-  SH_ASSIGN_OR_RETURN(const json* objects, f.member(root, "", "objects"));
-  SH_RETURN_IF_ERROR(f.expect_object(*objects, "objects"));
-  for (const auto& [name, value] : objects->items()) {
-    SH_ASSIGN_OR_RETURN(m.objects[name], f.as_string(value, quoted_key("objects", name)));
-  }
-  SH_ASSIGN_OR_RETURN(const json* files, f.member(root, "", "files"));
-  SH_RETURN_IF_ERROR(f.expect_object(*files, "files"));
-  for (const auto& [name, value] : files->items()) {
-    SH_ASSIGN_OR_RETURN(FileMeta fm, file_meta_from_json(f, value, quoted_key("files", name)));
-    m.files.emplace(name, fm);
-  }
-  // Absent when the save had no trainer state.
-  auto trainer_state = root.find("trainer_state");
-  if (trainer_state != root.end()) {
-    SH_ASSIGN_OR_RETURN(m.trainer_state, file_meta_from_json(f, *trainer_state, "trainer_state"));
-  }
+  MetadataReader reader(source);
+  SH_ASSIGN_OR_RETURN(CheckpointMetadata m, reader.read(text));
   SH_RETURN_IF_ERROR(validate_metadata(m, source));
   // Last, so that a damaged field is named rather than only the checksum.
-  SH_ASSIGN_OR_RETURN(const json* checksum, f.member(root, "", "checksum"));
+  JsonFields f(source);
+  SH_ASSIGN_OR_RETURN(const json* checksum, f.member(reader.root(), "", "checksum"));
   SH_ASSIGN_OR_RETURN(std::uint64_t expected, f.as_xxh3(*checksum, "checksum"));
-  if (std::uint64_t actual = metadata_checksum(root); actual != expected) {
+  if (std::uint64_t actual = metadata_checksum(m); actual != expected) {
     return f.error("", "was changed after it was written: its content has XXH3 " + xxh3_hex(actual) +
                            ", its field checksum says " + xxh3_hex(expected));
   }

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stagehand/core/dtype.hpp"
@@ -134,6 +135,13 @@ struct CheckpointMetadata {
   std::optional<FileMeta> trainer_state;
 };
 
+/// Whether `text` is well-formed UTF-8, as every string in metadata.json must be (JSON text is
+/// UTF-8; a reader refuses anything else).
+bool is_valid_utf8(std::string_view text);
+
+/// metadata.json's text: deterministic (members in key order), one line for each file, object,
+/// tensor and chunk, and a "checksum" field.
+/// @pre every name and object is valid UTF-8 (is_valid_utf8).
 std::string metadata_to_json(const CheckpointMetadata& metadata);
 
 /// Parses metadata.json, checks the format name and version and every field's type and range,

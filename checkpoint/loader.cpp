@@ -16,6 +16,7 @@
 
 #include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/metadata_index.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/storage/destination.hpp"
@@ -266,6 +267,34 @@ Result<CheckpointMetadata> read_metadata(const CheckpointSource& source, const s
   return m;
 }
 
+/// The part of the checkpoint's metadata that a load of `state` reads (MetadataIndex::part_for),
+/// under the saved names `options` maps the live ones to (LoadOptions::sources, skip).
+/// A local metadata.json is read and checked once per process, whichever rank asks first, and
+/// shared by the others (shared_metadata_index).
+/// @param saved_names when not null, set to the name of every tensor of the checkpoint.
+Result<CheckpointMetadata> read_metadata_part(const CheckpointSource& source, const std::string& dir,
+                                              const StateDict& state, const LoadOptions& options = {},
+                                              std::vector<std::string>* saved_names = nullptr) {
+  const std::string path = is_cloud(dir) ? std::string() : source.where(kMetadataRel);
+  SH_ASSIGN_OR_RETURN(auto index, shared_metadata_index(path, [&] { return read_metadata(source, dir); }));
+  if (saved_names != nullptr) {
+    saved_names->clear();
+    for (const auto& [name, tensor] : index->metadata().tensors) saved_names->push_back(name);
+  }
+  if (options.sources.empty() && options.skip.empty()) return index->part_for(state);
+  // The blocks as the checkpoint names them (tensor handles are shared, not copied).
+  StateDict query;
+  query.objects = state.objects;
+  for (const auto& t : state.tensors) {
+    if (options.skip.count(t.desc.name) != 0) continue;
+    query.tensors.push_back(t);
+    if (auto source_name = options.sources.find(t.desc.name); source_name != options.sources.end()) {
+      query.tensors.back().desc.name = source_name->second;
+    }
+  }
+  return index->part_for(query);
+}
+
 /// Reads trainer_state.json and proves it is the one committed with `m`: recorded in the
 /// metadata with its size and XXH3, and holding the metadata's step.
 Result<std::string> read_trainer_state(const CheckpointSource& source, const CheckpointMetadata& m) {
@@ -478,6 +507,12 @@ Result<std::string> resolve_checkpoint(const std::string& path, const ObjectStor
 Result<CheckpointMetadata> read_checkpoint_metadata(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   return read_metadata(*source, checkpoint_dir);
+}
+
+Result<CheckpointMetadata> read_checkpoint_metadata_part(const std::string& checkpoint_dir, const StateDict& state,
+                                                         const ObjectStoreOptions& store) {
+  SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
+  return read_metadata_part(*source, checkpoint_dir, state);
 }
 
 Result<std::string> read_trainer_state_text(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
@@ -796,10 +831,16 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   SH_ASSIGN_OR_RETURN(auto source, open_source(checkpoint_dir, store));
   const bool safetensors_folder = is_safetensors_folder(checkpoint_dir);
   CheckpointMetadata metadata;
+  std::vector<std::string> saved_names;  // every tensor of the checkpoint, for unused_tensors
   if (safetensors_folder) {
     SH_ASSIGN_OR_RETURN(metadata, read_safetensors_folder(*source));
+    for (const auto& [name, tensor] : metadata.tensors) saved_names.push_back(name);
   } else {
-    SH_ASSIGN_OR_RETURN(metadata, read_metadata(*source, checkpoint_dir));
+    // Listing every saved name costs every rank O(tensors of the whole checkpoint): only for the
+    // loads that report or refuse unused tensors (a trainer's), not for the default one.
+    const bool list_unused = options.refuse_unused || !options.strict;
+    SH_ASSIGN_OR_RETURN(metadata, read_metadata_part(*source, checkpoint_dir, state, options,
+                                                     list_unused ? &saved_names : nullptr));
   }
   SH_RETURN_IF_ERROR(state.validate());
   FileCache files(*source, metadata, safetensors_folder ? "" : kPolicyDir);
@@ -872,7 +913,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
     }
   }
   std::sort(out.missing_tensors.begin(), out.missing_tensors.end());
-  for (const auto& [name, tensor] : metadata.tensors) {
+  for (const auto& name : saved_names) {
     if (live_names.count(name) == 0 && used.count(name) == 0) out.unused_tensors.push_back(name);
   }
   if (options.refuse_unused && !out.unused_tensors.empty()) {

@@ -34,6 +34,16 @@ bool is_safetensors_folder(const std::string& dir);
 Result<CheckpointMetadata> read_checkpoint_metadata(
     const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
+/// The part of a checkpoint's metadata that load_checkpoint reads for `state`: its tensors with
+/// only the chunks that overlap its blocks, the files they are in, the objects it names
+/// (MetadataIndex::part_for). The whole of a local metadata.json is read and checked as
+/// read_checkpoint_metadata does, but once per process: the ranks of a process that load the
+/// same checkpoint share that read (shared_metadata_index), so that each rank's own cost grows
+/// with its part, not with the number of ranks.
+Result<CheckpointMetadata> read_checkpoint_metadata_part(
+    const std::string& checkpoint_dir, const StateDict& state,
+    const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+
 /// Reads the trainer_state.json of a checkpoint folder, proven to be the one committed with its
 /// metadata: recorded in metadata.json with its size and XXH3, its field "step" equal to the
 /// metadata's step, which equals the step in the folder's name (`global_step_N`, which is what
@@ -127,7 +137,7 @@ struct LoadReport {
   /// sorted.
   std::vector<std::string> missing_objects;
   /// Tensors of the checkpoint the load did not use (neither in the state, skipped nor a
-  /// source), sorted.
+  /// source), sorted; listed only when LoadOptions::refuse_unused is set or strict is not.
   std::vector<std::string> unused_tensors;
 };
 

@@ -34,7 +34,9 @@ const std::map<std::string, std::string> kPinned = {
     {"global_step_1/policy/__1_1.safetensors", "dfe26c756437ca4e"},
     {"global_step_1/policy/__1_2.safetensors", "21652b0be5706201"},
     // Changed on purpose with issue 12 case 5: metadata.json gained its "checksum" field.
-    {"global_step_1/policy/metadata.json", "e420158f564bb1f0"},
+    // Changed on purpose with issue 16: metadata.json is written one line per file, object, tensor
+    // and chunk (the same fields and checksum; the text is smaller and written without a JSON tree).
+    {"global_step_1/policy/metadata.json", "e5911b765a641c33"},
     {"latest_ckpt_global_step.txt", "2ef3a1a12238c2e5"},
 };
 

@@ -1,0 +1,285 @@
+#define BOOST_TEST_MODULE metadata
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "bench/synthetic_state.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/metadata_index.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Names that exercise every kind of JSON escape, and UTF-8 beyond ASCII.
+const std::vector<std::string> kAwkwardNames = {"plain",
+                                                "with \"quotes\"",
+                                                "back\\slash",
+                                                "tab\tnew\nline",
+                                                std::string("bell\x07nul\x01", 10),
+                                                "del\x7f",
+                                                "caf\xc3\xa9 \xe2\x82\xac",
+                                                "slash/name"};
+
+/// A tensor split into `parts` chunks along dimension `dim` of a [rows, cols] global shape, in
+/// files "__<part>_0.safetensors".
+TensorMeta split_tensor(std::int64_t rows, std::int64_t cols, int parts, std::size_t dim) {
+  TensorMeta t;
+  t.dtype = DType::f32;
+  t.global_shape = Shape{rows, cols};
+  const std::int64_t along = dim == 0 ? rows : cols;
+  for (int p = 0; p < parts; ++p) {
+    const std::int64_t begin = along * p / parts;
+    const std::int64_t end = along * (p + 1) / parts;
+    ChunkMeta c;
+    c.offsets = dim == 0 ? Shape{begin, 0} : Shape{0, begin};
+    c.shape = dim == 0 ? Shape{end - begin, cols} : Shape{rows, end - begin};
+    c.file = "__" + std::to_string(p) + "_0.safetensors";
+    c.begin = 4096 + static_cast<std::uint64_t>(p) * 8;
+    c.end = c.begin + static_cast<std::uint64_t>(c.shape.numel()) * 4;
+    c.xxh3 = 0x0123456789abcdefull + static_cast<std::uint64_t>(p);
+    t.chunks.push_back(c);
+  }
+  return t;
+}
+
+/// Metadata of `parts` files holding one chunk of each tensor.
+CheckpointMetadata sample_metadata(int parts, const std::vector<std::string>& names) {
+  CheckpointMetadata m;
+  m.step = 7;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    m.tensors[names[i]] = split_tensor(8 * parts, 6, parts, i % 2);
+  for (int p = 0; p < parts; ++p)
+    m.files["__" + std::to_string(p) + "_0.safetensors"] = {1u << 20, 42};
+  for (const auto& name : names)
+    m.objects[name] = "value of " + name;
+  m.trainer_state = FileMeta{12, 99};
+  return m;
+}
+
+/// metadata.json as the first writer made it: a JSON tree dumped with one space of indent, its
+/// checksum the XXH3 of the tree's compact dump.
+std::string first_writer(const CheckpointMetadata& m) {
+  using nlohmann::json;
+  auto shape = [](const Shape& s) { return json(s.dims()); };
+  json tensors = json::object();
+  for (const auto& [name, t] : m.tensors) {
+    json chunks = json::array();
+    for (const auto& c : t.chunks) {
+      chunks.push_back({{"offsets", shape(c.offsets)},
+                        {"shape", shape(c.shape)},
+                        {"file", c.file},
+                        {"byte_range", {c.begin, c.end}},
+                        {"xxh3", xxh3_hex(c.xxh3)}});
+    }
+    tensors[name] = {{"dtype", std::string(dtype_name(t.dtype))},
+                     {"shape", shape(t.global_shape)},
+                     {"chunks", chunks}};
+  }
+  json files = json::object();
+  for (const auto& [name, f] : m.files)
+    files[name] = {{"size", f.size}, {"xxh3", xxh3_hex(f.xxh3)}};
+  json root = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step},
+               {"tensors", tensors},    {"objects", m.objects},      {"files", files}};
+  if (m.trainer_state)
+    root["trainer_state"] = {{"size", m.trainer_state->size},
+                             {"xxh3", xxh3_hex(m.trainer_state->xxh3)}};
+  const std::string compact = root.dump();
+  root["checksum"] = xxh3_hex(xxh3(compact.data(), compact.size()));
+  return root.dump(1) + "\n";
+}
+
+/// Indices of the chunks of `t` that share an element with `block`, by looking at every chunk.
+std::vector<std::size_t> overlapping_by_scan(const TensorMeta& t, const ShardedTensorDesc& block) {
+  std::vector<std::size_t> found;
+  for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+    bool shares = true;
+    for (std::size_t d = 0; d < block.local_shape.rank(); ++d) {
+      shares &= std::max(t.chunks[i].offsets[d], block.global_offset[d]) <
+                std::min(t.chunks[i].offsets[d] + t.chunks[i].shape[d],
+                         block.global_offset[d] + block.local_shape[d]);
+    }
+    if (shares) found.push_back(i);
+  }
+  return found;
+}
+
+/// A live state of one block of every tensor of `m`: part `part` of `parts` along `dim`.
+StateDict live_block(const CheckpointMetadata& m, int part, int parts, std::size_t dim) {
+  StateDict state;
+  for (const auto& [name, t] : m.tensors) {
+    const std::int64_t along = t.global_shape[dim];
+    const std::int64_t begin = along * part / parts;
+    const std::int64_t end = along * (part + 1) / parts;
+    Shape offset = Shape::zeros(2);
+    Shape local = t.global_shape;
+    offset[dim] = begin;
+    local[dim] = end - begin;
+    state.add(name, *Tensor::empty(t.dtype, local, Device::host()), t.global_shape, offset, 0);
+  }
+  return state;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(what_the_first_writer_wrote_still_reads_and_reads_the_same) {
+  const CheckpointMetadata m = sample_metadata(3, kAwkwardNames);
+  auto old = metadata_from_json(first_writer(m), "old.json");
+  BOOST_REQUIRE_MESSAGE(old.is_ok(), old.status().to_string());
+  BOOST_TEST(metadata_to_json(*old) == metadata_to_json(m));
+  auto now = metadata_from_json(metadata_to_json(m), "new.json");
+  BOOST_REQUIRE_MESSAGE(now.is_ok(), now.status().to_string());
+  BOOST_TEST(metadata_to_json(*now) == metadata_to_json(m));
+  // The same fields as the first writer's, whatever the layout of the text.
+  BOOST_TEST(nlohmann::json::parse(metadata_to_json(m)) == nlohmann::json::parse(first_writer(m)));
+}
+
+BOOST_AUTO_TEST_CASE(the_fuzz_corpus_of_first_writer_files_reads) {
+  for (const auto& entry :
+       fs::directory_iterator(test::source_dir() + "/tests/fuzz/corpus/metadata_fuzz")) {
+    const std::string text = test::read_file(entry.path().string());
+    auto m = metadata_from_json(text, entry.path().string());
+    BOOST_TEST(m.is_ok(), entry.path().string() << ": " << m.status().to_string());
+    if (m.is_ok()) BOOST_TEST(metadata_from_json(metadata_to_json(*m), "again").is_ok());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_field_outside_the_format_is_refused_and_named) {
+  const std::string text = metadata_to_json(sample_metadata(2, {"w"}));
+  for (const auto& [where, field] : std::vector<std::pair<std::string, std::string>>{
+           {"/tensors/w", "tensors['w'].note"},
+           {"/tensors/w/chunks/1", "tensors['w'].chunks[1].note"},
+           {"/files/__0_0.safetensors", "files['__0_0.safetensors'].note"},
+           {"", "note"}}) {
+    auto j = nlohmann::json::parse(text);
+    j[nlohmann::json::json_pointer(where)]["note"] = "added";
+    auto m = metadata_from_json(j.dump(1), "metadata.json");
+    BOOST_REQUIRE(!m.is_ok());
+    BOOST_TEST(m.status().code() == ErrorCode::corruption);
+    BOOST_TEST(
+        m.status().message().find(field + " is not a field of the format") != std::string::npos,
+        m.status().message());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(utf8_is_checked) {
+  for (const std::string& good : kAwkwardNames)
+    BOOST_TEST(is_valid_utf8(good), good);
+  for (const std::string bad :
+       {"\x80", "\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "a\xff"}) {
+    BOOST_TEST(!is_valid_utf8(bad));
+  }
+  RankSaveReport report;
+  report.objects["rng"] = "\xff";
+  auto m = build_metadata(0, {report}, 1);
+  BOOST_REQUIRE(!m.is_ok());
+  BOOST_TEST(m.status().message().find("UTF-8") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_part_holds_exactly_the_chunks_that_overlap_the_live_blocks) {
+  // Saved split along either dimension into 1..13 parts, loaded split along either into 1..5.
+  for (int saved_parts : {1, 2, 5, 13}) {
+    const CheckpointMetadata m = sample_metadata(saved_parts, {"rows", "cols"});
+    const MetadataIndex index(m);
+    for (std::size_t live_dim : {0u, 1u}) {
+      for (int live_parts : {1, 3, 5}) {
+        for (int part = 0; part < live_parts; ++part) {
+          StateDict state = live_block(m, part, live_parts, live_dim);
+          state.objects["rows"] = "";
+          const CheckpointMetadata got = index.part_for(state);
+          BOOST_TEST(got.step == m.step);
+          BOOST_TEST(got.objects.size() == 1u);
+          std::set<std::string> files;
+          for (const auto& live : state.tensors) {
+            const TensorMeta& saved = m.tensors.at(live.desc.name);
+            std::vector<std::size_t> expected = overlapping_by_scan(saved, live.desc);
+            const auto& chunks = got.tensors.at(live.desc.name).chunks;
+            BOOST_REQUIRE(chunks.size() == expected.size());
+            for (std::size_t i = 0; i < expected.size(); ++i) {
+              BOOST_TEST(chunks[i].offsets == saved.chunks[expected[i]].offsets);
+              files.insert(chunks[i].file);
+            }
+          }
+          BOOST_TEST(got.files.size() == files.size());
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_process_reads_a_metadata_file_once_until_it_changes) {
+  TempDir dir;
+  auto state = *make_synthetic_state({2, 64u << 10, 8, 3, 16}, 1, Device::host());
+  auto other = *make_synthetic_state({2, 64u << 10, 8, 3, 16}, 0, Device::host());
+  auto engine = *SaveEngine::create(1, {2, 0, false, {}});
+  auto engine0 = *SaveEngine::create(0, {2, 0, false, {}});
+  BOOST_REQUIRE(
+      save_checkpoint_in_process(dir.path(), 1, {engine0.get(), engine.get()}, {&other, &state})
+          .is_ok());
+  const std::string ckpt = dir / "global_step_1";
+  const std::string path = ckpt + "/policy/metadata.json";
+  int reads = 0;
+  auto read = [&]() -> Result<CheckpointMetadata> {
+    ++reads;
+    return read_checkpoint_metadata(ckpt);
+  };
+  auto first = shared_metadata_index(path, read);
+  auto second = shared_metadata_index(path, read);
+  BOOST_REQUIRE(first.is_ok());
+  BOOST_TEST(reads == 1);
+  BOOST_TEST(first->get() == second->get());
+  // Rewritten with another step of the same length: read again.
+  CheckpointMetadata changed = (*first)->metadata();
+  changed.step = 2;
+  std::ofstream(path) << metadata_to_json(changed);
+  auto third = shared_metadata_index(path, read);
+  BOOST_TEST(reads == 2);
+  BOOST_TEST(!third.is_ok());  // the folder is named for step 1
+  // Not a local file: read every time.
+  BOOST_TEST(shared_metadata_index("", read).status().code() == ErrorCode::corruption);
+  BOOST_TEST(reads == 3);
+}
+
+BOOST_AUTO_TEST_CASE(a_loading_rank_gets_only_its_part) {
+  TempDir dir;
+  const SyntheticStateSpec spec{4, 64u << 10, 12, 5, 16};
+  std::vector<StateDict> states;
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  for (int r = 0; r < spec.ranks; ++r) {
+    states.push_back(*make_synthetic_state(spec, r, Device::host()));
+    engines.push_back(*SaveEngine::create(r, {2, 0, false, {}}));
+  }
+  std::vector<SaveEngine*> engine_ptrs;
+  std::vector<const StateDict*> state_ptrs;
+  for (int r = 0; r < spec.ranks; ++r) {
+    engine_ptrs.push_back(engines[static_cast<std::size_t>(r)].get());
+    state_ptrs.push_back(&states[static_cast<std::size_t>(r)]);
+  }
+  BOOST_REQUIRE(save_checkpoint_in_process(dir.path(), 3, engine_ptrs, state_ptrs).is_ok());
+  const std::string ckpt = dir / "global_step_3";
+  auto full = *read_checkpoint_metadata(ckpt);
+  auto part = read_checkpoint_metadata_part(ckpt, states[2]);
+  BOOST_REQUIRE_MESSAGE(part.is_ok(), part.status().to_string());
+  BOOST_TEST(part->tensors.size() == full.tensors.size());
+  for (const auto& [name, t] : part->tensors) {
+    // A tensor split across the 4 ranks: rank 2's chunk; a replicated one: its only chunk.
+    BOOST_TEST(t.chunks.size() == 1u, name);
+  }
+  BOOST_TEST(part->objects.size() == 1u);
+  BOOST_TEST(part->files.size() < full.files.size());
+  auto loaded = *make_synthetic_state(spec, 2, Device::host());
+  for (auto& t : loaded.tensors)
+    std::fill_n(static_cast<std::uint8_t*>(t.tensor.data()), t.tensor.nbytes(), 0);
+  BOOST_REQUIRE(load_checkpoint(ckpt, loaded).is_ok());
+  for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+    BOOST_TEST(xxh3(loaded.tensors[i].tensor.data(), loaded.tensors[i].tensor.nbytes()) ==
+               xxh3(states[2].tensors[i].tensor.data(), states[2].tensors[i].tensor.nbytes()));
+  }
+}
