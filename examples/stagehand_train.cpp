@@ -184,12 +184,20 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
   const int rank = launch.rank;
+  RankGroups groups = collectives.groups(layout, rank);
+  // Fully async: the first data-parallel replica's ranks publish each weight version through their
+  // tensor-parallel group to rank 0, where the trainer's generators read it.
+  std::shared_ptr<WeightStore> weights;
+  if (c.trainer.kind == TrainerKind::fully_async && layout.data_index(rank) == 0) {
+    weights = WeightStore::across_group(groups.tensor, layout.tensor_index(rank), rank == 0, c.model.context_dim,
+                                        c.model.num_arms, c.model.hidden);
+  }
   if (rank == 0) {
     auto host = WorldHost::open(system, launch);
     if (!host.is_ok()) return fail(host.status().message());
     auto coordinator = spawn_checkpoint_coordinator(
         system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
-    auto worker0 = spawn_rank(system, c, layout, 0, collectives.groups(layout, 0), nullptr, store, coordinator);
+    auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, store, coordinator);
     if (!worker0.is_ok()) {
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
       return fail(worker0.status().message());
@@ -201,7 +209,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
                   world.status().message());
     } else {
       collectives.set_rendezvous(collectives.host_rendezvous());
-      code = run_trainer(system, c, layout, *world, coordinator, nullptr, metrics_out, quiet,
+      code = run_trainer(system, c, layout, *world, coordinator, weights, metrics_out, quiet,
                          "in " + std::to_string(launch.world_size) + " processes",
                          [&] { collectives.close("the trainer failed"); });
     }
@@ -211,7 +219,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   }
-  auto worker = spawn_rank(system, c, layout, rank, collectives.groups(layout, rank), nullptr, store, caf::actor{});
+  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), store, caf::actor{});
   if (!worker.is_ok()) return fail(worker.status().message());
   WorldMember member(system, launch);
   auto joined = member.join(*worker);
@@ -281,10 +289,6 @@ int main(int argc, char** argv) {
                   " does not match parallel.tensor_parallel x parallel.data_parallel = " +
                   std::to_string(layout.tensor_parallel) + " x " + std::to_string(layout.data_parallel) + " = " +
                   std::to_string(layout.world_size()) + ": each process runs one rank");
-    }
-    if (c.trainer.kind == TrainerKind::fully_async) {
-      return fail("trainer.kind fully_async runs in one process only: its generators read the weights every rank "
-                  "publishes in process memory (leave WORLD_SIZE unset)");
     }
   }
   std::signal(SIGTERM, on_stop_signal);

@@ -406,7 +406,7 @@ Status BanditMlp::export_weights(std::int64_t version) {
   const auto H = static_cast<std::size_t>(config_.hidden);
   const auto Hl = static_cast<std::size_t>(hidden_local_);
   const std::size_t h0 = static_cast<std::size_t>(tp_) * Hl;
-  weights_->publish_shard(version, [&](PolicyWeights& w) {
+  return weights_->publish_shard(version, [&](PolicyWeights& w) {
     std::copy(params_[0]->value.begin(), params_[0]->value.end(), w.fc1_weight.begin() + static_cast<std::ptrdiff_t>(h0 * D));
     std::copy(params_[1]->value.begin(), params_[1]->value.end(), w.fc1_bias.begin() + static_cast<std::ptrdiff_t>(h0));
     for (std::size_t k = 0; k < K; ++k) {
@@ -415,7 +415,6 @@ Status BanditMlp::export_weights(std::int64_t version) {
     }
     if (tp_ == 0) std::copy(params_[3]->value.begin(), params_[3]->value.end(), w.fc2_bias.begin());
   });
-  return Status::ok();
 }
 
 Result<double> BanditMlp::evaluate() {

@@ -24,8 +24,8 @@ const std::string kBin = test::bin_dir();
 const std::string kSource = test::source_dir();
 const std::string kConfig = kSource + "/examples/configs/sync_rl.yaml";
 
-std::string train_command(const std::vector<std::string>& sets) {
-  std::string cmd = kBin + "/stagehand-train --quiet --config " + kConfig;
+std::string train_command(const std::vector<std::string>& sets, const std::string& config = kConfig) {
+  std::string cmd = kBin + "/stagehand-train --quiet --config " + config;
   for (const auto& s : sets) cmd += " --set " + s;
   return cmd;
 }
@@ -84,8 +84,12 @@ struct RankProcess {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_process_workers) {
-  for (std::string async : {"true", "false"}) {
-    BOOST_TEST_CONTEXT("async " << async) {
+  // Sync RL with async and sync saves, and fully-async RL (its weight versions published from the
+  // tensor-parallel ranks to the generators in rank 0's process).
+  const std::string fully_async = kSource + "/examples/configs/fully_async_rl.yaml";
+  for (auto [config, async] : std::vector<std::pair<std::string, std::string>>{
+           {kConfig, "true"}, {kConfig, "false"}, {fully_async, "true"}}) {
+    BOOST_TEST_CONTEXT(config << ", async " << async) {
       TempDir dir;
       std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=" + async, "trainer.ckpt_interval=10",
                                       "trainer.max_ckpts_to_keep=0"};
@@ -93,14 +97,17 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
         extra.insert(extra.end(), common.begin(), common.end());
         return extra;
       };
-      auto straight = test::run_command(train_command(with({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=40"})));
+      auto straight = test::run_command(
+          train_command(with({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=40"}), config));
       BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
       const std::string launch = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
-      auto first = test::run_command(launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20"})));
+      auto first = test::run_command(
+          launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20"}), config));
       BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
       const std::string launch2 = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
-      auto second = test::run_command(launch2 + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=40",
-                                                                    "trainer.resume_mode=latest"})));
+      auto second = test::run_command(launch2 + train_command(with({"trainer.ckpt_path=" + dir / "procs",
+                                                                    "trainer.total_steps=40", "trainer.resume_mode=latest"}),
+                                                               config));
       BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
       BOOST_TEST((committed_steps(dir / "procs") == std::vector<std::int64_t>{10, 20, 30, 40}));
       for (int step : {10, 20, 30, 40}) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "stagehand/models/process_collectives.hpp"
+#include "stagehand/models/weight_store.hpp"
 
 using namespace stagehand;
 using Clock = std::chrono::steady_clock;
@@ -160,4 +161,47 @@ BOOST_AUTO_TEST_CASE(close_releases_a_waiting_collective_at_once) {
   BOOST_TEST((waited.code() == ErrorCode::aborted));
   BOOST_TEST(waited.message().find("rank 0 is done") != std::string::npos, waited.message());
   BOOST_TEST(seconds < 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(weights_published_across_a_gloo_group_equal_the_in_process_store) {
+  const std::int64_t D = 3, K = 2, H = 4;
+  GlooWorld world({2, 1}, std::chrono::seconds(20));
+  // Each tensor-parallel member writes its half of the hidden units (and member 0 the bias of fc2).
+  auto write_shard = [&](int t, std::int64_t version) {
+    return [=](PolicyWeights& w) {
+      for (std::int64_t h = t * H / 2; h < (t + 1) * H / 2; ++h) {
+        for (std::int64_t d = 0; d < D; ++d)
+          w.fc1_weight[static_cast<std::size_t>(h * D + d)] =
+              float(version * 100 + h * D + d) / 7.0f;
+        w.fc1_bias[static_cast<std::size_t>(h)] = -float(h) / 3.0f;
+        for (std::int64_t k = 0; k < K; ++k)
+          w.fc2_weight[static_cast<std::size_t>(k * H + h)] = float(k - h) / 9.0f;
+      }
+      if (t == 0) w.fc2_bias = {0.5f, -0.25f};
+    };
+  };
+  WeightStore local(2, D, K, H);
+  std::vector<std::shared_ptr<WeightStore>> stores;
+  for (int t = 0; t < 2; ++t)
+    stores.push_back(WeightStore::across_group(world.groups[static_cast<std::size_t>(t)].tensor, t,
+                                               t == 0, D, K, H));
+  for (std::int64_t version : {1, 2}) {
+    for (int t = 0; t < 2; ++t)
+      BOOST_REQUIRE(local.publish_shard(version, write_shard(t, version)).is_ok());
+    world.run([&](int t) {
+      BOOST_REQUIRE(stores[static_cast<std::size_t>(t)]
+                        ->publish_shard(version, write_shard(t, version))
+                        .is_ok());
+    });
+    auto expected = local.wait_for(version, std::chrono::seconds(1));
+    auto published = stores[0]->wait_for(version, std::chrono::seconds(1));
+    BOOST_REQUIRE(expected.is_ok());
+    BOOST_REQUIRE(published.is_ok());
+    BOOST_TEST((*published)->fc1_weight == (*expected)->fc1_weight);
+    BOOST_TEST((*published)->fc1_bias == (*expected)->fc1_bias);
+    BOOST_TEST((*published)->fc2_weight == (*expected)->fc2_weight);
+    BOOST_TEST((*published)->fc2_bias == (*expected)->fc2_bias);
+    // The sending member keeps nothing.
+    BOOST_TEST(!stores[1]->wait_for(version, std::chrono::milliseconds(10)).is_ok());
+  }
 }
