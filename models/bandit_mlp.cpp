@@ -326,7 +326,7 @@ Status BanditMlp::adam_update() {
       main[s] = static_cast<float>(main[s] - update);
       p->value[i] = round_bf16(main[s]);
     }
-    SH_RETURN_IF_ERROR(groups_.data->all_gather(dp_, p->value.data(), p->lo, p->hi - p->lo));
+    SH_RETURN_IF_ERROR(groups_.data->all_gather(dp_, p->value.data(), p->n, p->lo, p->hi - p->lo));
     auto* w = p->weight.host_data<std::uint16_t>();
     for (std::size_t i = 0; i < p->n; ++i) w[i] = to_bf16(p->value[i]);
   }

@@ -230,23 +230,34 @@ class GlooGroup final : public Collective {
     return Status::ok();
   }
 
-  Status all_gather(int, float* full, std::size_t offset, std::size_t count) override {
+  Status all_gather(int, float* full, std::size_t full_count, std::size_t offset,
+                    std::size_t count) override {
     if (ranks_.size() == 1) return Status::ok();
-    // Each member's region is its own to choose: the regions travel first, then the floats.
-    std::vector<Region> regions(ranks_.size());
-    regions[static_cast<std::size_t>(member_)] = {offset, count};
-    std::vector<void*> region_into(ranks_.size());
-    for (std::size_t m = 0; m < ranks_.size(); ++m)
-      region_into[m] = &regions[m];
-    SH_RETURN_IF_ERROR(
-        exchange(&regions[static_cast<std::size_t>(member_)], sizeof(Region), region_into));
+    // Each member's region is its own to choose: it travels in front of its floats, and a member
+    // receives into room for the whole buffer (one message each way, one copy out).
+    constexpr std::size_t kHead = sizeof(Region) / sizeof(float);
+    scratch_.resize(kHead + count + ranks_.size() * (kHead + full_count));
+    const Region mine{offset, count};
+    std::memcpy(scratch_.data(), &mine, sizeof(Region));
+    std::copy_n(full + offset, count, scratch_.data() + kHead);
+    float* inbox = scratch_.data() + kHead + count;
     std::vector<void*> into(ranks_.size());
-    std::vector<std::size_t> bytes(ranks_.size());
+    for (std::size_t m = 0; m < ranks_.size(); ++m)
+      into[m] = inbox + m * (kHead + full_count);
+    SH_RETURN_IF_ERROR(exchange(scratch_.data(), (kHead + count) * sizeof(float), into,
+                                (kHead + full_count) * sizeof(float)));
     for (std::size_t m = 0; m < ranks_.size(); ++m) {
-      into[m] = full + regions[m].offset;
-      bytes[m] = regions[m].count * sizeof(float);
+      if (static_cast<int>(m) == member_) continue;
+      Region region;
+      std::memcpy(&region, into[m], sizeof(Region));
+      if (region.offset > full_count || region.count > full_count - region.offset) {
+        return Status{ErrorCode::internal,
+                      "all-gather of the " + describe() + ": rank " + std::to_string(ranks_[m]) +
+                          " sent a region outside the " + std::to_string(full_count) + " floats"};
+      }
+      std::copy_n(static_cast<const float*>(into[m]) + kHead, region.count, full + region.offset);
     }
-    return exchange(full + offset, count * sizeof(float), into, bytes);
+    return Status::ok();
   }
 
  private:
@@ -255,11 +266,11 @@ class GlooGroup final : public Collective {
     std::uint64_t count = 0;
   };
 
-  /// Sends `nbytes` at `mine` to every other member and receives each other member m's bytes
-  /// (`bytes[m]`, or `nbytes` for all) into `into[m]`. Any failure stops every collective of this
-  /// process and closes its connections, so the other members fail at once too.
+  /// Sends `nbytes` at `mine` to every other member and receives each other member m's message
+  /// (at most `room` bytes, default `nbytes`) into `into[m]`. Any failure stops every collective
+  /// of this process and closes its connections, so the other members fail at once too.
   Status exchange(void* mine, std::size_t nbytes, const std::vector<void*>& into,
-                  const std::vector<std::size_t>& bytes = {}) {
+                  std::size_t room = 0) {
     SH_RETURN_IF_ERROR(connect());
     const auto deadline = Clock::now() + shared_->timeout;
     const auto slot = static_cast<std::uint64_t>(context_->nextSlot());
@@ -274,7 +285,7 @@ class GlooGroup final : public Collective {
         if (m == member_) continue;
         const auto i = static_cast<std::size_t>(m);
         sends[i] = context_->createUnboundBuffer(mine, nbytes);
-        recvs[i] = context_->createUnboundBuffer(into[i], bytes.empty() ? nbytes : bytes[i]);
+        recvs[i] = context_->createUnboundBuffer(into[i], room == 0 ? nbytes : room);
         shared_->pending.insert(sends[i].get());
         shared_->pending.insert(recvs[i].get());
       }

@@ -27,6 +27,10 @@ namespace stagehand {
 /// instead of a ring all-reduce's 2 (members - 1) / members x: the same for groups of two, more for
 /// larger groups; the reference model's reductions are small (logits, gradients of one shard).
 ///
+/// Latency: Gloo's TCP transport sends a transfer's bytes once the receiver has said it is ready,
+/// so every collective is one exchange of notices and one of data with each other member; an
+/// all-gather carries each region's bounds in front of its floats to stay a single exchange.
+///
 /// Failures: every wait ends within `timeout` (trainer.call_timeout_s). A member whose process
 /// died fails the collective at once (its TCP connection closes), a member that does not take part
 /// when the limit passes; both errors name the member's rank.

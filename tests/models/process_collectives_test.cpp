@@ -90,7 +90,7 @@ BOOST_AUTO_TEST_CASE(gloo_groups_give_the_host_groups_bits_for_every_layout) {
               static_cast<std::size_t>(layout.data_parallel * layout.data_parallel);
           for (std::size_t k = lo; k < hi; ++k)
             gathered[i][k] += static_cast<float>(dp);
-          BOOST_REQUIRE(groups[i].data->all_gather(dp, gathered[i].data(), lo, hi - lo).is_ok());
+          BOOST_REQUIRE(groups[i].data->all_gather(dp, gathered[i].data(), n, lo, hi - lo).is_ok());
         };
       };
       world.run(body(world.groups, gloo_sum, gloo_gathered));
