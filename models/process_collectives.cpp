@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -208,119 +209,179 @@ class GlooGroup final : public Collective {
       : shared_(std::move(shared)),
         name_(std::move(name)),
         ranks_(std::move(ranks)),
-        member_(member) {}
+        member_(member),
+        heads_(ranks_.size()),
+        parts_(ranks_.size()),
+        large_(ranks_.size()) {}
+
+  ~GlooGroup() override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    for (auto& buffers : inbox_) {
+      for (auto& buffer : buffers)
+        shared_->pending.erase(buffer.get());
+    }
+  }
 
   int size() const override { return static_cast<int>(ranks_.size()); }
 
   Status all_reduce_sum(int, float* data, std::size_t count) override {
     if (ranks_.size() == 1) return Status::ok();
-    scratch_.resize(ranks_.size() * count);
-    std::vector<void*> into(ranks_.size());
-    for (std::size_t m = 0; m < ranks_.size(); ++m)
-      into[m] = scratch_.data() + m * count;
-    SH_RETURN_IF_ERROR(exchange(data, count * sizeof(float), into));
-    std::copy_n(data, count, scratch_.data() + static_cast<std::size_t>(member_) * count);
-    // Member order from 0.0f, as HostGroup adds: the same bits whichever group carries the sum.
-    std::fill_n(data, count, 0.0f);
+    SH_RETURN_IF_ERROR(exchange({0, count}, data));
     for (std::size_t m = 0; m < ranks_.size(); ++m) {
-      const float* part = scratch_.data() + m * count;
-      for (std::size_t i = 0; i < count; ++i)
-        data[i] += part[i];
+      if (static_cast<int>(m) != member_ && heads_[m].count != count) {
+        return Status{ErrorCode::internal, "all-reduce of the " + describe() + ": rank " +
+                                               std::to_string(ranks_[m]) + " sent " +
+                                               std::to_string(heads_[m].count) + " floats, not " +
+                                               std::to_string(count)};
+      }
     }
+    // Member order from 0.0f, as HostGroup adds: the same bits whichever group carries the sum.
+    sum_.assign(count, 0.0f);
+    for (std::size_t m = 0; m < ranks_.size(); ++m) {
+      const float* part = static_cast<int>(m) == member_ ? data : parts_[m];
+      for (std::size_t i = 0; i < count; ++i)
+        sum_[i] += part[i];
+    }
+    std::copy(sum_.begin(), sum_.end(), data);
     return Status::ok();
   }
 
   Status all_gather(int, float* full, std::size_t full_count, std::size_t offset,
                     std::size_t count) override {
     if (ranks_.size() == 1) return Status::ok();
-    // Each member's region is its own to choose: it travels in front of its floats, and a member
-    // receives into room for the whole buffer (one message each way, one copy out).
-    constexpr std::size_t kHead = sizeof(Region) / sizeof(float);
-    scratch_.resize(kHead + count + ranks_.size() * (kHead + full_count));
-    const Region mine{offset, count};
-    std::memcpy(scratch_.data(), &mine, sizeof(Region));
-    std::copy_n(full + offset, count, scratch_.data() + kHead);
-    float* inbox = scratch_.data() + kHead + count;
-    std::vector<void*> into(ranks_.size());
-    for (std::size_t m = 0; m < ranks_.size(); ++m)
-      into[m] = inbox + m * (kHead + full_count);
-    SH_RETURN_IF_ERROR(exchange(scratch_.data(), (kHead + count) * sizeof(float), into,
-                                (kHead + full_count) * sizeof(float)));
+    // Each member's region is its own to choose: it travels in front of its floats.
+    SH_RETURN_IF_ERROR(exchange({offset, count}, full + offset));
     for (std::size_t m = 0; m < ranks_.size(); ++m) {
       if (static_cast<int>(m) == member_) continue;
-      Region region;
-      std::memcpy(&region, into[m], sizeof(Region));
-      if (region.offset > full_count || region.count > full_count - region.offset) {
+      const Head& head = heads_[m];
+      if (head.offset > full_count || head.count > full_count - head.offset) {
         return Status{ErrorCode::internal,
                       "all-gather of the " + describe() + ": rank " + std::to_string(ranks_[m]) +
                           " sent a region outside the " + std::to_string(full_count) + " floats"};
       }
-      std::copy_n(static_cast<const float*>(into[m]) + kHead, region.count, full + region.offset);
+      std::copy_n(parts_[m], head.count, full + head.offset);
     }
     return Status::ok();
   }
 
  private:
-  struct Region {
-    std::uint64_t offset = 0;
-    std::uint64_t count = 0;
+  /// What a member sends: its region of the buffer (offset 0 in a reduction), then its floats.
+  struct Head {
+    std::uint64_t offset;
+    std::uint64_t count;
   };
+  static constexpr std::size_t kHeadFloats = sizeof(Head) / sizeof(float);
+  /// The room of each receive posted ahead. A message that fits arrives in one transfer; a larger
+  /// one sends its head there and its floats in a second transfer straight after.
+  static constexpr std::size_t kRoomFloats = 16384;
 
-  /// Sends `nbytes` at `mine` to every other member and receives each other member m's message
-  /// (at most `room` bytes, default `nbytes`) into `into[m]`. Any failure stops every collective
-  /// of this process and closes its connections, so the other members fail at once too.
-  Status exchange(void* mine, std::size_t nbytes, const std::vector<void*>& into,
-                  std::size_t room = 0) {
+  static bool fits(std::uint64_t count) { return count <= kRoomFloats - kHeadFloats; }
+  /// Collective `seq` uses slot 2 seq (the head, and the floats that fit) and 2 seq + 1 (the rest).
+  static std::uint64_t slot_of(std::uint64_t seq) { return 2 * seq; }
+
+  /// Sends `mine` and its floats at `payload` to every other member, and leaves each other member
+  /// m's head in heads_[m] and its floats at parts_[m] (valid until the next collective).
+  ///
+  /// Gloo's TCP transport moves a message once the receiver has posted its receive, so each
+  /// member keeps the receive of its next collective posted (two alternating inboxes per member):
+  /// a message then goes out as soon as it is sent, one trip instead of a notice and a trip.
+  /// Any failure stops every collective of this process and closes its connections, so the other
+  /// members fail at once too.
+  Status exchange(Head mine, const float* payload) {
     SH_RETURN_IF_ERROR(connect());
     const auto deadline = Clock::now() + shared_->timeout;
-    const auto slot = static_cast<std::uint64_t>(context_->nextSlot());
-    std::vector<std::unique_ptr<UnboundBuffer>> sends(ranks_.size());
-    std::vector<std::unique_ptr<UnboundBuffer>> recvs(ranks_.size());
-    Status st = Status::ok();
-    {
+    const std::uint64_t seq = seq_++;
+    const std::size_t parity = seq % 2;
+    const bool inline_floats = fits(mine.count);
+    outbox_.resize(kHeadFloats + (inline_floats ? mine.count : 0));
+    std::memcpy(outbox_.data(), &mine, sizeof(Head));
+    if (inline_floats) std::copy_n(payload, mine.count, outbox_.data() + kHeadFloats);
+    std::vector<std::unique_ptr<UnboundBuffer>> transfers;  // sends, then receives of large floats
+    auto track = [&](std::unique_ptr<UnboundBuffer> buffer) {
       std::lock_guard<std::mutex> lock(shared_->mutex);
-      if (shared_->closed)
-        return Status{ErrorCode::aborted, "collectives stopped: " + *shared_->closed};
-      for (int m = 0; m < size(); ++m) {
-        if (m == member_) continue;
-        const auto i = static_cast<std::size_t>(m);
-        sends[i] = context_->createUnboundBuffer(mine, nbytes);
-        recvs[i] = context_->createUnboundBuffer(into[i], room == 0 ? nbytes : room);
-        shared_->pending.insert(sends[i].get());
-        shared_->pending.insert(recvs[i].get());
-      }
-    }
+      shared_->pending.insert(buffer.get());
+      transfers.push_back(std::move(buffer));
+      return transfers.back().get();
+    };
+    auto wait_left = [&] {
+      return std::max(
+          std::chrono::milliseconds(1),
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    };
+    Status st = Status::ok();
     int current = -1;  // the member whose transfer is being posted or waited for
     try {
+      if (auto closed = stopped_reason())
+        return Status{ErrorCode::aborted, "collectives stopped: " + *closed};
+      std::vector<UnboundBuffer*> sends;
       for (current = 0; current < size(); ++current) {
         if (current == member_) continue;
-        sends[static_cast<std::size_t>(current)]->send(current, slot);
-        recvs[static_cast<std::size_t>(current)]->recv(current, slot);
-      }
-      for (auto* buffers : {&recvs, &sends}) {
-        for (current = 0; current < size() && st.is_ok(); ++current) {
-          if (current == member_) continue;
-          auto& buffer = (*buffers)[static_cast<std::size_t>(current)];
-          const auto left = std::max(
-              std::chrono::milliseconds(1),
-              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-          const bool done =
-              buffers == &recvs ? buffer->waitRecv(nullptr, left) : buffer->waitSend(nullptr, left);
-          if (!done) st = stopped();
+        sends.push_back(
+            track(context_->createUnboundBuffer(outbox_.data(), outbox_.size() * sizeof(float))));
+        sends.back()->send(current, slot_of(seq));
+        if (!inline_floats) {
+          sends.push_back(track(context_->createUnboundBuffer(const_cast<float*>(payload),
+                                                              mine.count * sizeof(float))));
+          sends.back()->send(current, slot_of(seq) + 1);
         }
       }
+      std::vector<std::pair<int, UnboundBuffer*>> large;
+      for (current = 0; current < size() && st.is_ok(); ++current) {
+        if (current == member_) continue;
+        const auto m = static_cast<std::size_t>(current);
+        if (!inbox_[m][parity]->waitRecv(nullptr, wait_left())) {
+          st = stopped();
+          break;
+        }
+        const float* message = inbox_memory(m, parity);
+        std::memcpy(&heads_[m], message, sizeof(Head));
+        if (fits(heads_[m].count)) {
+          parts_[m] = message + kHeadFloats;
+          continue;
+        }
+        large_[m].resize(heads_[m].count);
+        large.emplace_back(current, track(context_->createUnboundBuffer(
+                                        large_[m].data(), large_[m].size() * sizeof(float))));
+        large.back().second->recv(current, slot_of(seq) + 1);
+        parts_[m] = large_[m].data();
+      }
+      for (auto& [member, buffer] : large) {
+        current = member;
+        if (st.is_ok() && !buffer->waitRecv(nullptr, wait_left())) st = stopped();
+      }
+      current = -1;
+      for (auto* buffer : sends) {
+        if (st.is_ok() && !buffer->waitSend(nullptr, wait_left())) st = stopped();
+      }
+      if (st.is_ok()) post_inbox(seq + 1);
     } catch (const std::exception& e) {
       st = failure_with(current, e.what());
     }
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
-      for (auto& b : sends)
-        shared_->pending.erase(b.get());
-      for (auto& b : recvs)
-        shared_->pending.erase(b.get());
+      for (auto& buffer : transfers)
+        shared_->pending.erase(buffer.get());
     }
     if (!st.is_ok()) give_up(st);
     return st;
+  }
+
+  float* inbox_memory(std::size_t member, std::size_t parity) {
+    return inbox_memory_.data() + (member * 2 + parity) * kRoomFloats;
+  }
+
+  /// Posts the receive of collective `seq` from every other member into its inbox of that parity.
+  void post_inbox(std::uint64_t seq) {
+    for (int m = 0; m < size(); ++m) {
+      if (m == member_) continue;
+      inbox_[static_cast<std::size_t>(m)][seq % 2]->recv(m, slot_of(seq), 0,
+                                                         kRoomFloats * sizeof(float));
+    }
+  }
+
+  std::optional<std::string> stopped_reason() {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    return shared_->closed;
   }
 
   /// Connects this group's context at its first collective (every member reaches it).
@@ -334,12 +395,25 @@ class GlooGroup final : public Collective {
       gloo::rendezvous::PrefixStore prefixed(name_, actor_store);
       auto device = shared_->gloo_device();
       context->connectFullMesh(prefixed, device);
+      context_ = std::move(context);
+      inbox_memory_.assign(ranks_.size() * 2 * kRoomFloats, 0.0f);
+      inbox_.resize(ranks_.size());
+      for (int m = 0; m < size(); ++m) {
+        if (m == member_) continue;
+        for (std::size_t parity = 0; parity < 2; ++parity) {
+          auto buffer = context_->createUnboundBuffer(
+              inbox_memory(static_cast<std::size_t>(m), parity), kRoomFloats * sizeof(float));
+          std::lock_guard<std::mutex> lock(shared_->mutex);
+          shared_->pending.insert(buffer.get());
+          inbox_[static_cast<std::size_t>(m)][parity] = std::move(buffer);
+        }
+      }
+      post_inbox(0);
     } catch (const std::exception& e) {
       Status st{ErrorCode::io_error, "connecting the " + describe() + " over Gloo: " + e.what()};
       give_up(st);
       return st;
     }
-    context_ = std::move(context);
     return Status::ok();
   }
 
@@ -381,8 +455,17 @@ class GlooGroup final : public Collective {
   std::string name_;
   std::vector<int> ranks_;
   int member_;
+  std::vector<Head> heads_;
+  std::vector<const float*> parts_;
+  /// Floats of messages too large for an inbox, by member.
+  std::vector<std::vector<float>> large_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::vector<float> scratch_;
+  std::uint64_t seq_ = 0;
+  /// Two receives posted ahead per member (alternating by collective), over inbox_memory_.
+  std::vector<std::array<std::unique_ptr<UnboundBuffer>, 2>> inbox_;
+  std::vector<float> inbox_memory_;
+  std::vector<float> outbox_;
+  std::vector<float> sum_;
 };
 
 }  // namespace

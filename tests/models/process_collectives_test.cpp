@@ -59,11 +59,16 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(gloo_groups_give_the_host_groups_bits_for_every_layout) {
-  for (auto layout : {ParallelLayout{2, 2}, ParallelLayout{1, 3}, ParallelLayout{4, 1}}) {
-    BOOST_TEST_CONTEXT("tensor " << layout.tensor_parallel << " x data " << layout.data_parallel) {
+  // Buffers not a multiple of any group size; 40001 floats do not fit a posted receive (their
+  // floats follow their head in a second transfer).
+  for (auto [layout, n] : {std::pair{ParallelLayout{2, 2}, std::size_t{1001}},
+                           std::pair{ParallelLayout{1, 3}, std::size_t{1001}},
+                           std::pair{ParallelLayout{4, 1}, std::size_t{1001}},
+                           std::pair{ParallelLayout{1, 3}, std::size_t{40001}}}) {
+    BOOST_TEST_CONTEXT("tensor " << layout.tensor_parallel << " x data " << layout.data_parallel
+                                 << ", " << n << " floats") {
       GlooWorld world(layout, std::chrono::seconds(20));
       auto host = make_host_groups(layout);
-      const std::size_t n = 1001;  // not a multiple of any group size
       // Per rank: the reduction's input and result, and an all-gather of uneven regions, each
       // through Gloo and through the in-process groups.
       std::vector<std::vector<float>> gloo_sum(static_cast<std::size_t>(layout.world_size()));
