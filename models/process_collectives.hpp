@@ -27,9 +27,10 @@ namespace stagehand {
 /// instead of a ring all-reduce's 2 (members - 1) / members x: the same for groups of two, more for
 /// larger groups; the reference model's reductions are small (logits, gradients of one shard).
 ///
-/// Latency: Gloo's TCP transport sends a transfer's bytes once the receiver has said it is ready,
-/// so every collective is one exchange of notices and one of data with each other member; an
-/// all-gather carries each region's bounds in front of its floats to stay a single exchange.
+/// Latency: Gloo's TCP transport sends a message once the receiver has posted its receive, so
+/// each group keeps the receive of its next collective posted (64 KiB per member; a larger message
+/// sends its floats in a second transfer), and an all-gather carries each region's bounds in front
+/// of its floats: one trip per collective for the reference model's messages.
 ///
 /// Failures: every wait ends within `timeout` (trainer.call_timeout_s). A member whose process
 /// died fails the collective at once (its TCP connection closes), a member that does not take part

@@ -199,8 +199,8 @@ BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
                       dir / "r1.log");
     int code0 = rank0.wait_for(std::chrono::seconds(15));
     int code1 = other.wait_for(std::chrono::seconds(15));
-    BOOST_TEST(code0 > 0, rank0.output());
-    BOOST_TEST(code1 > 0, other.output());
+    BOOST_TEST(code0 > 0, "exit " << code0 << " (-1: still running): " << rank0.output());
+    BOOST_TEST(code1 > 0, "exit " << code1 << " (-1: still running): " << other.output());
     BOOST_TEST(rank0.output().find("was started with WORLD_SIZE=2, rank 0 with WORLD_SIZE=4") != std::string::npos,
                rank0.output());
     BOOST_TEST(other.output().find("rank 0 stopped the start") != std::string::npos, other.output());
