@@ -59,7 +59,6 @@ Result<LaunchInfo> read_launch_info(const LaunchFlags& flags) {
 
 void register_wire_types(caf::actor_system_config& config) {
   config.load<caf::io::middleman>();
-  config.add_message_type<std::vector<float>>("std::vector<float>");
   config.add_message_type<std::vector<std::int32_t>>("std::vector<int32_t>");
 }
 

@@ -11,7 +11,7 @@ namespace stagehand {
 
 /// What every process of a multi-process world must agree on before any message crosses:
 /// bumped whenever a message between processes changes.
-inline constexpr const char* kWireVersion = "stagehand-wire/1";
+inline constexpr const char* kWireVersion = "stagehand-wire/2";
 
 /// Where this process sits in a launch of one process per rank, as cluster launchers describe it
 /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).

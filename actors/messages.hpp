@@ -42,17 +42,20 @@ using phases_atom = caf::atom_constant<caf::atom("phases")>;
 
 // -- atoms of a world of processes (actors/process_world.hpp) --
 
-/// join_atom, rank, world_size, wire_version, worker, collective endpoint: a rank joins rank 0.
+/// join_atom, rank, world_size, wire_version, worker: a rank joins rank 0.
 using join_atom = caf::atom_constant<caf::atom("join")>;
 /// join_error_atom, reason: rank 0 refused a join, or the world failed to form.
 using join_error_atom = caf::atom_constant<caf::atom("joinerror")>;
-/// peers_atom, endpoints by rank, coordinator: the world is complete.
+/// peers_atom, rendezvous, coordinator: the world is complete; its collectives meet at rank 0's
+/// rendezvous store.
 using peers_atom = caf::atom_constant<caf::atom("peers")>;
 /// shutdown_atom, exit code: rank 0 is done; every rank exits with that code.
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 /// Internal to the world actor: the join time limit passed.
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
-/// collective_atom, group, sequence, sender rank, offset, floats: a collective contribution.
-using collective_atom = caf::atom_constant<caf::atom("collective")>;
+/// rdv_set_atom, key, value -> void: publishes a collectives rendezvous value at rank 0.
+using rdv_set_atom = caf::atom_constant<caf::atom("rdvset")>;
+/// rdv_get_atom, key -> value, once some rank has published it.
+using rdv_get_atom = caf::atom_constant<caf::atom("rdvget")>;
 
 }  // namespace stagehand

@@ -17,7 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 struct Joined {
   caf::actor worker;
-  caf::actor endpoint;
   caf::actor member;
 };
 
@@ -37,9 +36,8 @@ class WorldActor : public caf::event_based_actor {
     });
     delayed_send(this, info_.join_timeout, timeout_atom::value);
     return {
-        [this](join_atom, std::int32_t rank, std::int32_t world_size, const std::string& version, caf::actor worker,
-               caf::actor endpoint) {
-          on_join(rank, world_size, version, std::move(worker), std::move(endpoint));
+        [this](join_atom, std::int32_t rank, std::int32_t world_size, const std::string& version, caf::actor worker) {
+          on_join(rank, world_size, version, std::move(worker));
         },
         [this](timeout_atom) {
           if (complete_ || failure_) return;
@@ -51,11 +49,12 @@ class WorldActor : public caf::event_based_actor {
                info_.master() + " within " + std::to_string(info_.join_timeout.count() / 1000) +
                " s: were they started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
         },
-        [this](await_atom, caf::actor worker0, caf::actor endpoint0, caf::actor coordinator)
-            -> caf::result<std::vector<caf::actor>, std::vector<caf::actor>> {
-          joined_[0] = Joined{std::move(worker0), std::move(endpoint0), caf::actor{}};
+        [this](await_atom, caf::actor worker0, caf::actor rendezvous, caf::actor coordinator)
+            -> caf::result<std::vector<caf::actor>> {
+          joined_[0] = Joined{std::move(worker0), caf::actor{}};
+          rendezvous_ = std::move(rendezvous);
           coordinator_ = std::move(coordinator);
-          waiter_ = make_response_promise<std::vector<caf::actor>, std::vector<caf::actor>>();
+          waiter_ = make_response_promise<std::vector<caf::actor>>();
           if (failure_) {
             waiter_->deliver(to_caf_error(*failure_));
           } else {
@@ -73,8 +72,7 @@ class WorldActor : public caf::event_based_actor {
   }
 
  private:
-  void on_join(std::int32_t rank, std::int32_t world_size, const std::string& version, caf::actor worker,
-               caf::actor endpoint) {
+  void on_join(std::int32_t rank, std::int32_t world_size, const std::string& version, caf::actor worker) {
     auto member = caf::actor_cast<caf::actor>(current_sender());
     std::string who = "the process joining as rank " + std::to_string(rank);
     std::string problem;
@@ -98,7 +96,7 @@ class WorldActor : public caf::event_based_actor {
       return;
     }
     monitor(member);
-    joined_[static_cast<std::size_t>(rank)] = Joined{std::move(worker), std::move(endpoint), member};
+    joined_[static_cast<std::size_t>(rank)] = Joined{std::move(worker), member};
     try_complete();
   }
 
@@ -109,13 +107,9 @@ class WorldActor : public caf::event_based_actor {
     }
     complete_ = true;
     std::vector<caf::actor> workers;
-    std::vector<caf::actor> endpoints;
-    for (const auto& j : joined_) {
-      workers.push_back(j->worker);
-      endpoints.push_back(j->endpoint);
-    }
-    for (std::size_t r = 1; r < joined_.size(); ++r) send(joined_[r]->member, peers_atom::value, endpoints, coordinator_);
-    waiter_->deliver(std::move(workers), std::move(endpoints));
+    for (const auto& j : joined_) workers.push_back(j->worker);
+    for (std::size_t r = 1; r < joined_.size(); ++r) send(joined_[r]->member, peers_atom::value, rendezvous_, coordinator_);
+    waiter_->deliver(std::move(workers));
   }
 
   void fail(const std::string& why) {
@@ -129,8 +123,9 @@ class WorldActor : public caf::event_based_actor {
 
   LaunchInfo info_;
   std::vector<std::optional<Joined>> joined_;
+  caf::actor rendezvous_;
   caf::actor coordinator_;
-  std::optional<caf::typed_response_promise<std::vector<caf::actor>, std::vector<caf::actor>>> waiter_;
+  std::optional<caf::typed_response_promise<std::vector<caf::actor>>> waiter_;
   std::optional<Status> failure_;
   bool complete_ = false;
 };
@@ -154,18 +149,13 @@ WorldHost::~WorldHost() {
   if (world_) caf::anon_send_exit(world_, caf::exit_reason::user_shutdown);
 }
 
-Result<std::pair<std::vector<caf::actor>, std::vector<caf::actor>>> WorldHost::gather(caf::actor worker0,
-                                                                                      caf::actor endpoint0,
-                                                                                      caf::actor coordinator) {
+Result<std::vector<caf::actor>> WorldHost::gather(caf::actor worker0, caf::actor rendezvous, caf::actor coordinator) {
   caf::scoped_actor self{system_};
-  std::pair<std::vector<caf::actor>, std::vector<caf::actor>> out;
+  std::vector<caf::actor> out;
   Status st;
-  self->request(world_, info_.join_timeout + std::chrono::seconds(5), await_atom::value, worker0, endpoint0, coordinator)
-      .receive(
-          [&](std::vector<caf::actor>& workers, std::vector<caf::actor>& endpoints) {
-            out = {std::move(workers), std::move(endpoints)};
-          },
-          [&](caf::error& err) { st = from_caf_error(err); });
+  self->request(world_, info_.join_timeout + std::chrono::seconds(5), await_atom::value, worker0, rendezvous, coordinator)
+      .receive([&](std::vector<caf::actor>& workers) { out = std::move(workers); },
+               [&](caf::error& err) { st = from_caf_error(err); });
   if (!st.is_ok()) return st;
   return out;
 }
@@ -183,7 +173,7 @@ WorldMember::WorldMember(caf::actor_system& system, LaunchInfo info)
 
 WorldMember::~WorldMember() = default;
 
-Result<JoinedWorld> WorldMember::join(caf::actor worker, caf::actor endpoint) {
+Result<JoinedWorld> WorldMember::join(caf::actor worker) {
   const auto deadline = Clock::now() + info_.join_timeout;
   std::string last_error;
   while (!world_) {
@@ -204,15 +194,15 @@ Result<JoinedWorld> WorldMember::join(caf::actor worker, caf::actor endpoint) {
   auto& self = *self_;
   self->monitor(world_);
   self->send(world_, join_atom::value, static_cast<std::int32_t>(info_.rank), static_cast<std::int32_t>(info_.world_size),
-             info_.wire_version, worker, endpoint);
+             info_.wire_version, worker);
   Result<JoinedWorld> out = Status{ErrorCode::internal, "no answer"};
   // Rank 0 knows which ranks are missing and says so when its own limit passes: wait a little
   // longer than that for its answer.
   auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()) +
                    std::chrono::seconds(10);
   self->receive(
-      [&](peers_atom, std::vector<caf::actor>& endpoints, caf::actor& coordinator) {
-        out = JoinedWorld{std::move(endpoints), std::move(coordinator)};
+      [&](peers_atom, caf::actor& rendezvous, caf::actor& coordinator) {
+        out = JoinedWorld{std::move(rendezvous), std::move(coordinator)};
       },
       [&](join_error_atom, const std::string& why) { out = Status{ErrorCode::aborted, "rank 0 stopped the start: " + why}; },
       [&](const caf::down_msg&) {

@@ -1,5 +1,5 @@
 # Install rules and the Stagehand CMake package: the libraries as Stagehand::<layer> targets,
-# the public headers under include/stagehand/<layer>/, the CAF finder the package needs.
+# the public headers under include/stagehand/<layer>/, the CAF and Gloo finders the package needs.
 include(CMakePackageConfigHelpers)
 
 get_property(_stagehand_libraries GLOBAL PROPERTY STAGEHAND_LIBRARIES)
@@ -27,4 +27,5 @@ install(FILES
   ${PROJECT_BINARY_DIR}/StagehandConfig.cmake
   ${PROJECT_BINARY_DIR}/StagehandConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/FindCAF.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/FindGloo.cmake
   DESTINATION ${_stagehand_cmake_dir})

@@ -186,26 +186,34 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet) {
   const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
-  ProcessCollectives collectives(system, std::chrono::seconds(c.trainer.call_timeout_s));
+  ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
   const int rank = launch.rank;
+  RankGroups groups = collectives.groups(layout, rank);
+  // Fully async: the first data-parallel replica's ranks publish each weight version through their
+  // tensor-parallel group to rank 0, where the trainer's generators read it.
+  std::shared_ptr<WeightStore> weights;
+  if (c.trainer.kind == TrainerKind::fully_async && layout.data_index(rank) == 0) {
+    weights = WeightStore::across_group(groups.tensor, layout.tensor_index(rank), rank == 0, c.model.context_dim,
+                                        c.model.num_arms, c.model.hidden);
+  }
   if (rank == 0) {
     auto host = WorldHost::open(system, launch);
     if (!host.is_ok()) return fail(host.status().message());
     auto coordinator = spawn_checkpoint_coordinator(
         system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
-    auto worker0 = spawn_rank(system, c, layout, 0, collectives.groups(layout, 0), nullptr, store, coordinator);
+    auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, store, coordinator);
     if (!worker0.is_ok()) {
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
       return fail(worker0.status().message());
     }
-    auto world = (*host)->gather(*worker0, collectives.endpoint(), coordinator);
+    auto world = (*host)->gather(*worker0, collectives.host_rendezvous(), coordinator);
     int code = 0;
     if (!world.is_ok()) {
       code = fail("starting the world of " + std::to_string(launch.world_size) + " processes: " +
                   world.status().message());
     } else {
-      collectives.set_peers(world->second);
-      code = run_trainer(system, c, layout, world->first, coordinator, nullptr, metrics_out, quiet,
+      collectives.set_rendezvous(collectives.host_rendezvous());
+      code = run_trainer(system, c, layout, *world, coordinator, weights, metrics_out, quiet,
                          "in " + std::to_string(launch.world_size) + " processes",
                          [&] { collectives.close("the trainer failed"); });
     }
@@ -215,15 +223,15 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   }
-  auto worker = spawn_rank(system, c, layout, rank, collectives.groups(layout, rank), nullptr, store, caf::actor{});
+  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), store, caf::actor{});
   if (!worker.is_ok()) return fail(worker.status().message());
   WorldMember member(system, launch);
-  auto joined = member.join(*worker, collectives.endpoint());
+  auto joined = member.join(*worker);
   int code = 0;
   if (!joined.is_ok()) {
     code = fail("rank " + std::to_string(rank) + ": " + joined.status().message());
   } else {
-    collectives.set_peers(joined->endpoints);
+    collectives.set_rendezvous(joined->rendezvous);
     caf::anon_send(*worker, report_to_atom::value, joined->coordinator);
     if (!quiet) std::printf("stagehand-train: rank %d joined rank 0 at %s\n", rank, launch.master().c_str());
     std::string lost;
@@ -286,13 +294,12 @@ int main(int argc, char** argv) {
                   std::to_string(layout.tensor_parallel) + " x " + std::to_string(layout.data_parallel) + " = " +
                   std::to_string(layout.world_size()) + ": each process runs one rank");
     }
-    if (c.trainer.kind == TrainerKind::fully_async) {
-      return fail("trainer.kind fully_async runs in one process only: its generators read the weights every rank "
-                  "publishes in process memory (leave WORLD_SIZE unset)");
-    }
   }
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
+  // A write to a peer process that died fails with EPIPE (the collective names that rank) instead
+  // of ending this process.
+  if (launch->multi_process()) std::signal(SIGPIPE, SIG_IGN);
 
   caf::actor_system_config cfg;
   register_stagehand_errors(cfg);

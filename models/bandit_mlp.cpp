@@ -368,7 +368,7 @@ Status BanditMlp::adam_update() {
       main[s] = static_cast<float>(main[s] - update);
       p->value[i] = round_bf16(main[s]);
     }
-    SH_RETURN_IF_ERROR(groups_.data->all_gather(dp_, p->value.data(), p->lo, p->hi - p->lo));
+    SH_RETURN_IF_ERROR(groups_.data->all_gather(dp_, p->value.data(), p->n, p->lo, p->hi - p->lo));
     auto* w = p->weight.host_data<std::uint16_t>();
     for (std::size_t i = 0; i < p->n; ++i) w[i] = to_bf16(p->value[i]);
   }
@@ -448,7 +448,7 @@ Status BanditMlp::export_weights(std::int64_t version) {
   const auto H = static_cast<std::size_t>(config_.hidden);
   const auto Hl = static_cast<std::size_t>(hidden_local_);
   const std::size_t h0 = static_cast<std::size_t>(tp_) * Hl;
-  weights_->publish_shard(version, [&](PolicyWeights& w) {
+  return weights_->publish_shard(version, [&](PolicyWeights& w) {
     std::copy(params_[0]->value.begin(), params_[0]->value.end(), w.fc1_weight.begin() + static_cast<std::ptrdiff_t>(h0 * D));
     std::copy(params_[1]->value.begin(), params_[1]->value.end(), w.fc1_bias.begin() + static_cast<std::ptrdiff_t>(h0));
     for (std::size_t k = 0; k < K; ++k) {
@@ -457,7 +457,6 @@ Status BanditMlp::export_weights(std::int64_t version) {
     }
     if (tp_ == 0) std::copy(params_[3]->value.begin(), params_[3]->value.end(), w.fc2_bias.begin());
   });
-  return Status::ok();
 }
 
 Result<double> BanditMlp::evaluate() {

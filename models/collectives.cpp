@@ -23,7 +23,8 @@ Status HostGroup::all_reduce_sum(int member, float* data, std::size_t count) {
   return Status::ok();
 }
 
-Status HostGroup::all_gather(int member, float* full, std::size_t offset, std::size_t count) {
+Status HostGroup::all_gather(int member, float* full, std::size_t, std::size_t offset,
+                             std::size_t count) {
   if (size_ == 1) return Status::ok();
   slots_[static_cast<std::size_t>(member)] = {full, offset, count};
   barrier_.arrive_and_wait();

@@ -26,9 +26,11 @@ class Collective {
   /// Replaces `data[0..count)` of every member with the sum over members.
   virtual Status all_reduce_sum(int member, float* data, std::size_t count) = 0;
 
-  /// Every member owns `[offset, offset + count)` of a `full` buffer of the same length on each
+  /// Every member owns `[offset, offset + count)` of a `full` buffer of `full_count` floats on each
   /// member; afterwards every member's buffer holds every member's region.
-  virtual Status all_gather(int member, float* full, std::size_t offset, std::size_t count) = 0;
+  /// @pre offset + count <= full_count, the same full_count on every member.
+  virtual Status all_gather(int member, float* full, std::size_t full_count, std::size_t offset,
+                            std::size_t count) = 0;
 };
 
 /// A group whose members are threads of one process.
@@ -38,7 +40,8 @@ class HostGroup final : public Collective {
 
   int size() const override { return size_; }
   Status all_reduce_sum(int member, float* data, std::size_t count) override;
-  Status all_gather(int member, float* full, std::size_t offset, std::size_t count) override;
+  Status all_gather(int member, float* full, std::size_t full_count, std::size_t offset,
+                    std::size_t count) override;
 
  private:
   struct Slot {

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ccache pkg-config
   libcaf-dev libyaml-cpp-dev libboost-test-dev libxxhash-dev nlohmann-json3-dev
   libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev libpugixml-dev
+  libgloo-dev             # collectives between processes (models/process_collectives)
   python3 python3-pip time
   clang libclang-rt-dev   # libFuzzer for scripts/fuzz.sh (libclang-rt is only recommended by clang)
 )

@@ -1,0 +1,212 @@
+#define BOOST_TEST_MODULE process_collectives
+#include <boost/test/unit_test.hpp>
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "stagehand/models/process_collectives.hpp"
+#include "stagehand/models/weight_store.hpp"
+
+using namespace stagehand;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+/// Every rank of `layout` with its own ProcessCollectives (its own Gloo device and contexts, as a
+/// process of its own would have), meeting at rank 0's rendezvous store; all in one actor system.
+struct GlooWorld {
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  ParallelLayout layout;
+  std::vector<std::unique_ptr<ProcessCollectives>> ranks;
+  std::vector<RankGroups> groups;
+
+  GlooWorld(ParallelLayout l, std::chrono::milliseconds timeout) : layout(l) {
+    std::signal(SIGPIPE, SIG_IGN);
+    for (int r = 0; r < layout.world_size(); ++r) {
+      ranks.push_back(std::make_unique<ProcessCollectives>(system, "127.0.0.1", timeout));
+      groups.push_back(ranks.back()->groups(layout, r));
+    }
+    auto store = ranks[0]->host_rendezvous();
+    for (auto& rank : ranks)
+      rank->set_rendezvous(store);
+  }
+
+  /// Runs `body(rank)` on one thread per rank.
+  void run(const std::function<void(int)>& body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < layout.world_size(); ++r)
+      threads.emplace_back(body, r);
+    for (auto& t : threads)
+      t.join();
+  }
+};
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1000.0f);
+  std::vector<float> out(n);
+  for (auto& x : out)
+    x = dist(gen);
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gloo_groups_give_the_host_groups_bits_for_every_layout) {
+  // Buffers not a multiple of any group size; 40001 floats do not fit a posted receive (their
+  // floats follow their head in a second transfer).
+  for (auto [layout, n] : {std::pair{ParallelLayout{2, 2}, std::size_t{1001}},
+                           std::pair{ParallelLayout{1, 3}, std::size_t{1001}},
+                           std::pair{ParallelLayout{4, 1}, std::size_t{1001}},
+                           std::pair{ParallelLayout{1, 3}, std::size_t{40001}}}) {
+    BOOST_TEST_CONTEXT("tensor " << layout.tensor_parallel << " x data " << layout.data_parallel
+                                 << ", " << n << " floats") {
+      GlooWorld world(layout, std::chrono::seconds(20));
+      auto host = make_host_groups(layout);
+      // Per rank: the reduction's input and result, and an all-gather of uneven regions, each
+      // through Gloo and through the in-process groups.
+      std::vector<std::vector<float>> gloo_sum(static_cast<std::size_t>(layout.world_size()));
+      auto host_sum = gloo_sum;
+      auto gloo_gathered = gloo_sum;
+      auto host_gathered = gloo_sum;
+      auto body = [&](std::vector<RankGroups>& groups, std::vector<std::vector<float>>& sum,
+                      std::vector<std::vector<float>>& gathered) {
+        return [&](int r) {
+          const auto i = static_cast<std::size_t>(r);
+          const int dp = layout.data_index(r);
+          sum[i] = random_floats(n, static_cast<unsigned>(r));
+          for (int repeat = 0; repeat < 3; ++repeat) {
+            BOOST_REQUIRE(
+                groups[i].tensor->all_reduce_sum(layout.tensor_index(r), sum[i].data(), n).is_ok());
+            BOOST_REQUIRE(groups[i].data->all_reduce_sum(dp, sum[i].data(), n).is_ok());
+          }
+          gathered[i] = random_floats(n, 100u + static_cast<unsigned>(layout.tensor_index(r)));
+          const std::size_t lo =
+              n * static_cast<std::size_t>(dp) * static_cast<std::size_t>(dp) /
+              static_cast<std::size_t>(layout.data_parallel * layout.data_parallel);
+          const std::size_t hi =
+              n * static_cast<std::size_t>(dp + 1) * static_cast<std::size_t>(dp + 1) /
+              static_cast<std::size_t>(layout.data_parallel * layout.data_parallel);
+          for (std::size_t k = lo; k < hi; ++k)
+            gathered[i][k] += static_cast<float>(dp);
+          BOOST_REQUIRE(groups[i].data->all_gather(dp, gathered[i].data(), n, lo, hi - lo).is_ok());
+        };
+      };
+      world.run(body(world.groups, gloo_sum, gloo_gathered));
+      world.run(body(host, host_sum, host_gathered));
+      for (std::size_t r = 0; r < gloo_sum.size(); ++r) {
+        BOOST_TEST(std::memcmp(gloo_sum[r].data(), host_sum[r].data(), n * sizeof(float)) == 0,
+                   "sum of rank " << r);
+        BOOST_TEST(
+            std::memcmp(gloo_gathered[r].data(), host_gathered[r].data(), n * sizeof(float)) == 0,
+            "gather of rank " << r);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_member_that_stops_fails_the_others_naming_its_rank) {
+  // Two ways to stop: go away (its connections close, as when its process dies) and fall silent
+  // (only the time limit ends the wait).
+  for (bool goes_away : {true, false}) {
+    BOOST_TEST_CONTEXT((goes_away ? "goes away" : "falls silent")) {
+      const auto timeout = std::chrono::seconds(2);
+      GlooWorld world({1, 3}, timeout);
+      std::vector<Status> second(3);
+      std::vector<double> seconds(3);
+      world.run([&](int r) {
+        const auto i = static_cast<std::size_t>(r);
+        float x = 1.0f;
+        BOOST_REQUIRE(world.groups[i].data->all_reduce_sum(r, &x, 1).is_ok());
+        if (r == 2) {
+          if (goes_away) {
+            world.groups[i] = RankGroups{};  // its Gloo context and connections with it
+          } else {
+            std::this_thread::sleep_for(timeout + std::chrono::seconds(1));
+          }
+          return;
+        }
+        auto start = Clock::now();
+        second[i] = world.groups[i].data->all_reduce_sum(r, &x, 1);
+        seconds[i] = std::chrono::duration<double>(Clock::now() - start).count();
+      });
+      for (int r : {0, 1}) {
+        const auto& st = second[static_cast<std::size_t>(r)];
+        BOOST_TEST(!st.is_ok());
+        BOOST_TEST(st.message().find("rank 2") != std::string::npos, st.message());
+        BOOST_TEST(seconds[static_cast<std::size_t>(r)] < 2.0 * 2 + 1.0,
+                   seconds[static_cast<std::size_t>(r)]);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(close_releases_a_waiting_collective_at_once) {
+  GlooWorld world({1, 2}, std::chrono::seconds(30));
+  Status waited;
+  double seconds = 0;
+  world.run([&](int r) {
+    float x = 1.0f;
+    BOOST_REQUIRE(world.groups[static_cast<std::size_t>(r)].data->all_reduce_sum(r, &x, 1).is_ok());
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      world.ranks[0]->close("rank 0 is done");
+      return;
+    }
+    auto start = Clock::now();
+    waited = world.groups[0].data->all_reduce_sum(0, &x, 1);
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  });
+  BOOST_TEST((waited.code() == ErrorCode::aborted));
+  BOOST_TEST(waited.message().find("rank 0 is done") != std::string::npos, waited.message());
+  BOOST_TEST(seconds < 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(weights_published_across_a_gloo_group_equal_the_in_process_store) {
+  const std::int64_t D = 3, K = 2, H = 4;
+  GlooWorld world({2, 1}, std::chrono::seconds(20));
+  // Each tensor-parallel member writes its half of the hidden units (and member 0 the bias of fc2).
+  auto write_shard = [&](int t, std::int64_t version) {
+    return [=](PolicyWeights& w) {
+      for (std::int64_t h = t * H / 2; h < (t + 1) * H / 2; ++h) {
+        for (std::int64_t d = 0; d < D; ++d)
+          w.fc1_weight[static_cast<std::size_t>(h * D + d)] =
+              float(version * 100 + h * D + d) / 7.0f;
+        w.fc1_bias[static_cast<std::size_t>(h)] = -float(h) / 3.0f;
+        for (std::int64_t k = 0; k < K; ++k)
+          w.fc2_weight[static_cast<std::size_t>(k * H + h)] = float(k - h) / 9.0f;
+      }
+      if (t == 0) w.fc2_bias = {0.5f, -0.25f};
+    };
+  };
+  WeightStore local(2, D, K, H);
+  std::vector<std::shared_ptr<WeightStore>> stores;
+  for (int t = 0; t < 2; ++t)
+    stores.push_back(WeightStore::across_group(world.groups[static_cast<std::size_t>(t)].tensor, t,
+                                               t == 0, D, K, H));
+  for (std::int64_t version : {1, 2}) {
+    for (int t = 0; t < 2; ++t)
+      BOOST_REQUIRE(local.publish_shard(version, write_shard(t, version)).is_ok());
+    world.run([&](int t) {
+      BOOST_REQUIRE(stores[static_cast<std::size_t>(t)]
+                        ->publish_shard(version, write_shard(t, version))
+                        .is_ok());
+    });
+    auto expected = local.wait_for(version, std::chrono::seconds(1));
+    auto published = stores[0]->wait_for(version, std::chrono::seconds(1));
+    BOOST_REQUIRE(expected.is_ok());
+    BOOST_REQUIRE(published.is_ok());
+    BOOST_TEST((*published)->fc1_weight == (*expected)->fc1_weight);
+    BOOST_TEST((*published)->fc1_bias == (*expected)->fc1_bias);
+    BOOST_TEST((*published)->fc2_weight == (*expected)->fc2_weight);
+    BOOST_TEST((*published)->fc2_bias == (*expected)->fc2_bias);
+    // The sending member keeps nothing.
+    BOOST_TEST(!stores[1]->wait_for(version, std::chrono::milliseconds(10)).is_ok());
+  }
+}
