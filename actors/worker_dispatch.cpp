@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,26 @@
 namespace stagehand {
 
 namespace {
+
+/// Adds one rank's load notes to `merged`: missing names of any rank, unused tensors of every
+/// rank (`first` for the first rank's notes). Lists stay sorted.
+void merge_load_notes(const LoadReport& rank, bool first, LoadReport& merged) {
+  auto unite = [](std::vector<std::string>& into, const std::vector<std::string>& more) {
+    std::vector<std::string> out;
+    std::set_union(into.begin(), into.end(), more.begin(), more.end(), std::back_inserter(out));
+    into.swap(out);
+  };
+  unite(merged.missing_tensors, rank.missing_tensors);
+  unite(merged.missing_objects, rank.missing_objects);
+  if (first) {
+    merged.unused_tensors = rank.unused_tensors;
+  } else {
+    std::vector<std::string> out;
+    std::set_intersection(merged.unused_tensors.begin(), merged.unused_tensors.end(), rank.unused_tensors.begin(),
+                          rank.unused_tensors.end(), std::back_inserter(out));
+    merged.unused_tensors.swap(out);
+  }
+}
 
 using Clock = std::chrono::steady_clock;
 using Callback = std::function<void(Status)>;
@@ -129,19 +150,24 @@ class WorkerDispatch : public caf::event_based_actor {
               rp.deliver(to_caf_error(st));
               return;
             }
-            // The slowest rank's times, every rank's bytes and names.
+            // The slowest rank's times, every rank's bytes and missing names, and the tensors no
+            // rank used (a rank of a pipeline-parallel model holds only some of them).
             auto merged = std::make_shared<LoadReport>();
             auto notes_ok = std::make_shared<Status>();
+            auto first = std::make_shared<bool>(true);
             fan_out<double, double, double, double, std::uint64_t, std::string>(
                 caf::make_message(load_atom::value, checkpoint_dir, scope),
-                [merged, notes_ok](int, double total_s, double read_s, double verify_s, double copy_s,
-                                   std::uint64_t b, const std::string& notes) {
+                [merged, notes_ok, first](int, double total_s, double read_s, double verify_s, double copy_s,
+                                          std::uint64_t b, const std::string& notes) {
                   merged->total_s = std::max(merged->total_s, total_s);
                   merged->read_s = std::max(merged->read_s, read_s);
                   merged->verify_s = std::max(merged->verify_s, verify_s);
                   merged->copy_s = std::max(merged->copy_s, copy_s);
                   merged->bytes += b;
-                  if (Status decoded = decode_load_notes(notes, *merged); !decoded.is_ok()) *notes_ok = decoded;
+                  LoadReport rank;
+                  if (Status decoded = decode_load_notes(notes, rank); !decoded.is_ok()) *notes_ok = decoded;
+                  merge_load_notes(rank, *first, *merged);
+                  *first = false;
                 },
                 [rp, merged, notes_ok](Status loaded) mutable {
                   if (loaded.is_ok()) loaded = *notes_ok;

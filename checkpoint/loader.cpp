@@ -455,7 +455,7 @@ LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scop
     if (rng) options.optional_objects.insert(name);
   }
   options.strict = scope.strict;
-  options.refuse_unused = scope.strict;
+  options.list_unused = true;
   options.convert_dtypes = true;
   return options;
 }
@@ -838,7 +838,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
   } else {
     // Listing every saved name costs every rank O(tensors of the whole checkpoint): only for the
     // loads that report or refuse unused tensors (a trainer's), not for the default one.
-    const bool list_unused = options.refuse_unused || !options.strict;
+    const bool list_unused = options.list_unused || options.refuse_unused || !options.strict;
     SH_ASSIGN_OR_RETURN(metadata, read_metadata_part(*source, checkpoint_dir, state, options,
                                                      list_unused ? &saved_names : nullptr));
   }

@@ -85,6 +85,9 @@ struct LoadOptions {
   /// True: a tensor the checkpoint has but the state neither holds, skips nor takes as a source
   /// (one the model does not have) is an error; false: it is listed in LoadReport::unused_tensors.
   bool refuse_unused = false;
+  /// True: LoadReport::unused_tensors is filled (it costs each rank a pass over every tensor name
+  /// of the checkpoint). Also on with refuse_unused, or when not strict.
+  bool list_unused = false;
   /// True: a saved floating-point tensor of another floating-point dtype than the live one is
   /// converted (round to nearest even) instead of refused.
   bool convert_dtypes = false;
@@ -106,7 +109,9 @@ struct LoadScope {
 /// conventions: with `scope.optimizer` false, tensors and objects named `optimizer.*` and the
 /// object `scheduler` are skipped; with `scope.rng` false, objects named `rng.*` are skipped;
 /// objects named `rng.*` are always optional (a checkpoint saved by fewer ranks lacks some);
-/// `strict` and `refuse_unused` follow `scope.strict`; dtypes are converted.
+/// `strict` follows `scope.strict`; unused tensors are listed, not refused (a rank of a
+/// pipeline-parallel model holds only some tensors: whether the model lacks one is known only
+/// once every rank's list is in, see WorkerDispatch); dtypes are converted.
 LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scope);
 
 /// What one load did and where its time went. The phase times are summed over the loader's
@@ -137,7 +142,8 @@ struct LoadReport {
   /// sorted.
   std::vector<std::string> missing_objects;
   /// Tensors of the checkpoint the load did not use (neither in the state, skipped nor a
-  /// source), sorted; listed only when LoadOptions::refuse_unused is set or strict is not.
+  /// source), sorted; listed only with LoadOptions::list_unused or refuse_unused, or when not
+  /// strict.
   std::vector<std::string> unused_tensors;
 };
 

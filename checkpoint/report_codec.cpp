@@ -146,6 +146,7 @@ std::string encode_load_selection(const LoadOptions& o) {
               {"optional_objects", o.optional_objects},
               {"strict", o.strict},
               {"refuse_unused", o.refuse_unused},
+              {"list_unused", o.list_unused},
               {"convert_dtypes", o.convert_dtypes}}
       .dump();
 }
@@ -157,6 +158,7 @@ Status decode_load_selection(const std::string& text, LoadOptions& into) {
     into.optional_objects = j.at("optional_objects").get<std::set<std::string>>();
     into.strict = j.at("strict").get<bool>();
     into.refuse_unused = j.at("refuse_unused").get<bool>();
+    into.list_unused = j.at("list_unused").get<bool>();
     into.convert_dtypes = j.at("convert_dtypes").get<bool>();
   });
 }
@@ -170,14 +172,9 @@ std::string encode_load_notes(const LoadReport& r) {
 
 Status decode_load_notes(const std::string& text, LoadReport& into) {
   return parse_object(text, "load notes", [&](const json& j) {
-    auto merge = [&](const char* key, std::vector<std::string>& list) {
-      std::set<std::string> names(list.begin(), list.end());
-      for (auto& name : j.at(key).get<std::vector<std::string>>()) names.insert(std::move(name));
-      list.assign(names.begin(), names.end());
-    };
-    merge("missing_tensors", into.missing_tensors);
-    merge("missing_objects", into.missing_objects);
-    merge("unused_tensors", into.unused_tensors);
+    into.missing_tensors = j.at("missing_tensors").get<std::vector<std::string>>();
+    into.missing_objects = j.at("missing_objects").get<std::vector<std::string>>();
+    into.unused_tensors = j.at("unused_tensors").get<std::vector<std::string>>();
   });
 }
 

@@ -22,14 +22,13 @@ std::string encode_load_scope(const LoadScope& scope);
 Result<LoadScope> decode_load_scope(const std::string& text);
 
 /// The selection fields of LoadOptions (skip, sources, optional_objects, strict, refuse_unused,
-/// convert_dtypes), which a Worker's model chooses and its strategy loads with. The other
+/// list_unused, convert_dtypes), which a Worker's model chooses and its strategy loads with. The other
 /// fields of `into` are left as they are.
 std::string encode_load_selection(const LoadOptions& options);
 Status decode_load_selection(const std::string& text, LoadOptions& into);
 
 /// The name lists of a LoadReport (missing_tensors, missing_objects, unused_tensors), going back
-/// up from each rank; decode_load_notes adds them to `into`'s lists, sorted and without repeats,
-/// so that the dispatch can merge every rank's.
+/// up from each rank; decode_load_notes sets `into`'s lists from them.
 std::string encode_load_notes(const LoadReport& report);
 Status decode_load_notes(const std::string& text, LoadReport& into);
 

@@ -105,6 +105,12 @@ class TrainerBase : public caf::blocking_actor {
       warn("%s: %zu tensor(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
            load.missing_tensors.size(), dir.c_str(), names(load.missing_tensors).c_str());
     }
+    if (!load.unused_tensors.empty() && scope.strict) {
+      return Status{ErrorCode::invalid_argument,
+                    std::string(what) + ": '" + dir + "' holds " + std::to_string(load.unused_tensors.size()) +
+                        " tensor(s) the model does not have: " + names(load.unused_tensors) +
+                        " (trainer.load_strict: false loads without them)"};
+    }
     if (!load.unused_tensors.empty() && !scope.strict) {
       warn("%s: %zu tensor(s) of '%s' that the model does not have were ignored (trainer.load_strict: false): %s\n",
            what, load.unused_tensors.size(), dir.c_str(), names(load.unused_tensors).c_str());
