@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -19,6 +20,13 @@
 namespace stagehand {
 
 namespace {
+
+/// CPU time of the calling thread.
+double thread_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
 
 class CheckpointCoordinator : public caf::event_based_actor {
  public:
@@ -103,9 +111,11 @@ class CheckpointCoordinator : public caf::event_based_actor {
     if (static_cast<int>(reports_.size()) < options_.world_size) return;
     std::int64_t step = *open_step_;
     auto start = std::chrono::steady_clock::now();
+    const double cpu_start = thread_cpu_seconds();
     Status outcome = is_cloud(options_.destination) ? commit_cloud(step)
                                                     : commit_checkpoint(root_, step, reports_, options_.world_size);
-    finish(step, outcome, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    finish(step, outcome, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+           thread_cpu_seconds() - cpu_start);
   }
 
   Status commit_cloud(std::int64_t step) {
@@ -135,17 +145,19 @@ class CheckpointCoordinator : public caf::event_based_actor {
   }
 
   /// @param commit_s seconds the commit took (metadata, renames, tracker), when it ran.
-  void finish(std::int64_t step, Status outcome, double commit_s = 0) {
+  /// @param commit_cpu_s the CPU seconds of this thread in them: on a busy machine commit_s
+  ///        also counts the time it waited for a core.
+  void finish(std::int64_t step, Status outcome, double commit_s = 0, double commit_cpu_s = 0) {
     const std::string where = is_cloud(options_.destination) ? options_.destination : root_;
     if (outcome.is_ok()) {
       // Each phase of the slowest rank, so that a slow save explains itself.
       SavePhases phases;
       for (const auto& r : reports_) phases.take_max(r.phases);
       logger()->info("committed checkpoint step {} in '{}' (copy_s {:.3f} hash_s {:.3f} write_s {:.3f} fsync_s {:.3f} "
-                     "upload_s {:.3f} commit_s {:.3f})",
+                     "upload_s {:.3f} commit_s {:.3f} commit_cpu_s {:.3f})",
                      step, where, phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s, phases.upload_s,
-                     commit_s);
-      last_phases_.emplace(step, encode_phases(phases, commit_s));
+                     commit_s, commit_cpu_s);
+      last_phases_.emplace(step, encode_phases(phases, commit_s, commit_cpu_s));
     } else {
       (void)abort_checkpoint(root_, step);
       if (is_cloud(options_.destination)) remove_uploaded(step);

@@ -36,7 +36,7 @@ using await_atom = caf::atom_constant<caf::atom("await")>;
 /// abort_atom, step, reason: the coordinator gives up an open step (a rank died).
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 /// phases_atom, step -> JSON text: where the committed step's save spent its time (the slowest
-/// rank's copy_s, hash_s, write_s, fsync_s, upload_s, and commit_s); "{}" for a step it does not
+/// rank's copy_s, hash_s, write_s, fsync_s, upload_s, and commit_s, commit_cpu_s); "{}" for a step it does not
 /// know. Trainers and the bench ask the WorkerDispatch, which asks the coordinator.
 using phases_atom = caf::atom_constant<caf::atom("phases")>;
 

@@ -279,6 +279,7 @@ int run_save(const SaveArgs& args) {
       if (parsed.is_object()) {
         // From the last rank's report to the tracker written.
         if (parsed.contains("commit_s")) line["commit_s"] = parsed["commit_s"];
+        if (parsed.contains("commit_cpu_s")) line["commit_cpu_s"] = parsed["commit_cpu_s"];
         line["phases"] = parsed;
       }
     }

@@ -1112,30 +1112,31 @@ Status validate_metadata(const CheckpointMetadata& m, const std::string& source)
     }
     const std::size_t rank = t.global_shape.rank();
     for (const auto& c : t.chunks) {
-      const std::string chunk = tensor + " chunk " + c.offsets.to_string();
+      // Named only in an error: a checkpoint of many ranks has hundreds of thousands of chunks.
+      auto chunk_name = [&] { return tensor + " chunk " + c.offsets.to_string(); };
       if (c.offsets.rank() != rank || c.shape.rank() != rank) {
-        return bad(chunk + ": offsets " + c.offsets.to_string() + " and shape " +
+        return bad(chunk_name() + ": offsets " + c.offsets.to_string() + " and shape " +
                    c.shape.to_string() + " do not both have the rank of the global shape " +
                    t.global_shape.to_string());
       }
       for (std::size_t i = 0; i < rank; ++i) {
         if (c.offsets[i] > t.global_shape[i] || c.shape[i] > t.global_shape[i] - c.offsets[i]) {
-          return bad(chunk + " of shape " + c.shape.to_string() +
+          return bad(chunk_name() + " of shape " + c.shape.to_string() +
                      " lies outside the global shape " + t.global_shape.to_string());
         }
       }
       // Inside the global shape, so its size fits too.
       const std::uint64_t nbytes = *checked_nbytes(c.shape, dtype_size(t.dtype));
       if (c.end < c.begin || c.end - c.begin != nbytes) {
-        return bad(chunk + ": byte_range " + range_string(c.begin, c.end) + " does not hold the " +
+        return bad(chunk_name() + ": byte_range " + range_string(c.begin, c.end) + " does not hold the " +
                    std::to_string(nbytes) + " bytes of " + std::string(dtype_name(t.dtype)) + " " +
                    c.shape.to_string());
       }
       auto file = m.files.find(c.file);
       if (file == m.files.end())
-        return bad(chunk + ": its file '" + c.file + "' is not listed in files");
+        return bad(chunk_name() + ": its file '" + c.file + "' is not listed in files");
       if (c.end > file->second.size) {
-        return bad(chunk + ": byte_range " + range_string(c.begin, c.end) + " runs past the " +
+        return bad(chunk_name() + ": byte_range " + range_string(c.begin, c.end) + " runs past the " +
                    std::to_string(file->second.size) + " bytes of '" + c.file + "'");
       }
     }

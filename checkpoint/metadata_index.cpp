@@ -62,7 +62,10 @@ std::optional<FileIdentity> identify(const std::string& path) {
 }  // namespace
 
 MetadataIndex::MetadataIndex(CheckpointMetadata metadata) : metadata_(std::move(metadata)) {
-  for (const auto& [name, tensor] : metadata_.tensors) {
+  for (const auto& entry : metadata_.tensors) {
+    // Not a structured binding: the sort's comparison captures the tensor, and clang before
+    // 16 cannot capture one.
+    const TensorMeta& tensor = entry.second;
     TensorOrder order;
     const std::size_t rank = tensor.global_shape.rank();
     // Order along the dimension with the most distinct offsets: the one the tensor is split
@@ -89,7 +92,7 @@ MetadataIndex::MetadataIndex(CheckpointMetadata metadata) : metadata_(std::move(
       for (const auto& c : tensor.chunks)
         order.max_extent = std::max(order.max_extent, c.shape[dim]);
     }
-    orders_.emplace(name, std::move(order));
+    orders_.emplace(entry.first, std::move(order));
   }
 }
 

@@ -34,9 +34,10 @@ json phases_json(const SavePhases& p) {
 
 }  // namespace
 
-std::string encode_phases(const SavePhases& phases, double commit_s) {
+std::string encode_phases(const SavePhases& phases, double commit_s, double commit_cpu_s) {
   json out = phases_json(phases);
   out["commit_s"] = commit_s;
+  out["commit_cpu_s"] = commit_cpu_s;
   return out.dump();
 }
 
