@@ -241,9 +241,10 @@ class TrainerBase : public caf::blocking_actor {
       }
     }
     // End of training: every save is finished before the trainer reports done, and so is every
-    // export.
+    // export, unless a signal asked to stop (then the export running now ends with the trainer,
+    // and the queued ones are dropped).
     SH_RETURN_IF_ERROR(finalize());
-    if (exports_) {
+    if (exports_ && !summary_->stopped_by_signal) {
       exports_->wait_idle();
       report_exports();
     }
