@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,11 @@ namespace {
 
 /// Output bytes converted at once: the conversion buffer's size.
 constexpr std::size_t kConvertBufferBytes = 8u << 20;
+
+/// Tensors are loaded together up to the largest tensor's size, or this much when that is less:
+/// each load reads metadata.json and the data files' headers again, which a model of many small
+/// tensors would otherwise pay once per tensor.
+constexpr std::uint64_t kMinBatchBytes = 64u << 20;
 
 std::string quoted(const std::string& text) {
   return "'" + text + "'";
@@ -297,7 +303,8 @@ Status export_into(const std::string& checkpoint, const std::string& out_dir,
 
   ExportFileWriter writer(dir, options, store, tensors, report);
   for (const auto& file : files) {
-    SH_RETURN_IF_ERROR(writer.write(temp.path(), file, report.largest_tensor_bytes));
+    SH_RETURN_IF_ERROR(
+        writer.write(temp.path(), file, std::max(report.largest_tensor_bytes, kMinBatchBytes)));
   }
   if (files.size() > 1) {
     SH_RETURN_IF_ERROR(write_index(temp.path(), tensors, files));

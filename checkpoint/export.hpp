@@ -60,8 +60,8 @@ struct ExportReport {
 /// `checkpoint` is a `ckpt_path` root (resolved through its tracker) or a `global_step_N`
 /// folder, local or in an object store (`store` says how to reach it). Tensors are read a few
 /// at a time through load_checkpoint, which verifies every chunk's XXH3; the tensors held at
-/// once add up to at most the largest tensor's size, so host memory stays near the largest
-/// tensor plus a few buffers, whatever the model's size.
+/// once add up to at most the largest tensor's size (or 64 MiB, when that is more), so host
+/// memory stays near the largest tensor plus a few buffers, whatever the model's size.
 ///
 /// Everything is written into a folder beside `out_dir` that is renamed to `out_dir` once every
 /// file is written and fsynced.
