@@ -67,22 +67,13 @@ Status DispatchClient::finalize() {
 
 Status DispatchClient::load(const std::string& path, LoadReport* timing, const LoadScope& scope) {
   caf::scoped_actor self{system_};
-  Status st;
-  LoadReport figures;
+  Result<LoadReport> reply = LoadReport{};
   self->request(dispatch_, timeout_, load_atom::value, path, encode_load_scope(scope))
-      .receive(
-          [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
-              const std::string& notes) {
-            figures.total_s = load_s;
-            figures.read_s = read_s;
-            figures.verify_s = verify_s;
-            figures.copy_s = copy_s;
-            figures.bytes = bytes;
-            st = decode_load_notes(notes, figures);
-          },
-          [&](caf::error& err) { st = from_caf_error(err); });
-  if (st.is_ok() && timing != nullptr) *timing = figures;
-  return st;
+      .receive([&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
+                   const std::string& notes) { reply = decode_load_reply(load_s, read_s, verify_s, copy_s, bytes, notes); },
+               [&](caf::error& err) { reply = from_caf_error(err); });
+  if (reply.is_ok() && timing != nullptr) *timing = std::move(*reply);
+  return reply.status();
 }
 
 CheckpointCluster::CheckpointCluster(caf::actor_system& system, caf::actor coordinator,

@@ -29,8 +29,8 @@ namespace {
 constexpr std::size_t kConvertBufferBytes = 8u << 20;
 
 /// Tensors are loaded together up to the largest tensor's size, or this much when that is less:
-/// each load reads metadata.json and the data files' headers again, which a model of many small
-/// tensors would otherwise pay once per tensor.
+/// each load opens the data files and reads their headers again (and, from an object store,
+/// metadata.json), which a model of many small tensors would otherwise pay once per tensor.
 constexpr std::uint64_t kMinBatchBytes = 64u << 20;
 
 std::string quoted(const std::string& text) {

@@ -873,7 +873,7 @@ Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, cons
     used.insert(saved_name);
     const TensorMeta& saved = found->second;
     if (saved.dtype != block.dtype &&
-        !(options.convert_dtypes && convert_elements(nullptr, saved.dtype, nullptr, block.dtype, 0).is_ok())) {
+        !(options.convert_dtypes && can_convert(saved.dtype, block.dtype))) {
       return fail("saved as " + std::string(dtype_name(saved.dtype)) + ", live as " +
                   std::string(dtype_name(block.dtype)));
     }

@@ -179,4 +179,16 @@ Status decode_load_notes(const std::string& text, LoadReport& into) {
   });
 }
 
+Result<LoadReport> decode_load_reply(double total_s, double read_s, double verify_s, double copy_s,
+                                     std::uint64_t bytes, const std::string& notes) {
+  LoadReport report;
+  report.total_s = total_s;
+  report.read_s = read_s;
+  report.verify_s = verify_s;
+  report.copy_s = copy_s;
+  report.bytes = bytes;
+  SH_RETURN_IF_ERROR(decode_load_notes(notes, report));
+  return report;
+}
+
 }  // namespace stagehand

@@ -33,4 +33,9 @@ Status decode_load_selection(const std::string& text, LoadOptions& into);
 std::string encode_load_notes(const LoadReport& report);
 Status decode_load_notes(const std::string& text, LoadReport& into);
 
+/// A load reply of the dispatch (total_s, read_s, verify_s, copy_s, bytes, encoded notes) as the
+/// LoadReport it stands for; the other fields stay 0.
+Result<LoadReport> decode_load_reply(double total_s, double read_s, double verify_s, double copy_s,
+                                     std::uint64_t bytes, const std::string& notes);
+
 }  // namespace stagehand

@@ -330,39 +330,37 @@ void widen_integers(const std::uint8_t* src, DType from, std::uint8_t* dst, DTyp
 
 }  // namespace
 
+bool can_convert(DType from, DType to) {
+  if (from == to || (is_floating_point(from) && is_floating_point(to))) return true;
+  return dtype_size(to) > dtype_size(from) && ((is_signed_integer(from) && is_signed_integer(to)) ||
+                                                (is_unsigned_integer(from) && is_unsigned_integer(to)));
+}
+
 Status convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count) {
+  if (!can_convert(from, to)) {
+    return {ErrorCode::invalid_argument,
+            "cannot convert " + std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)) +
+                ": only between floating types, or to a wider integer of the same "
+                "signedness"};
+  }
   const auto* in = static_cast<const std::uint8_t*>(src);
   auto* out = static_cast<std::uint8_t*>(dst);
   if (from == to) {
     if (src != dst && count > 0) std::memcpy(dst, src, count * dtype_size(from));
-    return Status::ok();
-  }
-  if (is_floating_point(from) && is_floating_point(to)) {
-    if (from == DType::f32 && to == DType::bf16) {
-      f32_to_bf16(in, out, count);
-    } else if (from == DType::bf16 && to == DType::f32) {
-      bf16_to_f32(in, out, count);
-    } else {
-      const std::size_t in_size = dtype_size(from);
-      const std::size_t out_size = dtype_size(to);
-      for (std::size_t i = 0; i < count; ++i)
-        store_float(out + out_size * i, to, load_float(in + in_size * i, from));
-    }
-    return Status::ok();
-  }
-  const bool widening = dtype_size(to) > dtype_size(from);
-  if (widening && is_signed_integer(from) && is_signed_integer(to)) {
+  } else if (from == DType::f32 && to == DType::bf16) {
+    f32_to_bf16(in, out, count);
+  } else if (from == DType::bf16 && to == DType::f32) {
+    bf16_to_f32(in, out, count);
+  } else if (is_floating_point(from)) {
+    const std::size_t in_size = dtype_size(from);
+    const std::size_t out_size = dtype_size(to);
+    for (std::size_t i = 0; i < count; ++i) store_float(out + out_size * i, to, load_float(in + in_size * i, from));
+  } else if (is_signed_integer(from)) {
     widen_integers<std::int64_t>(in, from, out, to, count);
-    return Status::ok();
-  }
-  if (widening && is_unsigned_integer(from) && is_unsigned_integer(to)) {
+  } else {
     widen_integers<std::uint64_t>(in, from, out, to, count);
-    return Status::ok();
   }
-  return {ErrorCode::invalid_argument,
-          "cannot convert " + std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)) +
-              ": only between floating types, or to a wider integer of the same "
-              "signedness"};
+  return Status::ok();
 }
 
 }  // namespace stagehand

@@ -51,6 +51,9 @@ std::optional<DType> dtype_from_name(std::string_view name);
 /// True for F64, F32, F16, BF16, F8_E4M3 and F8_E5M2.
 bool is_floating_point(DType dtype);
 
+/// Whether convert_elements converts `from` to `to` (see there).
+bool can_convert(DType from, DType to);
+
 /// Converts `count` elements of `from` at `src` into `to` at `dst` (`count` x dtype_size(to)
 /// bytes of room). Neither pointer needs any alignment.
 ///

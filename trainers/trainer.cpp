@@ -78,23 +78,15 @@ class TrainerBase : public caf::blocking_actor {
   /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what
   /// was missing or unused (each said in one warning line).
   Result<LoadReport> load_checkpoint_everywhere(const std::string& dir, const LoadScope& scope, const char* what) {
-    Status st;
-    LoadReport load;
+    Result<LoadReport> reply = LoadReport{};
     request(dispatch_, timeout_, load_atom::value, dir, encode_load_scope(scope))
-        .receive(
-            [&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
-                const std::string& notes) {
-              load.total_s = load_s;
-              load.read_s = read_s;
-              load.verify_s = verify_s;
-              load.copy_s = copy_s;
-              load.bytes = bytes;
-              st = decode_load_notes(notes, load);
-            },
-            [&](caf::error& err) { st = from_caf_error(err); });
-    if (!st.is_ok()) {
-      return st.with_context(std::string(what) + (scope.strict ? "" : " (trainer.load_strict: false)"));
+        .receive([&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
+                     const std::string& notes) { reply = decode_load_reply(load_s, read_s, verify_s, copy_s, bytes, notes); },
+                 [&](caf::error& err) { reply = from_caf_error(err); });
+    if (!reply.is_ok()) {
+      return reply.status().with_context(std::string(what) + (scope.strict ? "" : " (trainer.load_strict: false)"));
     }
+    LoadReport load = std::move(*reply);
     auto names = [](const std::vector<std::string>& list) {
       std::string out;
       for (std::size_t i = 0; i < list.size() && i < 8; ++i) out += (i ? ", " : "") + list[i];
