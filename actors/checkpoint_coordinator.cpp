@@ -119,8 +119,8 @@ class CheckpointCoordinator : public caf::event_based_actor {
   }
 
   Status commit_cloud(std::int64_t step) {
-    SH_ASSIGN_OR_RETURN(auto metadata, build_metadata(step, reports_, options_.world_size));
-    SH_RETURN_IF_ERROR(record_trainer_state(metadata, CheckpointLayout{root_}.tmp_dir(step)));
+    SH_ASSIGN_OR_RETURN(auto metadata, gather_reports(step, reports_, options_.world_size));
+    SH_ASSIGN_OR_RETURN(metadata.trainer_state, trainer_state_meta(CheckpointLayout{root_}.tmp_dir(step)));
     SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
     SH_RETURN_IF_ERROR(cloud.commit(step, metadata, CheckpointLayout{root_}.tmp_dir(step)));
     // Committed in the store; what is left locally is only the emptied work folder.

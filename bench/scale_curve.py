@@ -3,7 +3,8 @@
 state of small shards and many tensors (in-process ranks), then `stagehand-bench metadata` on
 what it wrote. Prints one JSON line per run, then a table: commit_s (last rank's report to the
 tracker written; beside it the coordinator thread's CPU seconds in it, which a busy machine does
-not inflate), metadata.json's size, and each rank's metadata read on load: the first rank
+not inflate), the same commit timed alone from the same reports (`stagehand-bench commit`, the
+median of --commit-repeat), metadata.json's size, and each rank's metadata read on load: the first rank
 of a process reads and checks the whole file, every other takes its part (time and heap peak),
 and all ranks together; beside it the cost before parts (every rank reading the whole file,
 measured on --whole ranks and multiplied out).
@@ -14,6 +15,7 @@ measured on --whole ranks and multiplied out).
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 
 import bench_common
@@ -34,9 +36,18 @@ def run(args, ranks):
     metadata = subprocess.run([args.bench, "metadata", "--out", out, *state, "--whole", str(min(ranks, args.whole))],
                               capture_output=True, text=True, check=True)
     reads = {l["read"]: l for l in json_lines(metadata.stdout)}
+    # The commit alone, from the same reports, with nothing else running in the process.
+    commit = subprocess.run([args.bench, "commit", "--from", out, "--out", out + "-commit", "--repeat",
+                             str(args.commit_repeat)], capture_output=True, text=True, check=True)
+    commits = json_lines(commit.stdout)
+    if not all(c["same_metadata"] for c in commits):
+        raise SystemExit(f"{ranks} ranks: `stagehand-bench commit` wrote another metadata.json than the save")
     shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out + "-commit", ignore_errors=True)
     return {"ranks": ranks, "save_s": line["save_s"], "commit_s": line["commit_s"],
             "commit_cpu_s": line["commit_cpu_s"],
+            "commit_alone_s": statistics.median(c["commit_s"] for c in commits),
+            "commit_alone_cpu_s": statistics.median(c["commit_cpu_s"] for c in commits),
             "metadata_bytes": line["metadata_bytes"], "save_peak_rss_bytes": line["peak_rss_bytes"],
             "part": reads["part"], "whole": reads["whole"]}
 
@@ -51,6 +62,7 @@ def main():
     p.add_argument("--columns", type=int, default=16)
     p.add_argument("--thread-count", type=int, default=1)
     p.add_argument("--whole", type=int, default=4, help="ranks measured reading the whole metadata.json each")
+    p.add_argument("--commit-repeat", type=int, default=5, help="commits of the same reports, timed alone")
     args = p.parse_args()
     rows = []
     for ranks in (int(r) for r in args.ranks.split(",")):
@@ -59,12 +71,13 @@ def main():
         rows.append(row)
     mib = 1 << 20
     print()
-    print("| ranks | commit_s (CPU s) | metadata.json | first rank: read+check s / heap peak | other ranks: part s (median) / "
+    print("| ranks | commit_s (CPU s) | commit alone, median s (CPU s) | metadata.json | first rank: read+check s / heap peak | other ranks: part s (median) / "
           "heap peak | all ranks s | before: every rank whole s / heap peak | before: all ranks s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         part, whole = r["part"], r["whole"]
-        print(f"| {r['ranks']} | {r['commit_s']:.3f} ({r['commit_cpu_s']:.3f}) | {r['metadata_bytes'] / mib:.1f} MiB "
+        print(f"| {r['ranks']} | {r['commit_s']:.3f} ({r['commit_cpu_s']:.3f}) "
+              f"| {r['commit_alone_s']:.3f} ({r['commit_alone_cpu_s']:.3f}) | {r['metadata_bytes'] / mib:.1f} MiB "
               f"| {part['first_rank_s']:.3f} / {part['first_rank_peak_bytes'] / mib:.1f} MiB "
               f"| {part['median_rank_s'] * 1e3:.2f} ms / {part['median_rank_peak_bytes'] / 1024:.0f} KiB "
               f"| {part['total_s']:.2f} "

@@ -43,7 +43,7 @@ Status CloudCheckpoints::upload_rank_files(std::int64_t step, const std::string&
   return bucket_->upload_files(uploads);
 }
 
-Status CloudCheckpoints::commit(std::int64_t step, const CheckpointMetadata& metadata,
+Status CloudCheckpoints::commit(std::int64_t step, const GatheredMetadata& metadata,
                                 const std::string& local_step_dir) const {
   std::string state_path = local_step_dir + "/" + kTrainerStateFile;
   std::error_code ec;

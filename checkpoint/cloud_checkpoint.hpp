@@ -42,7 +42,7 @@ class CloudCheckpoints {
                            const std::vector<std::string>& files) const;
   /// Commits `step` whose data objects are all uploaded: uploads trainer_state.json from
   /// `local_step_dir` (when there), then the metadata, then the tracker.
-  Status commit(std::int64_t step, const CheckpointMetadata& metadata, const std::string& local_step_dir) const;
+  Status commit(std::int64_t step, const GatheredMetadata& metadata, const std::string& local_step_dir) const;
 
   // -- reading --
 

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "stagehand/core/log.hpp"
@@ -121,9 +123,9 @@ Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t
   return tmp;
 }
 
-Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
-                                          int world_size) {
-  CheckpointMetadata m;
+Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<RankSaveReport>& reports,
+                                        int world_size) {
+  GatheredMetadata m;
   m.step = step;
   std::set<int> ranks;
   for (const auto& r : reports) {
@@ -150,6 +152,16 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
   for (const auto& r : reports) by_rank.push_back(&r);
   std::sort(by_rank.begin(), by_rank.end(),
             [](const RankSaveReport* a, const RankSaveReport* b) { return a->rank < b->rank; });
+  // One pass over the reports in the order they lie in memory: each chunk finds its tensor by
+  // hash and is checked against the one before it, so that the writer's later pass, tensor by
+  // tensor, is the only one that jumps between reports.
+  struct Gathering {
+    GatheredTensor gathered;
+    /// Elements the chunks hold, to be compared with the global shape's.
+    std::int64_t covered = 0;
+    bool sorted = true;
+  };
+  std::unordered_map<std::string_view, Gathering> by_name;
   for (const RankSaveReport* report : by_rank) {
     const RankSaveReport& r = *report;
     for (const auto& [name, value] : r.objects) {
@@ -168,54 +180,89 @@ Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<R
         return Status{ErrorCode::internal, "file '" + b.file + "' reported twice"};
       }
       for (const auto& c : b.chunks) {
-        auto [it, inserted] = m.tensors.try_emplace(c.desc.name);
-        TensorMeta& t = it->second;
-        if (inserted && !is_valid_utf8(c.desc.name)) {
-          return Status{ErrorCode::invalid_argument,
-                        "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
-        }
+        auto [found, inserted] = by_name.try_emplace(c.desc.name);
+        Gathering& t = found->second;
         if (inserted) {
-          t.dtype = c.desc.dtype;
-          t.global_shape = c.desc.global_shape;
-        } else if (t.dtype != c.desc.dtype || !(t.global_shape == c.desc.global_shape)) {
+          if (!is_valid_utf8(c.desc.name)) {
+            return Status{ErrorCode::invalid_argument,
+                          "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
+          }
+          t.gathered.name = c.desc.name;
+          t.gathered.dtype = c.desc.dtype;
+          t.gathered.global_shape = c.desc.global_shape;
+          // Usually a chunk from each rank.
+          t.gathered.chunks.reserve(by_rank.size());
+        } else if (t.gathered.dtype != c.desc.dtype || !(t.gathered.global_shape == c.desc.global_shape)) {
           return Status{ErrorCode::invalid_argument,
                         "tensor '" + c.desc.name + "' has a different dtype or global shape on rank " +
                             std::to_string(r.rank)};
         }
-        t.chunks.push_back({c.desc.global_offset, c.desc.local_shape, b.file, c.begin, c.end, c.xxh3});
+        if (!t.gathered.chunks.empty() && !(t.gathered.chunks.back().record->desc.global_offset < c.desc.global_offset)) {
+          t.sorted = false;
+        }
+        t.gathered.chunks.push_back({&c, &b.file});
+        t.covered += c.desc.local_shape.numel();
       }
     }
   }
-  for (auto& [name, t] : m.tensors) {
-    auto by_offsets = [](const ChunkMeta& a, const ChunkMeta& b) { return a.offsets < b.offsets; };
-    if (!std::is_sorted(t.chunks.begin(), t.chunks.end(), by_offsets)) {
-      std::sort(t.chunks.begin(), t.chunks.end(), by_offsets);
-    }
-    std::int64_t covered = 0;
-    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      if (i > 0 && t.chunks[i].offsets == t.chunks[i - 1].offsets) {
-        return Status{ErrorCode::invalid_argument,
-                      "tensor '" + name + "' has two chunks at " + t.chunks[i].offsets.to_string() +
-                          " with replica id 0"};
+  m.tensors.reserve(by_name.size());
+  for (auto& [name, t] : by_name) {
+    GatheredTensor& g = t.gathered;
+    auto offsets = [](const GatheredChunk& c) -> const Shape& { return c.record->desc.global_offset; };
+    if (!t.sorted) {
+      std::sort(g.chunks.begin(), g.chunks.end(),
+                [&](const GatheredChunk& a, const GatheredChunk& b) { return offsets(a) < offsets(b); });
+      for (std::size_t i = 1; i < g.chunks.size(); ++i) {
+        if (offsets(g.chunks[i]) == offsets(g.chunks[i - 1])) {
+          return Status{ErrorCode::invalid_argument, "tensor '" + std::string(name) + "' has two chunks at " +
+                                                         offsets(g.chunks[i]).to_string() + " with replica id 0"};
+        }
       }
-      covered += t.chunks[i].shape.numel();
     }
-    if (covered != t.global_shape.numel()) {
+    if (t.covered != g.global_shape.numel()) {
       return Status{ErrorCode::invalid_argument,
-                    "tensor '" + name + "': the saved chunks hold " + std::to_string(covered) +
-                        " of its " + std::to_string(t.global_shape.numel()) +
+                    "tensor '" + std::string(name) + "': the saved chunks hold " + std::to_string(t.covered) +
+                        " of its " + std::to_string(g.global_shape.numel()) +
                         " elements (a block with no replica 0?)"};
+    }
+    m.tensors.push_back(std::move(g));
+  }
+  std::sort(m.tensors.begin(), m.tensors.end(),
+            [](const GatheredTensor& a, const GatheredTensor& b) { return a.name < b.name; });
+  return m;
+}
+
+Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
+                                          int world_size) {
+  SH_ASSIGN_OR_RETURN(GatheredMetadata gathered, gather_reports(step, reports, world_size));
+  CheckpointMetadata m;
+  m.step = gathered.step;
+  m.objects = std::move(gathered.objects);
+  m.files = std::move(gathered.files);
+  m.trainer_state = gathered.trainer_state;
+  for (const GatheredTensor& g : gathered.tensors) {
+    TensorMeta& t = m.tensors[std::string(g.name)];
+    t.dtype = g.dtype;
+    t.global_shape = g.global_shape;
+    t.chunks.reserve(g.chunks.size());
+    for (const GatheredChunk& c : g.chunks) {
+      const ChunkRecord& r = *c.record;
+      t.chunks.push_back({r.desc.global_offset, r.desc.local_shape, *c.file, r.begin, r.end, r.xxh3});
     }
   }
   return m;
 }
 
-Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir) {
+Result<std::optional<FileMeta>> trainer_state_meta(const std::string& checkpoint_dir) {
   const std::string path = checkpoint_dir + "/" + kTrainerStateFile;
   std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::ok();
+  if (!fs::exists(path, ec)) return std::optional<FileMeta>{};
   SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
-  metadata.trainer_state = FileMeta{text.size(), xxh3(text.data(), text.size())};
+  return std::optional<FileMeta>{FileMeta{text.size(), xxh3(text.data(), text.size())}};
+}
+
+Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir) {
+  SH_ASSIGN_OR_RETURN(metadata.trainer_state, trainer_state_meta(checkpoint_dir));
   return Status::ok();
 }
 
@@ -242,11 +289,14 @@ Status commit_checkpoint(const std::string& root, std::int64_t step,
     return st.with_context("the folder '" + final_dir + "' is complete and in place, but the tracker '" +
                            layout.tracker() + "' was not updated (it " + now + ")");
   };
-  auto metadata = build_metadata(step, reports, world_size);
+  auto metadata = gather_reports(step, reports, world_size);
   if (!metadata.is_ok()) return fail(metadata.status());
-  if (Status recorded = record_trainer_state(*metadata, tmp); !recorded.is_ok()) return fail(recorded);
+  auto trainer_state = trainer_state_meta(tmp);
+  if (!trainer_state.is_ok()) return fail(trainer_state.status());
+  metadata->trainer_state = *trainer_state;
   std::string policy = CheckpointLayout::policy_dir(tmp);
-  Status st = write_file_atomic(policy + "/" + kMetadataFile, metadata_to_json(*metadata));
+  Status st = write_file_atomic(policy + "/" + kMetadataFile,
+                                [&](WritableFile& file) { return write_metadata_json(*metadata, file); });
   if (st.is_ok()) st = fsync_dir(tmp);
   if (!st.is_ok()) return fail(st);
 

@@ -30,14 +30,22 @@ std::string checkpoint_root_parent(const std::string& root);
 /// @return the checkpoint's temporary folder.
 Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t step);
 
-/// Builds the metadata of a checkpoint from every rank's report.
+/// Gathers the metadata of a checkpoint from every rank's report, without copying the chunks
+/// (the result points into `reports`, which must outlive it); no trainer state is recorded.
 /// Fails when a rank failed, is missing or reported twice, or when chunks disagree or do not
 /// cover their tensors.
+Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<RankSaveReport>& reports,
+                                        int world_size);
+
+/// gather_reports, copied into a CheckpointMetadata.
 Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
                                           int world_size);
 
-/// Records the size and XXH3 of `<checkpoint_dir>/trainer_state.json` in `metadata` when the
-/// file exists (the coordinator wrote it when the step began); leaves it unrecorded otherwise.
+/// The size and XXH3 of `<checkpoint_dir>/trainer_state.json` when the file exists (the
+/// coordinator wrote it when the step began); none otherwise.
+Result<std::optional<FileMeta>> trainer_state_meta(const std::string& checkpoint_dir);
+
+/// Records trainer_state_meta(checkpoint_dir) in `metadata`.
 Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir);
 
 /// Commits a checkpoint whose ranks all reported: writes metadata.json (temp, fsync, rename),

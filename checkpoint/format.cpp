@@ -650,11 +650,17 @@ class MetadataWriter {
  public:
   /// @param out where the pretty text goes; nullptr to only hash the compact text.
   explicit MetadataWriter(std::string* out) : out_(out) {}
+  /// Appends the pretty text to `file` a piece at a time, starting the write-back of each, and
+  /// writes the checksum into its place last.
+  explicit MetadataWriter(WritableFile* file) : out_(&piece_), file_(file) {}
 
   /// The XXH3 of the compact text of `m` without a "checksum" member; the pretty text, with
-  /// that checksum as its first member, is in *out when one was given.
-  std::uint64_t write(const CheckpointMetadata& m) {
-    if (out_ != nullptr) {
+  /// that checksum as its first member, is in *out (or the file) when one was given.
+  template <typename Metadata>
+  std::uint64_t write(const Metadata& m) {
+    if (file_ != nullptr) {
+      out_->reserve(kPieceBytes + 64 * 1024);
+    } else if (out_ != nullptr) {
       out_->clear();
       out_->reserve(estimated_size(m));
     }
@@ -677,7 +683,7 @@ class MetadataWriter {
     member("step");
     number(m.step);
     member("tensors");
-    map(m.tensors, [&](const TensorMeta& t) { tensor(t); });
+    tensors(m.tensors);
     if (m.trainer_state) {
       member("trainer_state");
       file_meta(*m.trainer_state);
@@ -692,16 +698,25 @@ class MetadataWriter {
     if (out_ != nullptr) {
       char digits[16];
       hex16(checksum, digits);
-      out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
+      if (file_ != nullptr) {
+        flush_piece(0);
+        if (status_.is_ok()) status_ = file_->write_at(checksum_digits, digits, sizeof(digits));
+      } else {
+        out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
+      }
     }
     return checksum;
   }
 
+  /// The first error of a write to the file.
+  const Status& status() const { return status_; }
+
  private:
   /// Enough for the usual names and numbers, so that the text is not copied as it grows.
-  static std::size_t estimated_size(const CheckpointMetadata& m) {
+  template <typename Metadata>
+  static std::size_t estimated_size(const Metadata& m) {
     std::size_t chunks = 0;
-    for (const auto& [name, t] : m.tensors) chunks += t.chunks.size();
+    for (const auto& entry : m.tensors) chunks += tensor_of(entry).chunks.size();
     return 256 + 64 * m.files.size() + 64 * m.objects.size() + 96 * m.tensors.size() + 160 * chunks;
   }
 
@@ -743,8 +758,19 @@ class MetadataWriter {
     pending_ = 0;
   }
 
+  /// Hands the text so far to the file once it holds at least `at_least` bytes.
+  void flush_piece(std::size_t at_least) {
+    if (piece_.size() < at_least || piece_.empty()) return;
+    if (status_.is_ok()) status_ = file_->append(piece_.data(), piece_.size());
+    if (status_.is_ok()) status_ = file_->start_writeback(written_, piece_.size());
+    written_ += piece_.size();
+    piece_.clear();
+  }
+
+  /// Every entry starts on a line of its own: a place to hand a piece to the file.
   void line(int depth) {
     if (out_ == nullptr) return;
+    if (file_ != nullptr) flush_piece(kPieceBytes);
     out_->push_back('\n');
     out_->append(static_cast<std::size_t>(depth), ' ');
   }
@@ -846,12 +872,59 @@ class MetadataWriter {
     put('}');
   }
 
-  void tensor(const TensorMeta& t) {
+  static const TensorMeta& tensor_of(const std::pair<const std::string, TensorMeta>& entry) { return entry.second; }
+  static const GatheredTensor& tensor_of(const GatheredTensor& t) { return t; }
+
+  /// The fields of a chunk that metadata.json lists, wherever it is held.
+  struct ChunkFields {
+    const Shape& offsets;
+    const Shape& shape;
+    const std::string& file;
+    std::uint64_t begin;
+    std::uint64_t end;
+    std::uint64_t xxh3;
+  };
+  static ChunkFields fields(const ChunkMeta& c) { return {c.offsets, c.shape, c.file, c.begin, c.end, c.xxh3}; }
+  static ChunkFields fields(const GatheredChunk& c) {
+    const ChunkRecord& r = *c.record;
+    return {r.desc.global_offset, r.desc.local_shape, *c.file, r.begin, r.end, r.xxh3};
+  }
+
+  /// Chunks read ahead of the one being written: the chunks of a tensor lie in as many reports
+  /// as it has chunks, and the wait for memory is most of what writing one costs.
+  static constexpr std::size_t kPrefetchAhead = 8;
+  static void prefetch(const ChunkMeta&) {}
+  static void prefetch(const GatheredChunk& c) {
+    __builtin_prefetch(&c.record->desc.global_offset);
+    __builtin_prefetch(&c.record->desc.local_shape);
+    __builtin_prefetch(&c.record->begin);
+  }
+
+  void tensors(const std::map<std::string, TensorMeta>& entries) {
+    map(entries, [&](const TensorMeta& t) { tensor(t); });
+  }
+
+  /// As map() does for the copy's map.
+  void tensors(const std::vector<GatheredTensor>& entries) {
+    put('{');
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (i > 0) put(',');
+      line(2);
+      key_(entries[i].name);
+      tensor(entries[i]);
+    }
+    if (!entries.empty()) line(1);
+    put('}');
+  }
+
+  template <typename Tensor>
+  void tensor(const Tensor& t) {
     put("{\"chunks\":");
     pretty_only(" ");
     put('[');
     for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      const ChunkMeta& c = t.chunks[i];
+      if (i + kPrefetchAhead < t.chunks.size()) prefetch(t.chunks[i + kPrefetchAhead]);
+      const ChunkFields c = fields(t.chunks[i]);
       if (i > 0) put(',');
       line(3);
       put("{\"byte_range\":");
@@ -884,7 +957,16 @@ class MetadataWriter {
     put('}');
   }
 
+  /// Text handed to the file at a time: its write-back runs while the next is formed.
+  static constexpr std::size_t kPieceBytes = 4 << 20;
+
   std::string* out_;
+  WritableFile* file_ = nullptr;
+  /// The text not yet handed to file_.
+  std::string piece_;
+  /// Bytes handed to file_ so far.
+  std::uint64_t written_ = 0;
+  Status status_;
   Xxh3Stream hash_;
   /// Compact text not yet hashed: hashing a few bytes at a time costs more than copying them.
   char hash_buffer_[64 * 1024];
@@ -894,7 +976,7 @@ class MetadataWriter {
 /// XXH3 of the compact JSON text of `m` without a "checksum" field: what metadata.json's
 /// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
 std::uint64_t metadata_checksum(const CheckpointMetadata& m) {
-  return std::make_unique<MetadataWriter>(nullptr)->write(m);
+  return std::make_unique<MetadataWriter>(static_cast<std::string*>(nullptr))->write(m);
 }
 
 /// Whether two blocks share an element (a block with an empty dimension shares none).
@@ -1074,6 +1156,18 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
   std::string text;
   std::make_unique<MetadataWriter>(&text)->write(m);
   return text;
+}
+
+std::string metadata_to_json(const GatheredMetadata& m) {
+  std::string text;
+  std::make_unique<MetadataWriter>(&text)->write(m);
+  return text;
+}
+
+Status write_metadata_json(const GatheredMetadata& m, WritableFile& file) {
+  auto writer = std::make_unique<MetadataWriter>(&file);
+  writer->write(m);
+  return writer->status();
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {

@@ -9,11 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include "stagehand/checkpoint/report.hpp"
 #include "stagehand/core/dtype.hpp"
 #include "stagehand/core/shape.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
+
+class WritableFile;
 
 inline constexpr const char* kFormatName = "stagehand-dist-ckpt";
 inline constexpr int kFormatVersion = 1;
@@ -135,6 +138,33 @@ struct CheckpointMetadata {
   std::optional<FileMeta> trainer_state;
 };
 
+/// A checkpoint's metadata as the commit gathers it from the ranks' reports: what metadata.json
+/// lists, pointing into the reports instead of copying them (at 1,024 ranks of 500 tensors they
+/// hold half a million chunks, and a copy of each cost more than writing it out).
+struct GatheredChunk {
+  const ChunkRecord* record = nullptr;
+  /// The name of the file the chunk is in (its bucket's).
+  const std::string* file = nullptr;
+};
+
+struct GatheredTensor {
+  /// Points into a report, as the chunks do.
+  std::string_view name;
+  DType dtype = DType::f32;
+  Shape global_shape;
+  /// By offsets.
+  std::vector<GatheredChunk> chunks;
+};
+
+struct GatheredMetadata {
+  std::int64_t step = 0;
+  /// By name.
+  std::vector<GatheredTensor> tensors;
+  std::map<std::string, std::string> objects;
+  std::map<std::string, FileMeta> files;
+  std::optional<FileMeta> trainer_state;
+};
+
 /// Whether `text` is well-formed UTF-8, as every string in metadata.json must be (JSON text is
 /// UTF-8; a reader refuses anything else).
 bool is_valid_utf8(std::string_view text);
@@ -143,6 +173,11 @@ bool is_valid_utf8(std::string_view text);
 /// tensor and chunk, and a "checksum" field.
 /// @pre every name and object is valid UTF-8 (is_valid_utf8).
 std::string metadata_to_json(const CheckpointMetadata& metadata);
+/// The same text for the metadata the reports hold (what metadata_to_json of the copy holds).
+std::string metadata_to_json(const GatheredMetadata& metadata);
+/// Appends that text to `file` a few MiB at a time as it is formed, starting each piece's
+/// write-back at once, and writes the checksum into its place last; the caller syncs the file.
+Status write_metadata_json(const GatheredMetadata& metadata, WritableFile& file);
 
 /// Parses metadata.json, checks the format name and version and every field's type and range,
 /// then applies validate_metadata, then checks the file's "checksum" (XXH3 of its compact JSON

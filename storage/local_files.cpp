@@ -184,13 +184,24 @@ Status fsync_dir(const std::string& dir) {
 }
 
 Status write_file_atomic(const std::string& path, const std::string& content) {
+  return write_file_atomic(path, [&](WritableFile& file) { return file.append(content.data(), content.size()); });
+}
+
+Status write_file_atomic(const std::string& path, const std::function<Status(WritableFile&)>& fill) {
   std::string tmp = path + ".tmp";
-  SH_ASSIGN_OR_RETURN(auto file, local_storage()->open_for_write(tmp));
-  SH_RETURN_IF_ERROR(file->append(content.data(), content.size()));
-  SH_RETURN_IF_ERROR(file->sync());
-  SH_RETURN_IF_ERROR(file->close());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::from_errno(errno, "cannot rename '" + tmp + "' to '" + path + "'");
+  Status st = [&]() -> Status {
+    SH_ASSIGN_OR_RETURN(auto file, local_storage()->open_for_write(tmp));
+    SH_RETURN_IF_ERROR(fill(*file));
+    SH_RETURN_IF_ERROR(file->sync());
+    SH_RETURN_IF_ERROR(file->close());
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      return Status::from_errno(errno, "cannot rename '" + tmp + "' to '" + path + "'");
+    }
+    return Status::ok();
+  }();
+  if (!st.is_ok()) {
+    ::unlink(tmp.c_str());
+    return st;
   }
   std::string parent = std::filesystem::path(path).parent_path().string();
   return fsync_dir(parent.empty() ? "." : parent);

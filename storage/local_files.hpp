@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,8 @@ Status fsync_dir(const std::string& dir);
 
 /// Writes `content` to `path` atomically: temp file beside it, fsync, rename, fsync of the folder.
 Status write_file_atomic(const std::string& path, const std::string& content);
+/// The same, with the temp file's content written by `fill`. On failure the temp file is removed.
+Status write_file_atomic(const std::string& path, const std::function<Status(WritableFile&)>& fill);
 
 /// Reads a whole (small) file.
 Result<std::string> read_small_file(const std::string& path);

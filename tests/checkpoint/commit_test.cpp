@@ -110,6 +110,148 @@ BOOST_AUTO_TEST_CASE(missing_or_extra_rank_reports_are_refused) {
   BOOST_TEST(!read_tracker(dir.path())->has_value());
 }
 
+namespace {
+
+/// A rank's report of one bucket holding a chunk of a [rows, 4] f32 tensor `name` for each of
+/// `row_offsets` (one row each).
+RankSaveReport rows_report(int rank, const std::string& name, std::int64_t rows, std::vector<std::int64_t> row_offsets,
+                           DType dtype = DType::f32) {
+  RankSaveReport r;
+  r.rank = rank;
+  r.step = 1;
+  BucketWriteResult b;
+  b.file = CheckpointLayout::bucket_file_name(rank, 0);
+  std::uint64_t at = kDataAlignment;
+  for (std::int64_t row : row_offsets) {
+    ChunkRecord c;
+    c.desc.name = name;
+    c.desc.dtype = dtype;
+    c.desc.global_shape = Shape{rows, 4};
+    c.desc.global_offset = Shape{row, 0};
+    c.desc.local_shape = Shape{1, 4};
+    c.begin = at;
+    c.end = at + 4 * dtype_size(dtype);
+    c.xxh3 = static_cast<std::uint64_t>(rank * 100 + row);
+    at = c.end;
+    b.chunks.push_back(c);
+  }
+  b.size = at;
+  b.xxh3 = static_cast<std::uint64_t>(rank);
+  r.buckets.push_back(b);
+  return r;
+}
+
+std::string gathered_error(const std::vector<RankSaveReport>& reports, int world_size) {
+  auto gathered = gather_reports(1, reports, world_size);
+  return gathered.is_ok() ? "" : gathered.status().message();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gathered_reports_list_chunks_by_offset_whatever_order_they_came_in) {
+  // Rank 0 holds the last rows and reports them backwards; the reports come in reverse rank order.
+  std::vector<RankSaveReport> reports = {rows_report(1, "w", 4, {0, 1}), rows_report(0, "w", 4, {3, 2}),
+                                         rows_report(1, "b", 2, {0}), rows_report(0, "b", 2, {1})};
+  reports[0].buckets.push_back(reports[2].buckets[0]);
+  reports[0].buckets.back().file = CheckpointLayout::bucket_file_name(1, 1);
+  reports[1].buckets.push_back(reports[3].buckets[0]);
+  reports[1].buckets.back().file = CheckpointLayout::bucket_file_name(0, 1);
+  reports.resize(2);
+  auto gathered = gather_reports(1, reports, 2);
+  BOOST_REQUIRE_MESSAGE(gathered.is_ok(), gathered.status().message());
+  BOOST_REQUIRE(gathered->tensors.size() == 2u);
+  BOOST_TEST(gathered->tensors[0].name == "b");
+  BOOST_TEST(gathered->tensors[1].name == "w");
+  std::vector<std::int64_t> rows;
+  for (const auto& c : gathered->tensors[1].chunks) rows.push_back(c.record->desc.global_offset[0]);
+  BOOST_TEST((rows == std::vector<std::int64_t>{0, 1, 2, 3}));
+  BOOST_TEST(*gathered->tensors[1].chunks[3].file == "__0_0.safetensors");
+  // The copy holds the same: one text either way, and it reads back.
+  auto copied = build_metadata(1, reports, 2);
+  BOOST_REQUIRE(copied.is_ok());
+  const std::string text = metadata_to_json(*gathered);
+  BOOST_TEST(text == metadata_to_json(*copied));
+  BOOST_TEST(metadata_from_json(text, "gathered").is_ok());
+}
+
+BOOST_AUTO_TEST_CASE(gathering_refuses_reports_that_do_not_make_a_checkpoint) {
+  BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), rows_report(1, "w", 2, {1})}, 2) == "");
+  // Two ranks claim row 0: overlapping blocks.
+  BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), rows_report(1, "w", 2, {0})}, 2).find(
+                 "tensor 'w' has two chunks at [0, 0]") != std::string::npos);
+  // Out of order first, then the same row twice.
+  BOOST_TEST(gathered_error({rows_report(0, "w", 3, {2}), rows_report(1, "w", 3, {0, 2})}, 2).find(
+                 "two chunks at [2, 0]") != std::string::npos);
+  // A row nobody holds.
+  BOOST_TEST(gathered_error({rows_report(0, "w", 3, {0}), rows_report(1, "w", 3, {2})}, 2).find(
+                 "the saved chunks hold 8 of its 12 elements") != std::string::npos);
+  BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), rows_report(1, "w", 2, {1}, DType::bf16)}, 2)
+                 .find("tensor 'w' has a different dtype or global shape on rank 1") != std::string::npos);
+  BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), rows_report(1, "w", 3, {1, 2})}, 2)
+                 .find("different dtype or global shape on rank 1") != std::string::npos);
+  auto same_file = rows_report(1, "w", 2, {1});
+  same_file.buckets[0].file = CheckpointLayout::bucket_file_name(0, 0);
+  BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), same_file}, 2).find(
+                 "file '__0_0.safetensors' reported twice") != std::string::npos);
+  BOOST_TEST(gathered_error({rows_report(0, "\xff", 1, {0})}, 1).find("must be UTF-8") != std::string::npos);
+}
+
+namespace {
+
+/// Passes writes to `inner` until `appends_left` appends have gone through, then fails them.
+class FailingFile final : public WritableFile {
+ public:
+  FailingFile(WritableFile& inner, int appends_left) : inner_(inner), appends_left_(appends_left) {}
+  Status append(const void* data, std::size_t bytes) override {
+    if (appends_left_-- <= 0) return {ErrorCode::io_error, "injected: disk full"};
+    return inner_.append(data, bytes);
+  }
+  Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+    return inner_.write_at(offset, data, bytes);
+  }
+  Status sync() override { return inner_.sync(); }
+  Status close() override { return inner_.close(); }
+
+ private:
+  WritableFile& inner_;
+  int appends_left_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(metadata_streamed_to_its_file_in_pieces_is_the_text_with_its_checksum_in_place) {
+  // 8 ranks x 8,000 one-row chunks: about 7 MiB of text, more than one piece.
+  std::vector<RankSaveReport> reports;
+  for (int rank = 0; rank < 8; ++rank) {
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i = 0; i < 8000; ++i) rows.push_back(rank * 8000 + i);
+    reports.push_back(rows_report(rank, "w", 64000, rows));
+  }
+  auto gathered = gather_reports(1, reports, 8);
+  BOOST_REQUIRE(gathered.is_ok());
+  const std::string text = metadata_to_json(*gathered);
+  BOOST_REQUIRE(text.size() > (5u << 20));
+  TempDir dir;
+  const std::string path = dir / "metadata.json";
+  BOOST_REQUIRE(write_file_atomic(path, [&](WritableFile& file) { return write_metadata_json(*gathered, file); })
+                    .is_ok());
+  const std::string written = test::read_file(path);
+  BOOST_TEST((written == text));
+  auto read = metadata_from_json(written, path);
+  BOOST_REQUIRE_MESSAGE(read.is_ok(), read.status().message());
+  BOOST_TEST(read->tensors.at("w").chunks.size() == 64000u);
+
+  // A write that fails part way is the error, and leaves neither the file nor its temp file.
+  const std::string other = dir / "other.json";
+  Status st = write_file_atomic(other, [&](WritableFile& file) {
+    FailingFile failing(file, 1);
+    return write_metadata_json(*gathered, failing);
+  });
+  BOOST_TEST(st.message().find("injected: disk full") != std::string::npos, st.message());
+  BOOST_TEST(!fs::exists(other));
+  BOOST_TEST(!fs::exists(other + ".tmp"));
+}
+
 BOOST_AUTO_TEST_CASE(stale_tmp_dirs_are_ignored_and_cleaned) {
   TempDir dir;
   BOOST_REQUIRE(save_synthetic(dir.path(), 1, 1).is_ok());

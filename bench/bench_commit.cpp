@@ -1,0 +1,154 @@
+// stagehand-bench commit: the coordinator's commit alone, at the rank count of a saved checkpoint.
+#include "bench/bench_commit.hpp"
+
+#include <time.h>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_util.hpp"
+#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/report_codec.hpp"
+
+namespace stagehand::bench {
+
+namespace {
+
+struct CommitArgs {
+  std::string from;
+  std::string out;
+  int repeat = 5;
+};
+
+double thread_cpu_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// Each rank's report as that rank's Worker encoded it, rebuilt from a committed checkpoint: a
+/// bucket for each of the rank's files (`__<rank>_<bucket>.safetensors`), its chunks in file order.
+Result<std::vector<std::string>> reports_of(const CheckpointMetadata& m) {
+  std::map<int, RankSaveReport> ranks;
+  std::map<std::string, BucketWriteResult*> buckets;
+  for (const auto& [file, meta] : m.files) {
+    int rank = -1;
+    int bucket = -1;
+    if (std::sscanf(file.c_str(), "__%d_%d.safetensors", &rank, &bucket) != 2 || rank < 0) {
+      return Status{ErrorCode::invalid_argument, "file '" + file + "' is not named __<rank>_<bucket>.safetensors"};
+    }
+    RankSaveReport& r = ranks[rank];
+    r.rank = rank;
+    r.step = m.step;
+    BucketWriteResult b;
+    b.bucket = bucket;
+    b.file = file;
+    b.size = meta.size;
+    b.xxh3 = meta.xxh3;
+    r.buckets.push_back(std::move(b));
+  }
+  for (auto& [rank, r] : ranks) {
+    for (auto& b : r.buckets) buckets[b.file] = &b;
+    // An object named `<anything>.rank<r>` came from rank r alone; any other from every rank.
+    const std::string suffix = ".rank" + std::to_string(rank);
+    for (const auto& [name, value] : m.objects) {
+      const bool per_rank = name.find(".rank") != std::string::npos;
+      if (!per_rank || name.ends_with(suffix)) r.objects.emplace(name, value);
+    }
+  }
+  for (const auto& [name, t] : m.tensors) {
+    for (const auto& c : t.chunks) {
+      ChunkRecord record;
+      record.desc.name = name;
+      record.desc.dtype = t.dtype;
+      record.desc.global_shape = t.global_shape;
+      record.desc.global_offset = c.offsets;
+      record.desc.local_shape = c.shape;
+      record.begin = c.begin;
+      record.end = c.end;
+      record.xxh3 = c.xxh3;
+      buckets.at(c.file)->chunks.push_back(std::move(record));
+    }
+  }
+  std::vector<std::string> encoded;
+  for (auto& [rank, r] : ranks) {
+    for (auto& b : r.buckets) {
+      std::sort(b.chunks.begin(), b.chunks.end(),
+                [](const ChunkRecord& x, const ChunkRecord& y) { return x.begin < y.begin; });
+    }
+    encoded.push_back(encode_report(r));
+  }
+  return encoded;
+}
+
+int run_commit(const CommitArgs& args) {
+  auto fail = [](const std::string& what) {
+    std::cerr << "stagehand-bench commit: " << what << "\n";
+    return 1;
+  };
+  auto dir = resolve_checkpoint(args.from);
+  if (!dir.is_ok()) return fail(dir.status().to_string());
+  auto metadata = read_checkpoint_metadata(*dir);
+  if (!metadata.is_ok()) return fail(metadata.status().to_string());
+  auto encoded = reports_of(*metadata);
+  if (!encoded.is_ok()) return fail(encoded.status().to_string());
+  auto original = read_small_file(CheckpointLayout::policy_dir(*dir) + "/" + kMetadataFile);
+  if (!original.is_ok()) return fail(original.status().to_string());
+  const int world = static_cast<int>(encoded->size());
+  for (int i = 0; i < args.repeat; ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all(args.out, ec);
+    auto tmp = prepare_checkpoint_dir(args.out, metadata->step);
+    if (!tmp.is_ok()) return fail(tmp.status().to_string());
+    // The coordinator decodes each report as it arrives; the last one's decode is on the clock.
+    std::vector<RankSaveReport> reports;
+    reports.reserve(encoded->size());
+    std::vector<double> decode_s;
+    for (const auto& text : *encoded) {
+      const auto start = Clock::now();
+      auto report = decode_report(text);
+      decode_s.push_back(seconds_since(start));
+      if (!report.is_ok()) return fail(report.status().to_string());
+      reports.push_back(std::move(*report));
+    }
+    const auto start = Clock::now();
+    const double cpu_start = thread_cpu_now();
+    Status st = commit_checkpoint(args.out, metadata->step, reports, world);
+    const double commit_s = seconds_since(start);
+    const double commit_cpu_s = thread_cpu_now() - cpu_start;
+    if (!st.is_ok()) return fail(st.to_string());
+    auto written = read_small_file(CheckpointLayout{args.out}.step_dir(metadata->step) + "/policy/" + kMetadataFile);
+    nlohmann::json line;
+    line["mode"] = "commit";
+    line["ranks"] = world;
+    line["commit_s"] = commit_s;
+    line["commit_cpu_s"] = commit_cpu_s;
+    line["median_decode_s"] = median(decode_s);
+    line["metadata_bytes"] = written.is_ok() ? written->size() : 0;
+    // The same reports give the same text: a commit that changed metadata.json would show here.
+    line["same_metadata"] = written.is_ok() && *written == *original;
+    std::cout << line.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+BenchCommand add_commit_command(CLI::App& app) {
+  auto args = std::make_shared<CommitArgs>();
+  auto* command = app.add_subcommand(
+      "commit", "time the coordinator's commit (report decode, metadata.json, renames, tracker) at the rank count "
+                "of a checkpoint `save` wrote, from the reports its ranks sent");
+  command->add_option("--from", args->from, "a checkpoint root or step folder that `stagehand-bench save` wrote")
+      ->required();
+  command->add_option("--out", args->out, "a scratch checkpoint root to commit into (removed first)")->required();
+  command->add_option("--repeat", args->repeat, "commits to run")->check(CLI::Range(1, 1000));
+  return {command, [args] { return run_commit(*args); }};
+}
+
+}  // namespace stagehand::bench
