@@ -9,6 +9,7 @@ packages=(
   libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev libpugixml-dev
   libgloo-dev             # collectives between processes (models/process_collectives)
   python3 python3-pip time
+  iproute2                # ip netns and ss for scripts/two-host-check.sh (two_host_test)
   clang libclang-rt-dev   # libFuzzer for scripts/fuzz.sh (libclang-rt is only recommended by clang)
 )
 

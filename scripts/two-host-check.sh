@@ -4,8 +4,9 @@
 # and checks that the checkpoint equals the one 4 in-process Workers write. Needs root and
 # iproute2; the namespaces share this machine's file system, which stands in for a shared mount.
 # While the ranks run, it samples every TCP connection in both namespaces (ss) and prints which
-# ranks' processes are connected and the bytes each connection carried, so that traffic between
-# two ranks other than 0 relayed through rank 0's node shows. Exits 77 (skipped), saying why,
+# ranks' processes are connected and the bytes each connection carried, and fails unless the ranks
+# that share a collective group exchanged their bytes on direct connections and each rank's CAF
+# connection to rank 0 carried control messages only (nothing relayed through rank 0's node). Exits 77 (skipped), saying why,
 # where network namespaces cannot be made (not root, no iproute2, no CAP_SYS_ADMIN).
 #
 #   scripts/two-host-check.sh [build/bin]
@@ -50,7 +51,7 @@ args=(--quiet --config "$root/examples/configs/sync_rl.yaml" --set trainer.total
 (
   while true; do
     for ns in "$a" "$b"; do
-      ip netns exec "$ns" ss -tinH state established 2>/dev/null | sed "s/^/$ns /"
+      ip netns exec "$ns" ss -tinpH state established 2>/dev/null | sed "s/^/$ns /"
     done
     echo "--"
     sleep 0.2
@@ -64,11 +65,15 @@ for r in 0 1 2 3; do
   ip netns exec "$ns" env WORLD_SIZE=4 RANK=$r LOCAL_RANK=$((r % 2)) MASTER_ADDR=10.77.0.1 MASTER_PORT=29777 \
     "$bin/stagehand-train" "${args[@]}" --set trainer.ckpt_path="$work/hosts" &
   pids+=($!)
+  # ip netns exec and env exec the next program: $! is stagehand-train's pid.
+  echo "$! $r" >>"$work/ranks"
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 kill "$sampler" 2>/dev/null || true
 sampler=
-python3 "$root/scripts/two_host_traffic.py" "$work/ss.log" 10.77.0.1 29777
+# sync_rl.yaml is tensor 2 x data 2: ranks 0-1 and 2-3 share a tensor-parallel group, 0-2 and 1-3
+# a data-parallel one.
+python3 "$root/scripts/two_host_traffic.py" "$work/ss.log" 10.77.0.1 29777 "$work/ranks" --expect-pairs 0-1,2-3,0-2,1-3
 "$bin/stagehand-train" "${args[@]}" --set trainer.ckpt_path="$work/inproc"
 diff -r "$work/hosts/global_step_40" "$work/inproc/global_step_40"
 echo "two hosts: 4 ranks over 10.77.0.1/10.77.0.2 wrote the same checkpoint as 4 in-process Workers"
