@@ -671,7 +671,7 @@ class MetadataWriter {
     if (out_ != nullptr) {
       // Pretty only: the hashed text has no checksum member, and its first member no comma.
       pretty_only("\n \"checksum\": \"");
-      checksum_digits = out_->size();
+      checksum_digits = written_ + out_->size();
       pretty_only("0000000000000000\"");
     }
     member("files", true);
