@@ -190,8 +190,6 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
           t.gathered.name = c.desc.name;
           t.gathered.dtype = c.desc.dtype;
           t.gathered.global_shape = c.desc.global_shape;
-          // Usually a chunk from each rank.
-          t.gathered.chunks.reserve(by_rank.size());
         } else if (t.gathered.dtype != c.desc.dtype || !(t.gathered.global_shape == c.desc.global_shape)) {
           return Status{ErrorCode::invalid_argument,
                         "tensor '" + c.desc.name + "' has a different dtype or global shape on rank " +
@@ -205,30 +203,34 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
       }
     }
   }
-  m.tensors.reserve(by_name.size());
-  for (auto& [name, t] : by_name) {
-    GatheredTensor& g = t.gathered;
+  // In name order, so that of several bad tensors the first by name is the one reported.
+  std::vector<Gathering*> by_order;
+  by_order.reserve(by_name.size());
+  for (auto& [name, t] : by_name) by_order.push_back(&t);
+  std::sort(by_order.begin(), by_order.end(),
+            [](const Gathering* a, const Gathering* b) { return a->gathered.name < b->gathered.name; });
+  m.tensors.reserve(by_order.size());
+  for (Gathering* t : by_order) {
+    GatheredTensor& g = t->gathered;
+    const std::string name(g.name);
     auto offsets = [](const GatheredChunk& c) -> const Shape& { return c.record->desc.global_offset; };
-    if (!t.sorted) {
+    if (!t->sorted) {
       std::sort(g.chunks.begin(), g.chunks.end(),
                 [&](const GatheredChunk& a, const GatheredChunk& b) { return offsets(a) < offsets(b); });
       for (std::size_t i = 1; i < g.chunks.size(); ++i) {
         if (offsets(g.chunks[i]) == offsets(g.chunks[i - 1])) {
-          return Status{ErrorCode::invalid_argument, "tensor '" + std::string(name) + "' has two chunks at " +
+          return Status{ErrorCode::invalid_argument, "tensor '" + name + "' has two chunks at " +
                                                          offsets(g.chunks[i]).to_string() + " with replica id 0"};
         }
       }
     }
-    if (t.covered != g.global_shape.numel()) {
+    if (t->covered != g.global_shape.numel()) {
       return Status{ErrorCode::invalid_argument,
-                    "tensor '" + std::string(name) + "': the saved chunks hold " + std::to_string(t.covered) +
-                        " of its " + std::to_string(g.global_shape.numel()) +
-                        " elements (a block with no replica 0?)"};
+                    "tensor '" + name + "': the saved chunks hold " + std::to_string(t->covered) + " of its " +
+                        std::to_string(g.global_shape.numel()) + " elements (a block with no replica 0?)"};
     }
     m.tensors.push_back(std::move(g));
   }
-  std::sort(m.tensors.begin(), m.tensors.end(),
-            [](const GatheredTensor& a, const GatheredTensor& b) { return a.name < b.name; });
   return m;
 }
 

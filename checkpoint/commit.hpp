@@ -36,6 +36,9 @@ Result<std::string> prepare_checkpoint_dir(const std::string& root, std::int64_t
 /// cover their tensors.
 Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<RankSaveReport>& reports,
                                         int world_size);
+/// Reports that die with the call would leave the result pointing nowhere.
+Result<GatheredMetadata> gather_reports(std::int64_t step, std::vector<RankSaveReport>&& reports,
+                                        int world_size) = delete;
 
 /// gather_reports, copied into a CheckpointMetadata.
 Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,

@@ -166,6 +166,9 @@ BOOST_AUTO_TEST_CASE(gathered_reports_list_chunks_by_offset_whatever_order_they_
   for (const auto& c : gathered->tensors[1].chunks) rows.push_back(c.record->desc.global_offset[0]);
   BOOST_TEST((rows == std::vector<std::int64_t>{0, 1, 2, 3}));
   BOOST_TEST(*gathered->tensors[1].chunks[3].file == "__0_0.safetensors");
+  BOOST_REQUIRE(gathered->tensors[0].chunks.size() == 2u);
+  BOOST_TEST(gathered->tensors[0].chunks[0].record->desc.global_offset[0] == 0);
+  BOOST_TEST(*gathered->tensors[0].chunks[0].file == "__1_1.safetensors");
   // The copy holds the same: one text either way, and it reads back.
   auto copied = build_metadata(1, reports, 2);
   BOOST_REQUIRE(copied.is_ok());
@@ -194,6 +197,15 @@ BOOST_AUTO_TEST_CASE(gathering_refuses_reports_that_do_not_make_a_checkpoint) {
   BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), same_file}, 2).find(
                  "file '__0_0.safetensors' reported twice") != std::string::npos);
   BOOST_TEST(gathered_error({rows_report(0, "\xff", 1, {0})}, 1).find("must be UTF-8") != std::string::npos);
+  // Of several bad tensors, the first by name is named, whatever the order of the reports.
+  for (const std::string& first : {std::string("a"), std::string("z")}) {
+    RankSaveReport both = rows_report(0, "a", 2, {0});
+    both.buckets[0].chunks.push_back(rows_report(0, "m", 2, {0}).buckets[0].chunks[0]);
+    both.buckets[0].chunks.push_back(rows_report(0, "z", 2, {0}).buckets[0].chunks[0]);
+    if (first == "z") std::reverse(both.buckets[0].chunks.begin(), both.buckets[0].chunks.end());
+    BOOST_TEST(gathered_error({both}, 1).find("tensor 'a': the saved chunks hold 4 of its 8") != std::string::npos,
+               gathered_error({both}, 1));
+  }
 }
 
 namespace {
