@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -14,19 +13,13 @@
 #include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/log.hpp"
+#include "stagehand/core/priority.hpp"
 #include "stagehand/storage/destination.hpp"
 #include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 
 namespace {
-
-/// CPU time of the calling thread.
-double thread_cpu_seconds() {
-  timespec now{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
-}
 
 class CheckpointCoordinator : public caf::event_based_actor {
  public:

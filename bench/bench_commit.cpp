@@ -1,8 +1,6 @@
 // stagehand-bench commit: the coordinator's commit alone, at the rank count of a saved checkpoint.
 #include "bench/bench_commit.hpp"
 
-#include <time.h>
-
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -14,6 +12,7 @@
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
+#include "stagehand/core/priority.hpp"
 
 namespace stagehand::bench {
 
@@ -24,12 +23,6 @@ struct CommitArgs {
   std::string out;
   int repeat = 5;
 };
-
-double thread_cpu_now() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
 
 struct EncodedReports {
   std::vector<std::string> reports;
@@ -125,10 +118,10 @@ int run_commit(const CommitArgs& args) {
       reports.push_back(std::move(*report));
     }
     const auto start = Clock::now();
-    const double cpu_start = thread_cpu_now();
+    const double cpu_start = thread_cpu_seconds();
     Status st = commit_checkpoint(args.out, metadata->step, reports, world);
     const double commit_s = seconds_since(start);
-    const double commit_cpu_s = thread_cpu_now() - cpu_start;
+    const double commit_cpu_s = thread_cpu_seconds() - cpu_start;
     if (!st.is_ok()) return fail(st.to_string());
     auto written = read_small_file(CheckpointLayout{args.out}.step_dir(metadata->step) + "/policy/" + kMetadataFile);
     nlohmann::json line;

@@ -234,38 +234,12 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
   return m;
 }
 
-Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
-                                          int world_size) {
-  SH_ASSIGN_OR_RETURN(GatheredMetadata gathered, gather_reports(step, reports, world_size));
-  CheckpointMetadata m;
-  m.step = gathered.step;
-  m.objects = std::move(gathered.objects);
-  m.files = std::move(gathered.files);
-  m.trainer_state = gathered.trainer_state;
-  for (const GatheredTensor& g : gathered.tensors) {
-    TensorMeta& t = m.tensors[std::string(g.name)];
-    t.dtype = g.dtype;
-    t.global_shape = g.global_shape;
-    t.chunks.reserve(g.chunks.size());
-    for (const GatheredChunk& c : g.chunks) {
-      const ChunkRecord& r = *c.record;
-      t.chunks.push_back({r.desc.global_offset, r.desc.local_shape, *c.file, r.begin, r.end, r.xxh3});
-    }
-  }
-  return m;
-}
-
 Result<std::optional<FileMeta>> trainer_state_meta(const std::string& checkpoint_dir) {
   const std::string path = checkpoint_dir + "/" + kTrainerStateFile;
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<FileMeta>{};
   SH_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
   return std::optional<FileMeta>{FileMeta{text.size(), xxh3(text.data(), text.size())}};
-}
-
-Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir) {
-  SH_ASSIGN_OR_RETURN(metadata.trainer_state, trainer_state_meta(checkpoint_dir));
-  return Status::ok();
 }
 
 Status abort_checkpoint(const std::string& root, std::int64_t step) {

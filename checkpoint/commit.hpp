@@ -40,16 +40,9 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
 Result<GatheredMetadata> gather_reports(std::int64_t step, std::vector<RankSaveReport>&& reports,
                                         int world_size) = delete;
 
-/// gather_reports, copied into a CheckpointMetadata.
-Result<CheckpointMetadata> build_metadata(std::int64_t step, const std::vector<RankSaveReport>& reports,
-                                          int world_size);
-
 /// The size and XXH3 of `<checkpoint_dir>/trainer_state.json` when the file exists (the
 /// coordinator wrote it when the step began); none otherwise.
 Result<std::optional<FileMeta>> trainer_state_meta(const std::string& checkpoint_dir);
-
-/// Records trainer_state_meta(checkpoint_dir) in `metadata`.
-Status record_trainer_state(CheckpointMetadata& metadata, const std::string& checkpoint_dir);
 
 /// Commits a checkpoint whose ranks all reported: writes metadata.json (temp, fsync, rename),
 /// renames `global_step_N.tmp` to `global_step_N` (atomically swapping out an older copy of the

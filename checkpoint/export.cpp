@@ -62,7 +62,7 @@ Result<std::vector<ExportTensor>> select_tensors(const CheckpointMetadata& metad
                                                  const std::string& checkpoint_dir) {
   std::vector<ExportTensor> out;
   for (const auto& [name, saved] : metadata.tensors) {
-    if (options.what == ExportOptions::What::model && name.rfind("model.", 0) != 0) continue;
+    if (options.what == ExportOptions::What::model && !name.starts_with("model.")) continue;
     ExportTensor t{name, &saved, saved.dtype, tensor_bytes(saved.global_shape, saved.dtype), 0};
     if (options.dtype && is_floating_point(saved.dtype)) t.out_dtype = *options.dtype;
     t.out_bytes = tensor_bytes(saved.global_shape, t.out_dtype);
@@ -91,7 +91,7 @@ std::vector<ExportFile> plan_files(const std::vector<ExportTensor>& tensors,
     files.back().bytes += tensors[i].out_bytes;
   }
   if (files.size() == 1) {
-    files[0].name = kExportSingleFile;
+    files[0].name = kHfSingleFile;
   } else {
     for (std::size_t i = 0; i < files.size(); ++i) {
       char name[64];
@@ -249,7 +249,7 @@ Status write_index(const std::string& dir, const std::vector<ExportTensor>& tens
     }
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  return write_file_atomic(dir + "/" + kExportIndexFile, index.dump(2) + "\n");
+  return write_file_atomic(dir + "/" + kHfIndexFile, index.dump(2) + "\n");
 }
 
 /// Removes the temporary folder of a failed export.
@@ -308,7 +308,7 @@ Status export_into(const std::string& checkpoint, const std::string& out_dir,
   }
   if (files.size() > 1) {
     SH_RETURN_IF_ERROR(write_index(temp.path(), tensors, files));
-    report.files_written.push_back(kExportIndexFile);
+    report.files_written.push_back(kHfIndexFile);
   }
   SH_RETURN_IF_ERROR(fsync_dir(temp.path()));
   // rename(2) replaces an empty folder; check_output refused any other.

@@ -11,11 +11,6 @@
 
 namespace stagehand {
 
-/// The file of a Hugging Face export that fits in one file.
-inline constexpr const char* kExportSingleFile = "model.safetensors";
-/// The index of a sharded Hugging Face export.
-inline constexpr const char* kExportIndexFile = "model.safetensors.index.json";
-
 /// What export_checkpoint writes.
 struct ExportOptions {
   enum class What {

@@ -26,6 +26,10 @@ inline constexpr const char* kTrackerFile = "latest_ckpt_global_step.txt";
 inline constexpr const char* kPolicyDir = "policy";
 inline constexpr const char* kMetadataFile = "metadata.json";
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+/// A Hugging Face safetensors folder's one file, when everything fits in one.
+inline constexpr const char* kHfSingleFile = "model.safetensors";
+/// The index of a Hugging Face folder sharded into several files.
+inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 
 // -- checksums --
 

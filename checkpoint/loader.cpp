@@ -325,6 +325,13 @@ Result<std::string> read_trainer_state(const CheckpointSource& source, const Che
   return std::move(*text);
 }
 
+/// The safetensors header of an opened file, which `path` names in errors.
+Result<ParsedSafetensors> parse_header_of(SourceFile& file, const std::string& path) {
+  return parse_safetensors_header(
+      [&file](std::uint64_t offset, void* dst, std::size_t bytes) { return file.read(offset, dst, bytes); },
+      file.size(), path);
+}
+
 /// A data file opened for loading, with its parsed header.
 struct DataFile {
   std::unique_ptr<SourceFile> file;
@@ -352,13 +359,7 @@ class FileCache {
                     "'" + data.path + "' has " + std::to_string(data.file->size()) +
                         " bytes, the metadata says " + std::to_string(expected) + " (truncated?)"};
     }
-    SourceFile& reader = *data.file;
-    SH_ASSIGN_OR_RETURN(data.header,
-                        parse_safetensors_header(
-                            [&reader](std::uint64_t offset, void* dst, std::size_t bytes) {
-                              return reader.read(offset, dst, bytes);
-                            },
-                            expected, data.path));
+    SH_ASSIGN_OR_RETURN(data.header, parse_header_of(*data.file, data.path));
     return &open_.emplace(name, std::move(data)).first->second;
   }
 
@@ -369,17 +370,14 @@ class FileCache {
   std::map<std::string, DataFile> open_;
 };
 
-constexpr const char* kSafetensorsIndex = "model.safetensors.index.json";
-constexpr const char* kSafetensorsSingle = "model.safetensors";
-
 /// A safetensors folder (model.safetensors, or the shards its index names) as checkpoint
 /// metadata: every tensor one whole chunk, without checksums (the format has none), step 0.
 Result<CheckpointMetadata> read_safetensors_folder(const CheckpointSource& source) {
   CheckpointMetadata m;
   std::map<std::string, std::string> index;  // tensor -> file, from the index
   std::vector<std::string> files;
-  SH_ASSIGN_OR_RETURN(auto index_text, source.read_text(kSafetensorsIndex));
-  const std::string index_path = source.where(kSafetensorsIndex);
+  SH_ASSIGN_OR_RETURN(auto index_text, source.read_text(kHfIndexFile));
+  const std::string index_path = source.where(kHfIndexFile);
   if (index_text) {
     auto j = nlohmann::json::parse(*index_text, nullptr, false);
     auto map = j.is_object() ? j.find("weight_map") : j.end();
@@ -396,19 +394,13 @@ Result<CheckpointMetadata> read_safetensors_folder(const CheckpointSource& sourc
       if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
     }
   } else {
-    files.push_back(kSafetensorsSingle);
+    files.push_back(kHfSingleFile);
   }
   for (const auto& name : files) {
     SH_ASSIGN_OR_RETURN(auto file, source.open(name));
-    SourceFile& reader = *file;
     const std::string path = source.where(name);
-    SH_ASSIGN_OR_RETURN(ParsedSafetensors header,
-                        parse_safetensors_header(
-                            [&reader](std::uint64_t offset, void* dst, std::size_t bytes) {
-                              return reader.read(offset, dst, bytes);
-                            },
-                            reader.size(), path));
-    m.files[name] = FileMeta{reader.size(), 0};
+    SH_ASSIGN_OR_RETURN(ParsedSafetensors header, parse_header_of(*file, path));
+    m.files[name] = FileMeta{file->size(), 0};
     for (const auto& e : header.entries) {
       if (m.tensors.count(e.key) != 0) {
         return Status{ErrorCode::corruption, "tensor '" + e.key + "' is in '" + path + "' and in '" +
@@ -432,25 +424,23 @@ Result<CheckpointMetadata> read_safetensors_folder(const CheckpointSource& sourc
   return m;
 }
 
-bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
-
 }  // namespace
 
 bool is_safetensors_folder(const std::string& dir) {
   if (is_cloud(dir)) return false;
   std::error_code ec;
   if (fs::exists(CheckpointLayout::policy_dir(dir) + "/" + kMetadataFile, ec)) return false;
-  return fs::is_regular_file(dir + "/" + kSafetensorsIndex, ec) || fs::is_regular_file(dir + "/" + kSafetensorsSingle, ec);
+  return fs::is_regular_file(dir + "/" + kHfIndexFile, ec) || fs::is_regular_file(dir + "/" + kHfSingleFile, ec);
 }
 
 LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scope) {
   LoadOptions options;
   for (const auto& t : state.tensors) {
-    if (!scope.optimizer && starts_with(t.desc.name, "optimizer.")) options.skip.insert(t.desc.name);
+    if (!scope.optimizer && t.desc.name.starts_with("optimizer.")) options.skip.insert(t.desc.name);
   }
   for (const auto& [name, value] : state.objects) {
-    const bool optimizer = starts_with(name, "optimizer.") || name == "scheduler";
-    const bool rng = starts_with(name, "rng.");
+    const bool optimizer = name.starts_with("optimizer.") || name == "scheduler";
+    const bool rng = name.starts_with("rng.");
     if ((optimizer && !scope.optimizer) || (rng && !scope.rng)) options.skip.insert(name);
     if (rng) options.optional_objects.insert(name);
   }
@@ -987,9 +977,7 @@ Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir, const 
       continue;
     }
     SourceFile& reader = **file;
-    auto parsed = parse_safetensors_header(
-        [&reader](std::uint64_t offset, void* dst, std::size_t bytes) { return reader.read(offset, dst, bytes); },
-        meta.size, path);
+    auto parsed = parse_header_of(reader, path);
     if (!parsed.is_ok()) {
       result.problems.push_back(parsed.status().message());
       continue;

@@ -120,7 +120,6 @@ std::vector<std::uint32_t> MetadataIndex::overlapping(const TensorMeta& tensor,
       if (shares_element(tensor.chunks[*it], block)) found.push_back(*it);
     }
   }
-  std::sort(found.begin(), found.end());
   return found;
 }
 

@@ -42,7 +42,8 @@ class MetadataIndex {
     std::vector<std::uint32_t> by_offset;
   };
 
-  /// Indices (into the tensor's chunks) of the chunks that share an element with `block`.
+  /// Indices (into the tensor's chunks) of the chunks that share an element with `block`, in no
+  /// particular order.
   std::vector<std::uint32_t> overlapping(const TensorMeta& tensor, const TensorOrder& order,
                                          const ShardedTensorDesc& block) const;
 

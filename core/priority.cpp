@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <ctime>
 
 namespace stagehand {
 
@@ -37,6 +38,12 @@ int current_thread_nice() {
 
 int current_thread_io_priority() {
   return static_cast<int>(::syscall(SYS_ioprio_get, kIoprioWhoProcess, thread_id()));
+}
+
+double thread_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
 }  // namespace stagehand

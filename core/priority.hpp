@@ -18,4 +18,8 @@ Status lower_current_thread_priority();
 int current_thread_nice();
 int current_thread_io_priority();
 
+/// CPU seconds the calling thread has used (CLOCK_THREAD_CPUTIME_ID): what a phase cost it,
+/// without the time it waited for a core on a busy machine.
+double thread_cpu_seconds();
+
 }  // namespace stagehand

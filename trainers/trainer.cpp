@@ -109,7 +109,7 @@ class TrainerBase : public caf::blocking_actor {
     }
     std::vector<std::string> rng;
     std::vector<std::string> objects;
-    for (const auto& name : load.missing_objects) (name.rfind("rng.", 0) == 0 ? rng : objects).push_back(name);
+    for (const auto& name : load.missing_objects) (name.starts_with("rng.") ? rng : objects).push_back(name);
     if (!objects.empty()) {
       warn("%s: %zu object(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
            objects.size(), dir.c_str(), names(objects).c_str());

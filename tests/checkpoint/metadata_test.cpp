@@ -178,7 +178,8 @@ BOOST_AUTO_TEST_CASE(utf8_is_checked) {
   }
   RankSaveReport report;
   report.objects["rng"] = "\xff";
-  auto m = build_metadata(0, {report}, 1);
+  const std::vector<RankSaveReport> reports = {report};
+  auto m = gather_reports(0, reports, 1);
   BOOST_REQUIRE(!m.is_ok());
   BOOST_TEST(m.status().message().find("UTF-8") != std::string::npos);
 }

@@ -391,7 +391,9 @@ BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and
       write_json(state_file, state);
       // As if saved so: the metadata records the spoiled file, so that its fields are what fails.
       test::edit_metadata(root + "/global_step_3", [&](CheckpointMetadata& m) {
-        BOOST_REQUIRE(record_trainer_state(m, root + "/global_step_3").is_ok());
+        auto recorded = trainer_state_meta(root + "/global_step_3");
+        BOOST_REQUIRE(recorded.is_ok());
+        m.trainer_state = *recorded;
       });
       Run r = train_verbose(c.config, {"trainer.ckpt_path=" + root, "trainer.total_steps=6",
                                        "trainer.resume_mode=latest"});
@@ -461,7 +463,11 @@ BOOST_AUTO_TEST_CASE(edited_steps_and_states_are_refused_not_resumed) {
       {"trainer_state step 10, recorded in the metadata",
        [&] {
          set_state_step(10);
-         test::edit_metadata(ckpt, [&](CheckpointMetadata& m) { BOOST_REQUIRE(record_trainer_state(m, ckpt).is_ok()); });
+         test::edit_metadata(ckpt, [&](CheckpointMetadata& m) {
+           auto recorded = trainer_state_meta(ckpt);
+           BOOST_REQUIRE(recorded.is_ok());
+           m.trainer_state = *recorded;
+         });
        },
        {state_file, "field 'step' is 10, not the checkpoint's step 3"}},
       {"trainer_state removed", [&] { fs::remove(state_file); }, {state_file, "does not exist"}},
