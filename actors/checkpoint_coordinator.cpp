@@ -4,18 +4,15 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <filesystem>
 #include <map>
 #include <optional>
 
 #include "stagehand/actors/messages.hpp"
-#include "stagehand/checkpoint/cloud_checkpoint.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/gather.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
-#include "stagehand/storage/destination.hpp"
-#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
 
@@ -24,9 +21,7 @@ namespace {
 class CheckpointCoordinator : public caf::event_based_actor {
  public:
   CheckpointCoordinator(caf::actor_config& cfg, CoordinatorOptions options)
-      : caf::event_based_actor(cfg),
-        options_(std::move(options)),
-        root_(local_staging_root(options_.destination, options_.local_work_dir)) {}
+      : caf::event_based_actor(cfg), options_(std::move(options)), store_(options_.file_system, options_.destination) {}
 
   caf::behavior make_behavior() override {
     return {
@@ -65,24 +60,21 @@ class CheckpointCoordinator : public caf::event_based_actor {
                                             " is still being saved; finalize it before beginning step " +
                                             std::to_string(step)};
     }
-    if (is_cloud(options_.destination)) {
-      SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
-      SH_ASSIGN_OR_RETURN(bool committed, cloud.is_committed(step));
-      if (committed) {
-        return Status{ErrorCode::already_exists,
-                      "step " + std::to_string(step) + " is already committed at '" + cloud.step_url(step) +
-                          "'; an object store cannot replace it atomically, so it is not overwritten"};
+    SH_ASSIGN_OR_RETURN(std::string policy, store_.prepare(step));
+    trainer_state_.reset();
+    commit_ran_ = false;
+    if (!trainer_state.empty()) {
+      auto written = store_.write_trainer_state(step, trainer_state);
+      if (!written.is_ok()) {
+        (void)store_.abort(step);
+        return written.status();
       }
-      std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(root_).parent_path(), ec);
-      if (ec) return Status::from_errno(ec.value(), "cannot create local_work_dir '" + options_.local_work_dir + "'");
+      trainer_state_ = *written;
     }
-    SH_ASSIGN_OR_RETURN(std::string tmp, prepare_checkpoint_dir(root_, step));
-    if (!trainer_state.empty()) SH_RETURN_IF_ERROR(write_file_atomic(tmp + "/" + kTrainerStateFile, trainer_state));
     open_step_ = step;
     reports_.clear();
     outcomes_.erase(step);
-    return CheckpointLayout::policy_dir(tmp);
+    return policy;
   }
 
   void on_rank_saved(const std::string& encoded) {
@@ -105,43 +97,24 @@ class CheckpointCoordinator : public caf::event_based_actor {
     std::int64_t step = *open_step_;
     auto start = std::chrono::steady_clock::now();
     const double cpu_start = thread_cpu_seconds();
-    Status outcome = is_cloud(options_.destination) ? commit_cloud(step)
-                                                    : commit_checkpoint(root_, step, reports_, options_.world_size);
+    Status outcome = commit(step);
     finish(step, outcome, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
            thread_cpu_seconds() - cpu_start);
   }
 
-  Status commit_cloud(std::int64_t step) {
+  Status commit(std::int64_t step) {
     SH_ASSIGN_OR_RETURN(auto metadata, gather_reports(step, reports_, options_.world_size));
-    SH_ASSIGN_OR_RETURN(metadata.trainer_state, trainer_state_meta(CheckpointLayout{root_}.tmp_dir(step)));
-    SH_ASSIGN_OR_RETURN(auto cloud, CloudCheckpoints::open(options_.destination, options_.object_store));
-    SH_RETURN_IF_ERROR(cloud.commit(step, metadata, CheckpointLayout{root_}.tmp_dir(step)));
-    // Committed in the store; what is left locally is only the emptied work folder.
-    Status cleaned = abort_checkpoint(root_, step);
-    if (!cleaned.is_ok()) logger()->warn("step {} is committed; {}", step, cleaned.message());
-    return Status::ok();
-  }
-
-  /// Deletes what the ranks uploaded for a step that will not commit.
-  void remove_uploaded(std::int64_t step) {
-    auto cloud = CloudCheckpoints::open(options_.destination, options_.object_store);
-    if (cloud.is_ok()) {
-      // A tracker write whose answer was lost may still have landed: then the step is committed.
-      auto tracker = cloud->read_tracker();
-      if (tracker.is_ok() && *tracker == step) return;
-    }
-    Status st = cloud.is_ok() ? cloud->remove_step(step) : cloud.status();
-    if (!st.is_ok()) {
-      logger()->warn("cannot delete the objects of uncommitted step {} now ({}); the next start cleans them", step,
-                     st.message());
-    }
+    metadata.trainer_state = trainer_state_;
+    // A failed commit removes what it must itself: after the rename the step stays in place.
+    commit_ran_ = true;
+    return store_.commit(step, metadata).status();
   }
 
   /// @param commit_s seconds the commit took (metadata, renames, tracker), when it ran.
   /// @param commit_cpu_s the CPU seconds of this thread in them: on a busy machine commit_s
   ///        also counts the time it waited for a core.
   void finish(std::int64_t step, Status outcome, double commit_s = 0, double commit_cpu_s = 0) {
-    const std::string where = is_cloud(options_.destination) ? options_.destination : root_;
+    const std::string& where = store_.root();
     if (outcome.is_ok()) {
       // Each phase of the slowest rank, so that a slow save explains itself.
       SavePhases phases;
@@ -152,8 +125,10 @@ class CheckpointCoordinator : public caf::event_based_actor {
                      commit_s, commit_cpu_s);
       last_phases_.emplace(step, encode_phases(phases, commit_s, commit_cpu_s));
     } else {
-      (void)abort_checkpoint(root_, step);
-      if (is_cloud(options_.destination)) remove_uploaded(step);
+      if (Status removed = commit_ran_ ? Status::ok() : store_.abort(step); !removed.is_ok()) {
+        logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
+                       removed.message());
+      }
       outcome = outcome.with_context("checkpoint step " + std::to_string(step) + " not committed");
       logger()->error("{}", outcome.message());
     }
@@ -171,7 +146,11 @@ class CheckpointCoordinator : public caf::event_based_actor {
   }
 
   CoordinatorOptions options_;
-  std::string root_;
+  CheckpointStore store_;
+  /// The open step's trainer_state.json, as written.
+  std::optional<FileMeta> trainer_state_;
+  /// The store's commit of the open step ran (and cleaned up after itself if it failed).
+  bool commit_ran_ = false;
   std::optional<std::int64_t> open_step_;
   /// The phases of the last committed step, as JSON text.
   std::optional<std::pair<std::int64_t, std::string>> last_phases_;

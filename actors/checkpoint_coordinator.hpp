@@ -1,20 +1,20 @@
 #pragma once
 
 #include <caf/fwd.hpp>
+#include <memory>
 #include <string>
 
-#include "stagehand/storage/object_store.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
 
 struct CoordinatorOptions {
   /// trainer.ckpt_path: a local folder or an object-store URL.
   std::string destination;
-  /// megatron_config.local_work_dir: where files for an object store are written first.
-  std::string local_work_dir = "/tmp/stagehand-work";
   int world_size = 1;
-  /// How to reach an object-store destination.
-  ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
+  /// What the checkpoint root is on (default_file_system(): local paths and object stores
+  /// reached by the AWS environment variables).
+  std::shared_ptr<FileSystem> file_system = default_file_system();
 };
 
 /// Spawns the coordinator that commits checkpoints: it prepares `global_step_N.tmp`, gathers
@@ -28,13 +28,12 @@ struct CoordinatorOptions {
 /// - (await_atom, step) -> void: answers once that step committed, or with why it did not.
 /// - (abort_atom, step, reason): gives up the open step (nothing is committed).
 ///
-/// An object-store destination: the step's folder is prepared under `local_work_dir` (the ranks
-/// write there and upload their own files); begin refuses a step already committed in the store
-/// (objects cannot be swapped atomically); the commit uploads trainer_state.json, the metadata and
-/// then the tracker object, and removes the local folder. A failed step's uploaded objects are
-/// deleted again (what cannot be deleted now is cleaned at the next start).
+/// The root is a CheckpointStore: on a file system without renames (an object store) begin
+/// refuses a step already committed (objects cannot be swapped atomically), the ranks write in
+/// place, and a failed step's objects are deleted again (what cannot be deleted now is cleaned
+/// at the next start).
 ///
-/// The actor is detached: uploads block it, never a scheduler thread.
+/// The actor is detached: commits and uploads block it, never a scheduler thread.
 caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
 
 }  // namespace stagehand

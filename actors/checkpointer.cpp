@@ -65,8 +65,12 @@ struct PendingSave::Shared {
       ranks.push_back(checkpointable_state(live.back()));
     }
     CheckpointClusterOptions cluster_options;
+    ObjectStoreOptions store = ObjectStoreOptions::from_environment();
+    store.spool_dir = options.local_work_dir;
+    auto fs = default_file_system(store);
     cluster_options.coordinator.destination = options.root;
-    cluster_options.coordinator.local_work_dir = options.local_work_dir;
+    cluster_options.coordinator.file_system = fs;
+    cluster_options.strategy.file_system = fs;
     cluster_options.strategy.thread_count = options.thread_count;
     cluster_options.strategy.load_thread_count = options.load_thread_count;
     cluster_options.strategy.staging_buckets = options.staging_buckets;

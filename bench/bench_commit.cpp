@@ -8,9 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/gather.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/priority.hpp"
 
@@ -86,26 +88,43 @@ Result<EncodedReports> reports_of(const CheckpointMetadata& m) {
   return encoded;
 }
 
+/// Whether `inner` is `outer` or lies below it (after resolving `.`, `..` and links).
+bool nested(const std::string& inner, const std::string& outer) {
+  std::error_code ec;
+  const auto a = std::filesystem::weakly_canonical(std::filesystem::absolute(inner, ec), ec);
+  const auto b = std::filesystem::weakly_canonical(std::filesystem::absolute(outer, ec), ec);
+  auto [end, rest] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+  return end == b.end();
+}
+
 int run_commit(const CommitArgs& args) {
   auto fail = [](const std::string& what) {
     std::cerr << "stagehand-bench commit: " << what << "\n";
     return 1;
   };
-  auto dir = resolve_checkpoint(args.from);
+  FileSystem& fs = *local_file_system();
+  auto dir = resolve_checkpoint(fs, args.from);
   if (!dir.is_ok()) return fail(dir.status().to_string());
-  auto metadata = read_checkpoint_metadata(*dir);
+  // --out is removed before every commit: it must hold nothing of the checkpoint it reads.
+  if (nested(args.out, *dir) || nested(*dir, args.out)) {
+    return fail("--out '" + args.out + "' and the checkpoint '" + *dir +
+                "' lie inside one another: --out is removed before each commit, which would delete the checkpoint; "
+                "give --out a scratch folder of its own");
+  }
+  auto metadata = read_checkpoint_metadata(fs, *dir);
   if (!metadata.is_ok()) return fail(metadata.status().to_string());
   auto encoded = reports_of(*metadata);
   if (!encoded.is_ok()) return fail(encoded.status().to_string());
-  auto original = read_small_file(CheckpointLayout::policy_dir(*dir) + "/" + kMetadataFile);
-  if (!original.is_ok()) return fail(original.status().to_string());
+  auto original = read_small_file(fs, CheckpointLayout::policy_dir(*dir) + "/" + kMetadataFile);
+  if (!original.is_ok() || !*original) return fail("cannot read the checkpoint's metadata.json");
+  const CheckpointStore store(local_file_system(), args.out);
   // A rank that wrote no file would not be reported: the commit names it as missing.
   const int world = encoded->world_size;
   for (int i = 0; i < args.repeat; ++i) {
     std::error_code ec;
     std::filesystem::remove_all(args.out, ec);
-    auto tmp = prepare_checkpoint_dir(args.out, metadata->step);
-    if (!tmp.is_ok()) return fail(tmp.status().to_string());
+    auto policy = store.prepare(metadata->step);
+    if (!policy.is_ok()) return fail(policy.status().to_string());
     // The coordinator decodes each report as it arrives; the last one's decode is on the clock.
     std::vector<RankSaveReport> reports;
     reports.reserve(encoded->reports.size());
@@ -119,18 +138,19 @@ int run_commit(const CommitArgs& args) {
     }
     const auto start = Clock::now();
     const double cpu_start = thread_cpu_seconds();
-    Status st = commit_checkpoint(args.out, metadata->step, reports, world);
+    auto gathered = gather_reports(metadata->step, reports, world);
+    Status st = gathered.is_ok() ? store.commit(metadata->step, *gathered).status() : gathered.status();
     const double commit_s = seconds_since(start);
     const double commit_cpu_s = thread_cpu_seconds() - cpu_start;
     if (!st.is_ok()) return fail(st.to_string());
-    auto written = read_small_file(CheckpointLayout{args.out}.step_dir(metadata->step) + "/policy/" + kMetadataFile);
+    auto written = read_small_file(fs, CheckpointLayout::policy_dir(store.step_dir(metadata->step)) + "/" + kMetadataFile);
     nlohmann::json line;
     line["mode"] = "commit";
     line["ranks"] = world;
     line["commit_s"] = commit_s;
     line["commit_cpu_s"] = commit_cpu_s;
     line["median_decode_s"] = median(decode_s);
-    line["metadata_bytes"] = written.is_ok() ? written->size() : 0;
+    line["metadata_bytes"] = written.is_ok() && *written ? (*written)->size() : 0;
     // The text the save's coordinator wrote from the reports the ranks sent (the same code): a
     // difference would be a report rebuilt wrong here or a commit that is not deterministic.
     // That the text is the one older versions wrote is pinned_bytes_test's to show.

@@ -15,12 +15,12 @@
 #include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
 #include "stagehand/actors/dispatch_client.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
-#include "stagehand/storage/destination.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/strategy/messages.hpp"
 
 namespace stagehand::bench {
@@ -64,11 +64,11 @@ Result<double> raw_read_seconds(const std::vector<std::string>& files, std::vect
     std::uint64_t begin;
     std::uint64_t end;
   };
-  std::vector<ReadOnlyFile> open;
+  std::vector<std::unique_ptr<ReadableFile>> open;
   std::vector<Range> ranges;
   for (std::size_t f = 0; f < files.size(); ++f) {
-    SH_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::open(files[f]));
-    SH_ASSIGN_OR_RETURN(std::uint64_t size, file_size(files[f]));
+    SH_ASSIGN_OR_RETURN(auto file, local_file_system()->open_file(files[f]));
+    const std::uint64_t size = file->size();
     open.push_back(std::move(file));
     for (std::uint64_t b = 0; b < size; b += kRange) ranges.push_back({f, b, std::min(size, b + kRange)});
   }
@@ -83,7 +83,7 @@ Result<double> raw_read_seconds(const std::vector<std::string>& files, std::vect
         const Range& r = ranges[i];
         for (std::uint64_t at = r.begin; at < r.end; at += kRead) {
           const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kRead, r.end - at));
-          Status st = pread_exact(open[r.file].fd(), at, buffer.data(), n, files[r.file]);
+          Status st = open[r.file]->read(at, buffer.data(), n);
           if (!st.is_ok()) {
             results[static_cast<std::size_t>(t)] = st;
             return;
@@ -133,16 +133,19 @@ int fail(const std::string& what, int code = 1) {
 }
 
 int run_load(const LoadArgs& args) {
-  if (is_cloud(args.out)) return fail("--out must be a local folder (the raw reads and --cold need files)", 2);
+  FileSystem& fs = *local_file_system();
+  if (!default_file_system()->capabilities(args.out).directories) {
+    return fail("--out must be a local folder (the raw reads and --cold need files)", 2);
+  }
   SyntheticStateSpec spec;
   try {
     spec = args.state.spec();
   } catch (const std::exception& e) {
     return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "'", 2);
   }
-  auto dir = resolve_checkpoint(args.out);
+  auto dir = resolve_checkpoint(fs, args.out);
   if (!dir.is_ok()) return fail(dir.status().to_string(), 2);
-  auto metadata = read_checkpoint_metadata(*dir);
+  auto metadata = read_checkpoint_metadata(fs, *dir);
   if (!metadata.is_ok()) return fail(metadata.status().to_string(), 2);
   std::vector<std::string> files;
   std::uint64_t file_bytes = 0;
@@ -172,7 +175,7 @@ int run_load(const LoadArgs& args) {
   register_stagehand_errors(cfg);
   caf::actor_system system{cfg};
   CheckpointClusterOptions options;
-  options.coordinator = {args.out, "/tmp/stagehand-work"};
+  options.coordinator.destination = args.out;
   options.strategy.load_thread_count = args.thread_count;
   // No save runs here: no staging buffers held, so that the host figures are the load's.
   options.strategy.staging_per_save = true;

@@ -8,8 +8,10 @@
 
 #include "bench/bench_util.hpp"
 #include "bench/heap_counter.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand::bench {
 
@@ -82,7 +84,8 @@ int run_metadata(const MetadataArgs& args) {
   } catch (const std::exception& e) {
     return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "'");
   }
-  auto dir = resolve_checkpoint(args.out);
+  FileSystem& fs = *local_file_system();
+  auto dir = resolve_checkpoint(fs, args.out);
   if (!dir.is_ok()) return fail(dir.status().to_string());
   std::error_code ec;
   const auto bytes =
@@ -94,11 +97,11 @@ int run_metadata(const MetadataArgs& args) {
   for (int r = 0; r < spec.ranks; ++r) {
     auto state = make_synthetic_state(spec, r, Device::host());
     if (!state.is_ok()) return fail(state.status().to_string());
-    auto part = measure([&] { return read_checkpoint_metadata_part(*dir, *state); });
+    auto part = measure([&] { return read_checkpoint_metadata_part(fs, *dir, *state); });
     if (!part.is_ok()) return fail(part.status().to_string());
     parts.push_back(*part);
     if (whole_every > 0 && r % whole_every == 0 && static_cast<int>(wholes.size()) < args.whole) {
-      auto whole = measure([&] { return read_checkpoint_metadata(*dir); });
+      auto whole = measure([&] { return read_checkpoint_metadata(fs, *dir); });
       if (!whole.is_ok()) return fail(whole.status().to_string());
       wholes.push_back(*whole);
     }

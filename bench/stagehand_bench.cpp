@@ -21,14 +21,13 @@
 #include "bench/bench_metadata.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/cloud_checkpoint.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
-#include "stagehand/storage/destination.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/strategy/messages.hpp"
 
 using namespace stagehand;
@@ -48,7 +47,7 @@ Result<double> raw_write_seconds(const std::string& dir, const std::vector<std::
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     threads.emplace_back([&, i] {
-      auto file = local_storage()->open_for_write(dir + "/raw_" + std::to_string(i) + ".bin");
+      auto file = local_file_system()->create_file(dir + "/raw_" + std::to_string(i) + ".bin");
       if (!file.is_ok()) {
         results[i] = file.status();
         return;
@@ -86,15 +85,8 @@ Result<RawWrite> raw_write(const std::string& dir, const std::vector<std::uint64
 
 /// Repeated saves go to steps 1, 2, ...; the previous one is removed after the timed save, as
 /// retention would, so that no save pays for deleting an older copy of its step.
-void remove_previous_step(const std::string& root, std::int64_t step) {
-  if (step <= 1) return;
-  if (is_cloud(root)) {
-    auto cloud = CloudCheckpoints::open(root, ObjectStoreOptions::from_environment());
-    if (cloud.is_ok()) (void)cloud->remove_step(step - 1);
-    return;
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(CheckpointLayout{root}.step_dir(step - 1), ec);
+void remove_previous_step(const CheckpointStore& store, std::int64_t step) {
+  if (step > 1) (void)store.remove_step(step - 1);
 }
 
 /// Counters of /proc/vmstat that explain a slow save: page allocations and faults, reclaim,
@@ -171,13 +163,20 @@ std::vector<std::uint64_t> planned_file_sizes(const SaveArgs& args, int rank, co
 /// the time until the commit.
 int run_save(const SaveArgs& args) {
   const SyntheticStateSpec spec = args.state.spec();
-  std::error_code ec;
-  if (!is_cloud(args.out)) std::filesystem::create_directories(args.out, ec);
-  if (ec) {
-    std::cerr << "stagehand-bench: cannot create --out '" << args.out << "': " << ec.message() << "\n";
-    return 2;
+  ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
+  object_store.spool_dir = args.work_dir;
+  const auto fs = default_file_system(object_store);
+  const CheckpointStore store(fs, args.out);
+  const bool local = fs->capabilities(args.out).directories;
+  if (local) {
+    std::error_code ec;
+    std::filesystem::create_directories(args.out, ec);
+    if (ec) {
+      std::cerr << "stagehand-bench: cannot create --out '" << args.out << "': " << ec.message() << "\n";
+      return 2;
+    }
   }
-  if (args.baseline && is_cloud(args.out)) {
+  if (args.baseline && !local) {
     std::cerr << "stagehand-bench: --baseline writes local files; it needs a local --out\n";
     return 2;
   }
@@ -218,9 +217,13 @@ int run_save(const SaveArgs& args) {
   register_stagehand_errors(cfg);
   caf::actor_system system{cfg};
   CheckpointClusterOptions options;
-  options.coordinator = {args.out, args.work_dir};
-  options.strategy = {0,    args.thread_count,    args.staging_buckets, args.async, true, local_storage(),
-                      ObjectStoreOptions::from_environment(), args.per_save};
+  options.coordinator.destination = args.out;
+  options.coordinator.file_system = fs;
+  options.strategy.thread_count = args.thread_count;
+  options.strategy.staging_buckets = args.staging_buckets;
+  options.strategy.async_save = args.async;
+  options.strategy.file_system = fs;
+  options.strategy.staging_per_save = args.per_save;
   // Without a GPU, "device" copies host memory out through the staging path a GPU uses.
   options.strategy.stage_host_memory = device && device_info().gpu_count == 0;
   options.strategy.early_writeback = args.early_writeback;
@@ -251,12 +254,12 @@ int run_save(const SaveArgs& args) {
     Status committed = fence_wait.is_ok() ? client.finalize() : fence_wait.status();
     double total = seconds_since(start);
     auto vm = vmstat_delta(counters, vmstat());
-    remove_previous_step(args.out, step);
+    remove_previous_step(store, step);
     if (!committed.is_ok()) {
       std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
       return 1;
     }
-    auto metadata = read_checkpoint_metadata(CheckpointLayout{args.out}.step_dir(step));
+    auto metadata = read_checkpoint_metadata(*fs, store.step_dir(step));
     if (!metadata.is_ok()) {
       std::cerr << "stagehand-bench: " << metadata.status().to_string() << "\n";
       return 1;
@@ -284,11 +287,9 @@ int run_save(const SaveArgs& args) {
         line["phases"] = parsed;
       }
     }
-    if (!is_cloud(args.out)) {
-      std::error_code size_error;
-      const auto metadata_bytes = std::filesystem::file_size(
-          CheckpointLayout::policy_dir(CheckpointLayout{args.out}.step_dir(step)) + "/" + kMetadataFile, size_error);
-      if (!size_error) line["metadata_bytes"] = metadata_bytes;
+    if (auto version = fs->stat_file(CheckpointLayout::policy_dir(store.step_dir(step)) + "/" + kMetadataFile);
+        version.is_ok() && *version) {
+      line["metadata_bytes"] = (*version)->size;
     }
     line["host_staging_peak_fraction"] = static_cast<double>(staging_memory().peak()) / static_cast<double>(bytes);
     std::cout << line.dump() << std::endl;

@@ -8,20 +8,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
+#include <csignal>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/log.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
-#include "stagehand/storage/destination.hpp"
-#include "stagehand/storage/local_files.hpp"
 
 namespace stagehand {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -102,22 +102,24 @@ std::vector<ExportFile> plan_files(const std::vector<ExportTensor>& tensors,
   return files;
 }
 
-/// Refuses an output that is remote, or that exists and is not an empty folder.
-Status check_output(const std::string& out_dir) {
-  if (is_cloud(out_dir)) {
-    return Status{ErrorCode::unsupported, "export writes to a local folder, not to " +
-                                              quoted(out_dir) +
+/// Refuses an output that is empty, on a store without renames, or that exists and is not an
+/// empty folder.
+Status check_output(FileSystem& fs, const std::string& out_dir) {
+  if (out_dir.empty()) return Status{ErrorCode::invalid_argument, "export needs the path of an output folder"};
+  if (!fs.capabilities(out_dir).atomic_rename) {
+    return Status{ErrorCode::unsupported, "export writes to a local folder, not to " + quoted(out_dir) +
                                               " (export locally, then upload the folder)"};
   }
-  std::error_code ec;
-  const auto status = fs::status(out_dir, ec);
-  if (!fs::exists(status)) return Status::ok();
-  if (!fs::is_directory(status) || !fs::is_empty(out_dir, ec)) {
-    return Status{
-        ErrorCode::already_exists,
-        quoted(out_dir) + " exists and is not an empty folder; export writes a new folder"};
+  const Status exists{ErrorCode::already_exists,
+                      quoted(out_dir) + " exists and is not an empty folder; export writes a new folder"};
+  SH_ASSIGN_OR_RETURN(bool is_dir, fs.is_dir(out_dir));
+  if (is_dir) {
+    SH_ASSIGN_OR_RETURN(auto entries, fs.list_dir(out_dir));
+    return entries.empty() ? Status::ok() : exists;
   }
-  return Status::ok();
+  // Anything else there, a file or a FIFO, is in the way.
+  auto file = fs.stat_file(out_dir);
+  return file.is_ok() && !*file ? Status::ok() : exists;
 }
 
 /// The tensors of one file are loaded a few at a time: `batch` tensors that together hold at
@@ -141,12 +143,11 @@ std::vector<std::vector<std::size_t>> plan_batches(const std::vector<ExportTenso
 /// Writes one export file into `dir`, reading its tensors from the checkpoint.
 class ExportFileWriter {
  public:
-  ExportFileWriter(const std::string& checkpoint_dir, const ExportOptions& options,
-                   const ObjectStoreOptions& store, const std::vector<ExportTensor>& tensors,
-                   ExportReport& report)
-      : checkpoint_dir_(checkpoint_dir),
+  ExportFileWriter(FileSystem& fs, const std::string& checkpoint_dir, const ExportOptions& options,
+                   const std::vector<ExportTensor>& tensors, ExportReport& report)
+      : fs_(fs),
+        checkpoint_dir_(checkpoint_dir),
         options_(options),
-        store_(store),
         tensors_(tensors),
         report_(report) {}
 
@@ -159,7 +160,7 @@ class ExportFileWriter {
       entries.push_back({t.name, t.out_dtype, t.saved->global_shape, offset, offset + t.out_bytes});
       offset += t.out_bytes;
     }
-    SH_ASSIGN_OR_RETURN(out_, local_storage()->open_for_write(path));
+    SH_ASSIGN_OR_RETURN(out_, fs_.create_file(path));
     const std::string header = make_safetensors_header(entries);
     SH_RETURN_IF_ERROR(out_->append(header.data(), header.size()));
     for (const auto& batch : plan_batches(tensors_, file.tensors, batch_budget)) {
@@ -188,7 +189,7 @@ class ExportFileWriter {
     LoadReport load;
     LoadOptions load_options;
     load_options.thread_count = options_.thread_count;
-    SH_RETURN_IF_ERROR(load_checkpoint(checkpoint_dir_, state, store_, load_options, &load));
+    SH_RETURN_IF_ERROR(load_checkpoint(fs_, checkpoint_dir_, state, load_options, &load));
     std::uint64_t converting = 0;
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const ExportTensor& t = tensors_[batch[k]];
@@ -229,16 +230,16 @@ class ExportFileWriter {
     return Status::ok();
   }
 
+  FileSystem& fs_;
   const std::string& checkpoint_dir_;
   const ExportOptions& options_;
-  const ObjectStoreOptions& store_;
   const std::vector<ExportTensor>& tensors_;
   ExportReport& report_;
   std::unique_ptr<WritableFile> out_;
   HostBuffer convert_buffer_;
 };
 
-Status write_index(const std::string& dir, const std::vector<ExportTensor>& tensors,
+Status write_index(FileSystem& fs, const std::string& dir, const std::vector<ExportTensor>& tensors,
                    const std::vector<ExportFile>& files) {
   nlohmann::json weight_map = nlohmann::json::object();
   std::uint64_t total = 0;
@@ -249,18 +250,15 @@ Status write_index(const std::string& dir, const std::vector<ExportTensor>& tens
     }
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  return write_file_atomic(dir + "/" + kHfIndexFile, index.dump(2) + "\n");
+  return write_file_atomic(fs, dir + "/" + kHfIndexFile, index.dump(2) + "\n");
 }
 
 /// Removes the temporary folder of a failed export.
 class TempFolder {
  public:
-  explicit TempFolder(std::string path) : path_(std::move(path)) {}
+  TempFolder(FileSystem& fs, std::string path) : fs_(fs), path_(std::move(path)) {}
   ~TempFolder() {
-    if (!kept_) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
+    if (!kept_) (void)fs_.remove_tree(path_);
   }
   TempFolder(const TempFolder&) = delete;
   TempFolder& operator=(const TempFolder&) = delete;
@@ -268,68 +266,85 @@ class TempFolder {
   void keep() { kept_ = true; }
 
  private:
+  FileSystem& fs_;
   std::string path_;
   bool kept_ = false;
 };
 
-Status export_into(const std::string& checkpoint, const std::string& out_dir,
-                   const ExportOptions& options, const ObjectStoreOptions& store,
-                   ExportReport& report) {
+/// The temporary folder of an export into `target` by process `pid`.
+std::string temp_name(const std::string& target_name, long pid) {
+  return "." + target_name + ".export-" + std::to_string(pid) + ".tmp";
+}
+
+/// Removes the temporary folders that exports into `target_name` left in `parent` when their
+/// process was killed: those whose process no longer exists.
+Status remove_stale_exports(FileSystem& fs, const std::string& parent, const std::string& target_name) {
+  const std::string prefix = "." + target_name + ".export-";
+  SH_ASSIGN_OR_RETURN(auto entries, fs.list_dir(parent));
+  for (const auto& e : entries) {
+    if (!e.is_dir || !e.name.starts_with(prefix) || !e.name.ends_with(".tmp")) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(e.name.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || end == nullptr || std::string(end) != ".tmp") continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    logger()->info("removing '{}/{}', left by an export that was killed", parent, e.name);
+    SH_RETURN_IF_ERROR(fs.remove_tree(parent + "/" + e.name));
+  }
+  return Status::ok();
+}
+
+Status export_into(FileSystem& fs, const std::string& checkpoint, const std::string& out_dir,
+                   const ExportOptions& options, ExportReport& report) {
   if (options.max_shard_bytes < 1)
     return Status{ErrorCode::invalid_argument, "max_shard_bytes must be at least 1"};
   if (options.dtype && !is_floating_point(*options.dtype)) {
     return Status{ErrorCode::invalid_argument, "export converts to a floating point dtype, not " +
                                                    std::string(dtype_name(*options.dtype))};
   }
-  SH_RETURN_IF_ERROR(check_output(out_dir));
-  SH_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(checkpoint, store));
-  SH_ASSIGN_OR_RETURN(const CheckpointMetadata metadata, read_checkpoint_metadata(dir, store));
+  SH_RETURN_IF_ERROR(check_output(fs, out_dir));
+  SH_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(fs, checkpoint));
+  SH_ASSIGN_OR_RETURN(const CheckpointMetadata metadata, read_checkpoint_metadata(fs, dir));
   SH_ASSIGN_OR_RETURN(const std::vector<ExportTensor> tensors,
                       select_tensors(metadata, options, dir));
   for (const auto& t : tensors)
     report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, t.saved_bytes);
   const std::vector<ExportFile> files = plan_files(tensors, options.max_shard_bytes);
 
-  const fs::path out = fs::absolute(fs::path(out_dir)).lexically_normal();
-  const fs::path target = out.has_filename() ? out : out.parent_path();
-  std::error_code ec;
-  fs::create_directories(target.parent_path(), ec);
-  if (ec) return Status::from_errno(ec.value(), "create " + quoted(target.parent_path().string()));
-  TempFolder temp(target.parent_path() / ("." + target.filename().string() + ".export-" +
-                                          std::to_string(::getpid()) + ".tmp"));
-  fs::remove_all(temp.path(), ec);
-  if (!fs::create_directory(temp.path(), ec))
-    return Status::from_errno(ec.value(), "create " + quoted(temp.path()));
+  std::string target = out_dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const std::string parent = parent_path(target);
+  const std::string name = target.substr(target.find_last_of('/') + 1);
+  SH_RETURN_IF_ERROR(create_dirs(fs, parent));
+  SH_RETURN_IF_ERROR(remove_stale_exports(fs, parent, name));
+  TempFolder temp(fs, parent + "/" + temp_name(name, static_cast<long>(::getpid())));
+  SH_RETURN_IF_ERROR(fs.remove_tree(temp.path()));
+  SH_RETURN_IF_ERROR(fs.create_dir(temp.path()));
 
-  ExportFileWriter writer(dir, options, store, tensors, report);
+  ExportFileWriter writer(fs, dir, options, tensors, report);
   for (const auto& file : files) {
     SH_RETURN_IF_ERROR(
         writer.write(temp.path(), file, std::max(report.largest_tensor_bytes, kMinBatchBytes)));
   }
   if (files.size() > 1) {
-    SH_RETURN_IF_ERROR(write_index(temp.path(), tensors, files));
+    SH_RETURN_IF_ERROR(write_index(fs, temp.path(), tensors, files));
     report.files_written.push_back(kHfIndexFile);
   }
-  SH_RETURN_IF_ERROR(fsync_dir(temp.path()));
+  SH_RETURN_IF_ERROR(fs.sync_dir(temp.path()));
   // rename(2) replaces an empty folder; check_output refused any other.
-  if (::rename(temp.path().c_str(), target.c_str()) != 0) {
-    return Status::from_errno(errno,
-                              "rename " + quoted(temp.path()) + " to " + quoted(target.string()));
-  }
+  SH_RETURN_IF_ERROR(fs.rename(temp.path(), target));
   temp.keep();
-  return fsync_dir(target.parent_path().string());
+  return fs.sync_dir(parent);
 }
 
 }  // namespace
 
-Status export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
-                         const ExportOptions& options, const ObjectStoreOptions& store,
-                         ExportReport* report) {
+Status export_checkpoint(FileSystem& fs, const std::string& checkpoint, const std::string& out_dir,
+                         const ExportOptions& options, ExportReport* report) {
   const auto start = std::chrono::steady_clock::now();
   ExportReport local_report;
   ExportReport& out = report != nullptr ? *report : local_report;
   out = ExportReport{};
-  Status status = export_into(checkpoint, out_dir, options, store, out);
+  Status status = export_into(fs, checkpoint, out_dir, options, out);
   out.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return status.is_ok() ? status : status.with_context("export of " + quoted(checkpoint));
 }

@@ -7,7 +7,7 @@
 
 #include "stagehand/core/dtype.hpp"
 #include "stagehand/core/status.hpp"
-#include "stagehand/storage/object_store.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -53,20 +53,21 @@ struct ExportReport {
 /// sorted by name, its `__metadata__` is `{"format": "pt"}`.
 ///
 /// `checkpoint` is a `ckpt_path` root (resolved through its tracker) or a `global_step_N`
-/// folder, local or in an object store (`store` says how to reach it). Tensors are read a few
+/// folder on `fs`, local or in an object store. Tensors are read a few
 /// at a time through load_checkpoint, which verifies every chunk's XXH3; the tensors held at
 /// once add up to at most the largest tensor's size (or 64 MiB, when that is more), so host
 /// memory stays near the largest tensor plus a few buffers, whatever the model's size.
 ///
-/// Everything is written into a folder beside `out_dir` that is renamed to `out_dir` once every
-/// file is written and fsynced.
-/// @pre `out_dir` is a local path that does not exist or is an empty folder.
+/// Everything is written into a folder beside `out_dir`, `.<name>.export-<pid>.tmp`, that is
+/// renamed to `out_dir` once every file is written and fsynced; such folders left by exports
+/// that were killed (their process is gone) are removed first.
+/// @pre `out_dir` is a folder path on a store with renames (not an object store) that does not
+///      exist or is an empty folder.
 /// @post on an error nothing is left at `out_dir` (an empty folder that was there stays) and the
 ///       temporary folder is removed; the checkpoint is never modified.
 /// @param report when not null, filled (also on error, with what was done).
-Status export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
-                         const ExportOptions& options, const ObjectStoreOptions& store,
-                         ExportReport* report = nullptr);
+Status export_checkpoint(FileSystem& fs, const std::string& checkpoint, const std::string& out_dir,
+                         const ExportOptions& options, ExportReport* report = nullptr);
 
 /// Parses a size as Hugging Face's `max_shard_size` does: plain bytes ("1048576"), or a number
 /// with a decimal unit (KB, MB, GB, TB: powers of 1000) or a binary one (KiB, MiB, GiB, TiB:

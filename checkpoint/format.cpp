@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "stagehand/core/sharded_tensor.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -1075,11 +1075,10 @@ std::string make_safetensors_header(const std::vector<SafetensorsEntry>& entries
 }
 
 Result<ParsedSafetensors> parse_safetensors_header(const std::string& path) {
-  SH_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::open(path));
-  SH_ASSIGN_OR_RETURN(std::uint64_t size, file_size(path));
+  SH_ASSIGN_OR_RETURN(auto file, local_file_system()->open_file(path));
   return parse_safetensors_header(
-      [&](std::uint64_t offset, void* dst, std::size_t bytes) { return pread_exact(file.fd(), offset, dst, bytes, path); },
-      size, path);
+      [&file](std::uint64_t offset, void* dst, std::size_t bytes) { return file->read(offset, dst, bytes); },
+      file->size(), path);
 }
 
 const SafetensorsEntry* ParsedSafetensors::find(const std::string& key) const {

@@ -2,8 +2,8 @@
 
 #include <thread>
 
-#include "stagehand/checkpoint/commit.hpp"
-#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/gather.hpp"
 
 namespace stagehand {
 
@@ -13,15 +13,20 @@ Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string
   if (engines.size() != states.size() || engines.empty()) {
     return Status{ErrorCode::invalid_argument, "one state per engine is needed"};
   }
-  SH_ASSIGN_OR_RETURN(std::string tmp, prepare_checkpoint_dir(root, step));
-  const std::string policy = CheckpointLayout::policy_dir(tmp);
+  const CheckpointStore store(local_file_system(), root);
+  SH_ASSIGN_OR_RETURN(const std::string policy, store.prepare(step));
   std::vector<RankSaveReport> reports(engines.size());
   std::vector<std::thread> ranks;
   for (std::size_t i = 0; i < engines.size(); ++i) {
     ranks.emplace_back([&, i] { reports[i] = engines[i]->save(*states[i], policy, step); });
   }
   for (auto& t : ranks) t.join();
-  SH_RETURN_IF_ERROR(commit_checkpoint(root, step, reports, static_cast<int>(engines.size())));
+  auto metadata = gather_reports(step, reports, static_cast<int>(engines.size()));
+  Status committed = metadata.is_ok() ? store.commit(step, *metadata).status() : metadata.status();
+  if (!committed.is_ok()) {
+    (void)store.abort(step);
+    return committed;
+  }
   return reports;
 }
 

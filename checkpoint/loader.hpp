@@ -9,47 +9,10 @@
 
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/file_system.hpp"
 #include "stagehand/storage/object_store.hpp"
 
 namespace stagehand {
-
-// Every function here takes a local path or an object-store URL (s3://, gs://); `store` says how
-// to reach the object store (by default, the AWS environment variables).
-
-/// Turns a user's path into a checkpoint folder: a `ckpt_path` root resolves through its tracker,
-/// a `global_step_N` folder is taken as it is, and so is a local Hugging Face safetensors folder
-/// (is_safetensors_folder). A `.tmp` folder or an uncommitted one is an error.
-Result<std::string> resolve_checkpoint(const std::string& path,
-                                       const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
-
-/// Whether `dir` is a local Hugging Face style safetensors folder rather than a Stagehand
-/// checkpoint: it has no `policy/metadata.json`, and holds `model.safetensors.index.json` or
-/// `model.safetensors`. load_checkpoint reads such a folder as a checkpoint whose tensors are
-/// whole (one chunk each) and carry no checksums; it has no objects and no trainer state.
-bool is_safetensors_folder(const std::string& dir);
-
-/// Reads `policy/metadata.json` of a checkpoint folder: metadata_from_json, so its format,
-/// version, fields, checksum and validate_metadata are checked, and a folder named
-/// `global_step_N` must hold step N.
-Result<CheckpointMetadata> read_checkpoint_metadata(
-    const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
-
-/// The part of a checkpoint's metadata that load_checkpoint reads for `state`: its tensors with
-/// only the chunks that overlap its blocks, the files they are in, the objects it names
-/// (MetadataIndex::part_for). The whole of a local metadata.json is read and checked as
-/// read_checkpoint_metadata does, but once per process: the ranks of a process that load the
-/// same checkpoint share that read (shared_metadata_index), so that each rank's own cost grows
-/// with its part, not with the number of ranks.
-Result<CheckpointMetadata> read_checkpoint_metadata_part(
-    const std::string& checkpoint_dir, const StateDict& state,
-    const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
-
-/// Reads the trainer_state.json of a checkpoint folder, proven to be the one committed with its
-/// metadata: recorded in metadata.json with its size and XXH3, its field "step" equal to the
-/// metadata's step, which equals the step in the folder's name (`global_step_N`, which is what
-/// the tracker names). not_found when the checkpoint was saved without one; corruption otherwise.
-Result<std::string> read_trainer_state_text(
-    const std::string& checkpoint_dir, const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 /// megatron_config.ckpt_load_thread_count's default.
 inline constexpr int kDefaultLoadThreadCount = 4;
@@ -165,46 +128,14 @@ struct LoadReport {
 ///       the tensors' contents are unspecified (bytes are read straight into them): the load
 ///       failed and the state must not be used as loaded (the Worker, the dispatch, the trainers
 ///       and Checkpointer report such a load as a failure).
+/// `checkpoint_dir` is a committed `global_step_N` folder or a safetensors folder on `fs`
+/// (resolve_checkpoint turns a root into one).
 /// @param report when not null, filled (also on error, with what was done).
-Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state, const ObjectStoreOptions& store,
+Status load_checkpoint(FileSystem& fs, const std::string& checkpoint_dir, StateDict& state,
                        const LoadOptions& options, LoadReport* report = nullptr);
 
-/// load_checkpoint with the default LoadOptions.
+/// load_checkpoint on default_file_system(store) with the default LoadOptions.
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state,
                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
-
-/// A byte range of one file that a load needs.
-struct ReadRange {
-  std::string file;
-  std::uint64_t begin = 0;
-  std::uint64_t end = 0;
-};
-
-/// Groups `ranges` into reads: ranges of the same file where one ends exactly where the next
-/// begins are merged while the read stays at most `max_bytes` (a range larger than that is a read
-/// of its own); a gap, however small, starts a new read. Reads come out ordered by file, then
-/// offset, each listing the indices of its ranges in `ranges` by ascending offset.
-/// @pre ranges of one file do not overlap.
-std::vector<std::vector<std::size_t>> coalesce_ranges(const std::vector<ReadRange>& ranges,
-                                                      std::uint64_t max_bytes);
-
-/// What `stagehand-ckpt verify` found.
-struct VerifyResult {
-  std::vector<std::string> problems;
-  std::uint64_t files_checked = 0;
-  std::uint64_t chunks_checked = 0;
-  std::uint64_t bytes_checked = 0;
-  bool ok() const { return problems.empty(); }
-};
-
-/// Checks what load_checkpoint and a trainer's resume rely on: the metadata (as
-/// read_checkpoint_metadata does), the trainer state (as read_trainer_state_text does), every
-/// file's size, XXH3 and safetensors header, every chunk's header entry (check_chunk_in_header)
-/// and XXH3. A checkpoint that verifies loads under any layout that matches its tensors.
-/// Problems in the files are collected rather than stopping at the first; metadata that does not
-/// validate is the one problem reported. Errors are left for what stops the check itself
-/// (metadata that cannot be read, an unreachable object store).
-Result<VerifyResult> verify_checkpoint(const std::string& checkpoint_dir,
-                                       const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
 
 }  // namespace stagehand

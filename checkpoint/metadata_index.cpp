@@ -1,9 +1,5 @@
 #include "stagehand/checkpoint/metadata_index.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <mutex>
 #include <set>
@@ -24,14 +20,10 @@ bool shares_element(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
   return true;
 }
 
-/// What identifies one version of a local metadata.json without reading all of it.
+/// What identifies one version of a metadata.json without reading all of it.
 struct FileIdentity {
   std::string path;
-  dev_t device = 0;
-  ino_t inode = 0;
-  off_t size = 0;
-  std::int64_t mtime_ns = 0;
-  std::int64_t ctime_ns = 0;
+  FileVersion version;
   /// The first bytes, which hold the "checksum" field (the first key): a rewrite within one
   /// tick of the file system's clock with the same size still changes them.
   std::string head;
@@ -39,23 +31,13 @@ struct FileIdentity {
   friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
 };
 
-std::optional<FileIdentity> identify(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  struct stat st {};
-  FileIdentity id;
-  id.head.resize(64);
-  const bool ok = ::fstat(fd, &st) == 0;
-  const ssize_t n = ok ? ::pread(fd, id.head.data(), id.head.size(), 0) : -1;
-  ::close(fd);
-  if (n < 0) return std::nullopt;
-  id.head.resize(static_cast<std::size_t>(n));
-  id.path = path;
-  id.device = st.st_dev;
-  id.inode = st.st_ino;
-  id.size = st.st_size;
-  id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
-  id.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+std::optional<FileIdentity> identify(FileSystem& fs, const std::string& path) {
+  auto file = fs.open_file(path);
+  if (!file.is_ok()) return std::nullopt;
+  auto version = fs.stat_file(path);
+  if (!version.is_ok() || !*version) return std::nullopt;
+  FileIdentity id{path, **version, std::string(std::min<std::uint64_t>(64, (*file)->size()), '\0')};
+  if (!(*file)->read(0, id.head.data(), id.head.size()).is_ok()) return std::nullopt;
   return id;
 }
 
@@ -156,23 +138,22 @@ CheckpointMetadata MetadataIndex::part_for(const StateDict& state) const {
 }
 
 Result<std::shared_ptr<const MetadataIndex>> shared_metadata_index(
-    const std::string& path, const std::function<Result<CheckpointMetadata>()>& read) {
+    FileSystem& fs, const std::string& path, const std::function<Result<CheckpointMetadata>()>& read) {
   auto make = [&]() -> Result<std::shared_ptr<const MetadataIndex>> {
     SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read());
     return std::shared_ptr<const MetadataIndex>(
         std::make_shared<MetadataIndex>(std::move(metadata)));
   };
-  if (path.empty()) return make();
   // Held while reading, so that ranks loading the same file at once wait for one read.
   static std::mutex mutex;
   static std::optional<FileIdentity> cached_identity;
   static std::shared_ptr<const MetadataIndex> cached;
   std::lock_guard lock(mutex);
-  auto before = identify(path);
+  auto before = identify(fs, path);
   if (before && cached && cached_identity == before) return cached;
   SH_ASSIGN_OR_RETURN(auto index, make());
   // Cached only when the file did not change while it was read.
-  if (before && identify(path) == before) {
+  if (before && identify(fs, path) == before) {
     cached_identity = before;
     cached = index;
   }

@@ -8,6 +8,7 @@
 
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -51,14 +52,13 @@ class MetadataIndex {
   std::map<std::string, TensorOrder> orders_;
 };
 
-/// The MetadataIndex of the local metadata.json at `path`, read by `read` once per process and
-/// shared by every rank of the process that loads the same file: R in-process ranks parse it
-/// once, not R times. The last file read stays cached; a file that changed since (another
-/// inode, size, modification or change time, or "checksum" field) is read again. A concurrent
-/// call for the same file waits for the first one's read instead of reading it again.
-/// @param path empty for metadata that is not a local file (an object store): then `read` runs
-///        on every call and nothing is cached.
+/// The MetadataIndex of the metadata.json at `path` on `fs`, read by `read` once per process
+/// and shared by every rank of the process that loads the same file: R in-process ranks parse
+/// it once, not R times, and a checkpoint in an object store is fetched once. The last file read
+/// stays cached; a file that changed since (another version by FileSystem::stat_file, or other
+/// first bytes, which hold its "checksum" field) is read again. A concurrent call for the same
+/// file waits for the first one's read instead of reading it again.
 Result<std::shared_ptr<const MetadataIndex>> shared_metadata_index(
-    const std::string& path, const std::function<Result<CheckpointMetadata>()>& read);
+    FileSystem& fs, const std::string& path, const std::function<Result<CheckpointMetadata>()>& read);
 
 }  // namespace stagehand

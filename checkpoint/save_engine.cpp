@@ -30,7 +30,7 @@ Status stopped_by_another_bucket() {
 }  // namespace
 
 Result<std::unique_ptr<SaveEngine>> SaveEngine::create(int rank, SaveEngineOptions options,
-                                                       std::shared_ptr<StorageBackend> storage) {
+                                                       std::shared_ptr<FileSystem> fs) {
   if (rank < 0) return Status{ErrorCode::invalid_argument, "rank must not be negative"};
   if (options.thread_count < 1) {
     return Status{ErrorCode::invalid_argument, "ckpt_save_thread_count must be at least 1, got " +
@@ -42,14 +42,14 @@ Result<std::unique_ptr<SaveEngine>> SaveEngine::create(int rank, SaveEngineOptio
                       std::to_string(options.thread_count) + "), got " +
                       std::to_string(options.staging_buckets)};
   }
-  if (!storage) return Status{ErrorCode::invalid_argument, "no storage backend"};
-  return std::unique_ptr<SaveEngine>(new SaveEngine(rank, std::move(options), std::move(storage)));
+  if (!fs) return Status{ErrorCode::invalid_argument, "no file system"};
+  return std::unique_ptr<SaveEngine>(new SaveEngine(rank, std::move(options), std::move(fs)));
 }
 
-SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage)
+SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<FileSystem> fs)
     : rank_(rank),
       options_(std::move(options)),
-      storage_(std::move(storage)),
+      fs_(std::move(fs)),
       staging_(options_.pinned),
       writers_(options_.thread_count, options_.writer_thread_start) {}
 
@@ -253,7 +253,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
   std::size_t written_pieces = 0;
   Status st = [&]() -> Status {
     SH_ASSIGN_OR_RETURN(auto file,
-                        timed(result.phases.write_s, [&] { return open_bucket_file(*storage_, policy_dir, bucket); }));
+                        timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
     BucketHasher hasher(bucket, result.chunks);
     if (direct) {
       for (const PlannedItem& item : bucket.items) {
@@ -291,7 +291,9 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     }
     result.size = bucket.file_size();
     result.xxh3 = hasher.file_digest();
-    return timed(result.phases.fsync_s, [&] {
+    // Making an object durable is its upload.
+    double& durable_s = fs_->capabilities(policy_dir).uploads ? result.phases.upload_s : result.phases.fsync_s;
+    return timed(durable_s, [&] {
       Status synced = file->sync();
       return synced.is_ok() ? file->close() : synced;
     });

@@ -13,7 +13,7 @@
 #include "stagehand/checkpoint/writer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/thread_pool.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -54,7 +54,7 @@ class SaveEngine {
  public:
   /// Checks the options; errors name the bad option.
   static Result<std::unique_ptr<SaveEngine>> create(int rank, SaveEngineOptions options,
-                                                    std::shared_ptr<StorageBackend> storage = local_storage());
+                                                    std::shared_ptr<FileSystem> fs = local_file_system());
 
   // -- properties --
 
@@ -97,7 +97,7 @@ class SaveEngine {
                              const std::function<void()>& on_all_staged);
 
  private:
-  SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<StorageBackend> storage);
+  SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<FileSystem> fs);
 
   /// Whether saves of `state` copy it out through staging slots even when sync.
   bool copies_out(const StateDict& state) const;
@@ -118,7 +118,7 @@ class SaveEngine {
 
   int rank_;
   SaveEngineOptions options_;
-  std::shared_ptr<StorageBackend> storage_;
+  std::shared_ptr<FileSystem> fs_;
   std::optional<SavePlan> plan_;
   /// Objects of the state that begin_async() staged.
   std::map<std::string, std::string> staged_objects_;

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 
 namespace stagehand {
 
@@ -164,8 +164,8 @@ Result<TrainerState> trainer_state_from_json(const std::string& text, const std:
   return s;
 }
 
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir, const ObjectStoreOptions& store) {
-  SH_ASSIGN_OR_RETURN(std::string text, read_trainer_state_text(checkpoint_dir, store));
+Result<TrainerState> read_trainer_state(FileSystem& fs, const std::string& checkpoint_dir) {
+  SH_ASSIGN_OR_RETURN(std::string text, read_trainer_state_text(fs, checkpoint_dir));
   return trainer_state_from_json(text, checkpoint_dir + "/" + kTrainerStateFile);
 }
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "stagehand/core/status.hpp"
-#include "stagehand/storage/object_store.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -60,7 +60,6 @@ Result<TrainerState> trainer_state_from_json(const std::string& text, const std:
 
 /// Reads `<checkpoint_dir>/trainer_state.json`, proven to belong to the checkpoint
 /// (read_trainer_state_text), and parses it (trainer_state_from_json).
-Result<TrainerState> read_trainer_state(const std::string& checkpoint_dir,
-                                        const ObjectStoreOptions& store = ObjectStoreOptions::from_environment());
+Result<TrainerState> read_trainer_state(FileSystem& fs, const std::string& checkpoint_dir);
 
 }  // namespace stagehand

@@ -2,9 +2,9 @@
 
 namespace stagehand {
 
-Result<std::unique_ptr<WritableFile>> open_bucket_file(StorageBackend& storage, const std::string& dir,
+Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std::string& dir,
                                                        const PlannedBucket& bucket) {
-  SH_ASSIGN_OR_RETURN(auto file, storage.open_for_write(dir + "/" + bucket.file_name));
+  SH_ASSIGN_OR_RETURN(auto file, fs.create_file(dir + "/" + bucket.file_name));
   SH_RETURN_IF_ERROR(file->append(bucket.header.data(), bucket.header.size()));
   return file;
 }

@@ -8,13 +8,13 @@
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/checkpoint/report.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
 /// Creates bucket file `bucket.file_name` in `dir` and writes its planned header: the first step
 /// of writing a bucket.
-Result<std::unique_ptr<WritableFile>> open_bucket_file(StorageBackend& storage, const std::string& dir,
+Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std::string& dir,
                                                        const PlannedBucket& bucket);
 
 /// Hashes a bucket file's bytes in one pass, in file order: every chunk's XXH3 (into `chunks`,

@@ -22,7 +22,7 @@
 #include "stagehand/core/device.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/process_collectives.hpp"
-#include "stagehand/storage/destination.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/trainers/trainer.hpp"
 
 using namespace stagehand;
@@ -38,27 +38,35 @@ int fail(const std::string& what, int code = 2) {
   return code;
 }
 
+/// The file system of every path in the config: local folders, and object stores reached as
+/// storage.s3 says, files bound for them spooled in megatron_config.local_work_dir.
+std::shared_ptr<FileSystem> config_file_system(const Config& c) {
+  ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
+  store.spool_dir = c.megatron_config.local_work_dir;
+  return default_file_system(store);
+}
+
 /// The strategy options of one rank from the config.
-StrategyOptions strategy_options(const Config& c, int rank, const ObjectStoreOptions& store) {
-  StrategyOptions options{rank,
-                          static_cast<int>(c.megatron_config.ckpt_save_thread_count),
-                          static_cast<int>(c.megatron_config.ckpt_save_staging_buckets),
-                          c.megatron_config.async_dist_ckpt_save,
-                          c.megatron_config.ckpt_writer_low_priority,
-                          rate_limited_storage(local_storage(), c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0),
-                          store,
-                          c.megatron_config.ckpt_staging_memory == StagingMemory::per_save};
+StrategyOptions strategy_options(const Config& c, int rank, const std::shared_ptr<FileSystem>& fs) {
+  StrategyOptions options;
+  options.rank = rank;
+  options.thread_count = static_cast<int>(c.megatron_config.ckpt_save_thread_count);
+  options.staging_buckets = static_cast<int>(c.megatron_config.ckpt_save_staging_buckets);
+  options.async_save = c.megatron_config.async_dist_ckpt_save;
+  options.low_priority_writers = c.megatron_config.ckpt_writer_low_priority;
+  options.file_system = rate_limited(fs, c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0);
+  options.staging_per_save = c.megatron_config.ckpt_staging_memory == StagingMemory::per_save;
   options.load_thread_count = static_cast<int>(c.megatron_config.ckpt_load_thread_count);
   return options;
 }
 
 /// Rank `rank`'s Worker with its model on `groups`.
 Result<caf::actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
-                              RankGroups groups, std::shared_ptr<WeightStore> weights, const ObjectStoreOptions& store,
-                              caf::actor coordinator) {
+                              RankGroups groups, std::shared_ptr<WeightStore> weights,
+                              const std::shared_ptr<FileSystem>& fs, caf::actor coordinator) {
   auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), std::move(weights));
   if (!model.is_ok()) return model.status().with_context("rank " + std::to_string(rank));
-  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, store), std::move(coordinator));
+  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, fs), std::move(coordinator));
   if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(rank));
   return worker;
 }
@@ -89,7 +97,7 @@ void report_stop(const TrainerSummary& summary, const std::string& ckpt_path) {
 /// @param on_trainer_failed called when the trainer failed, before the teardown finalize.
 int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
                 const std::vector<caf::actor>& workers, caf::actor coordinator, std::shared_ptr<WeightStore> weights,
-                const std::string& metrics_out, bool quiet, const std::string& where,
+                const std::shared_ptr<FileSystem>& fs, const std::string& metrics_out, bool quiet, const std::string& where,
                 const std::function<void()>& on_trainer_failed) {
   const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
   auto dispatch = spawn_worker_dispatch(system, workers, std::move(coordinator), {c.trainer.ckpt_path, timeout});
@@ -97,13 +105,14 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
   if (!quiet) {
     // Saves to an object store are sync whatever async_dist_ckpt_save says (MegatronStrategy).
     const char* saves = !c.megatron_config.async_dist_ckpt_save ? "sync"
-                        : is_cloud(c.trainer.ckpt_path)      ? "sync (an object store; async_dist_ckpt_save is ignored)"
-                                                             : "async";
+                        : fs->capabilities(c.trainer.ckpt_path).uploads
+                            ? "sync (an object store; async_dist_ckpt_save is ignored)"
+                            : "async";
     std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) %s on %s, checkpoints %s in %s\n",
                 to_string(c.trainer.kind), layout.world_size(), layout.tensor_parallel, layout.data_parallel,
                 where.c_str(), default_device(0).to_string().c_str(), saves, c.trainer.ckpt_path.c_str());
   }
-  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights}, summary);
+  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights, fs}, summary);
   int code = 0;
   {
     caf::scoped_actor self{system};
@@ -160,23 +169,22 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
     weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
-  const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
-  auto coordinator = spawn_checkpoint_coordinator(
-      system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
+  const auto fs = config_file_system(c);
+  auto coordinator = spawn_checkpoint_coordinator(system, {c.trainer.ckpt_path, layout.world_size(), fs});
   std::vector<caf::actor> workers;
   auto stop_all = [&] {
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
   };
   for (int rank = 0; rank < layout.world_size(); ++rank) {
-    auto worker = spawn_rank(system, c, layout, rank, groups[static_cast<std::size_t>(rank)], weights, store, coordinator);
+    auto worker = spawn_rank(system, c, layout, rank, groups[static_cast<std::size_t>(rank)], weights, fs, coordinator);
     if (!worker.is_ok()) {
       stop_all();
       return fail(worker.status().message());
     }
     workers.push_back(*worker);
   }
-  int code = run_trainer(system, c, layout, workers, coordinator, weights, metrics_out, quiet, "in this process",
+  int code = run_trainer(system, c, layout, workers, coordinator, weights, fs, metrics_out, quiet, "in this process",
                          [] {});
   stop_all();
   return code;
@@ -185,7 +193,7 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 /// One rank of a world of processes.
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet) {
-  const ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
+  const auto fs = config_file_system(c);
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
   const int rank = launch.rank;
   RankGroups groups = collectives.groups(layout, rank);
@@ -199,9 +207,8 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   if (rank == 0) {
     auto host = WorldHost::open(system, launch);
     if (!host.is_ok()) return fail(host.status().message());
-    auto coordinator = spawn_checkpoint_coordinator(
-        system, {c.trainer.ckpt_path, c.megatron_config.local_work_dir, layout.world_size(), store});
-    auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, store, coordinator);
+    auto coordinator = spawn_checkpoint_coordinator(system, {c.trainer.ckpt_path, layout.world_size(), fs});
+    auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, fs, coordinator);
     if (!worker0.is_ok()) {
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
       return fail(worker0.status().message());
@@ -213,7 +220,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
                   world.status().message());
     } else {
       collectives.set_rendezvous(collectives.host_rendezvous());
-      code = run_trainer(system, c, layout, *world, coordinator, weights, metrics_out, quiet,
+      code = run_trainer(system, c, layout, *world, coordinator, weights, fs, metrics_out, quiet,
                          "in " + std::to_string(launch.world_size) + " processes",
                          [&] { collectives.close("the trainer failed"); });
     }
@@ -223,7 +230,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   }
-  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), store, caf::actor{});
+  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), fs, caf::actor{});
   if (!worker.is_ok()) return fail(worker.status().message());
   WorldMember member(system, launch);
   auto joined = member.join(*worker);

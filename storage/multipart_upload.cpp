@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/posix_io.hpp"
 #include "stagehand/storage/s3_request.hpp"
 
 // Uploading files: one PUT each below the multipart threshold, multipart uploads of many parts
@@ -21,7 +21,7 @@ using s3::query_value;
 
 Status Bucket::upload_files(const std::vector<FileUpload>& files) {
   struct OpenFile {
-    ReadOnlyFile file;
+    posix::Fd file;
     std::uint64_t size;
     std::optional<MultipartUpload> multipart;
     std::vector<std::string> etags;
@@ -41,28 +41,26 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
     for (auto& f : open) {
       if (!f.multipart) continue;
       Status aborted = abort_upload(*f.multipart);
-      if (!aborted.is_ok()) left_open += "; multipart upload " + f.multipart->upload_id + " of '" +
-                                         url(f.multipart->key) + "' is left open: " + aborted.message();
+      if (!aborted.is_ok())
+        left_open += "; multipart upload " + f.multipart->upload_id + " of '" +
+                     url(f.multipart->key) + "' is left open: " + aborted.message();
     }
     return left_open;
   };
   for (std::size_t i = 0; i < files.size(); ++i) {
-    auto file = ReadOnlyFile::open(files[i].local_path);
-    if (!file.is_ok()) {
-      failed = file.status();
+    posix::Fd file(::open(files[i].local_path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!file.valid() || ::fstat(file.get(), &st) != 0) {
+      failed = Status::from_errno(errno, "cannot open '" + files[i].local_path + "' to upload it");
       break;
     }
-    auto size = file_size(files[i].local_path);
-    if (!size.is_ok()) {
-      failed = size.status();
-      break;
-    }
-    open.push_back({std::move(*file), *size, std::nullopt, {}});
-    if (*size < options_.multipart_threshold) {
-      tasks.push_back({i, 0, 0, *size});
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    open.push_back({std::move(file), size, std::nullopt, {}});
+    if (size < options_.multipart_threshold) {
+      tasks.push_back({i, 0, 0, size});
       continue;
     }
-    std::uint64_t part_size = std::max(options_.part_size, (*size + kMaxParts - 1) / kMaxParts);
+    std::uint64_t part_size = std::max(options_.part_size, (size + kMaxParts - 1) / kMaxParts);
     Request initiate;
     initiate.method = "POST";
     initiate.key = files[i].key;
@@ -77,14 +75,15 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
     auto result = answer_root(doc, response->body, "InitiateMultipartUploadResult", what);
     std::string id = result.is_ok() ? result->child_value("UploadId") : "";
     if (id.empty()) {
-      failed = result.is_ok() ? Status{ErrorCode::io_error, what + ": no UploadId in the answer"} : result.status();
+      failed = result.is_ok() ? Status{ErrorCode::io_error, what + ": no UploadId in the answer"}
+                              : result.status();
       break;
     }
     open.back().multipart = MultipartUpload{files[i].key, id};
-    std::uint64_t parts = (*size + part_size - 1) / part_size;
+    std::uint64_t parts = (size + part_size - 1) / part_size;
     open.back().etags.resize(parts);
     for (std::uint64_t p = 0; p < parts; ++p) {
-      tasks.push_back({i, p + 1, p * part_size, std::min(part_size, *size - p * part_size)});
+      tasks.push_back({i, p + 1, p * part_size, std::min(part_size, size - p * part_size)});
     }
   }
   if (!failed.is_ok()) return Status{failed.code(), failed.message() + abort_begun()};
@@ -99,13 +98,15 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
       Request put;
       put.method = "PUT";
       put.key = files[task.file].key;
-      put.fd = f.file.fd();
+      put.fd = f.file.get();
       put.file_offset = task.offset;
       put.file_bytes = task.bytes;
       if (task.part > 0) {
-        put.query = "partNumber=" + std::to_string(task.part) + "&uploadId=" + query_value(f.multipart->upload_id);
+        put.query = "partNumber=" + std::to_string(task.part) +
+                    "&uploadId=" + query_value(f.multipart->upload_id);
       }
-      auto response = perform(put, task.part > 0 ? "upload part " + std::to_string(task.part) + " of" : "PUT");
+      auto response =
+          perform(put, task.part > 0 ? "upload part " + std::to_string(task.part) + " of" : "PUT");
       std::lock_guard<std::mutex> lock(mutex);
       if (!response.is_ok()) {
         if (failed.is_ok()) failed = response.status();
@@ -116,17 +117,21 @@ Status Bucket::upload_files(const std::vector<FileUpload>& files) {
     }
   };
   std::vector<std::thread> threads;
-  std::size_t thread_count = std::min<std::size_t>(static_cast<std::size_t>(options_.upload_threads), tasks.size());
-  for (std::size_t i = 1; i < thread_count; ++i) threads.emplace_back(work);
+  std::size_t thread_count =
+      std::min<std::size_t>(static_cast<std::size_t>(options_.upload_threads), tasks.size());
+  for (std::size_t i = 1; i < thread_count; ++i)
+    threads.emplace_back(work);
   work();
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
 
   for (std::size_t i = 0; i < open.size() && failed.is_ok(); ++i) {
     OpenFile& f = open[i];
     if (!f.multipart) continue;
     std::string body = "<CompleteMultipartUpload>";
     for (std::size_t p = 0; p < f.etags.size(); ++p) {
-      body += "<Part><PartNumber>" + std::to_string(p + 1) + "</PartNumber><ETag>" + f.etags[p] + "</ETag></Part>";
+      body += "<Part><PartNumber>" + std::to_string(p + 1) + "</PartNumber><ETag>" + f.etags[p] +
+              "</ETag></Part>";
     }
     body += "</CompleteMultipartUpload>";
     Request complete;

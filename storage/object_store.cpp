@@ -53,25 +53,29 @@ Result<ObjectUrl> ObjectUrl::parse(const std::string& url) {
   ObjectUrl out;
   out.kind = classify_destination(url);
   if (out.kind == DestinationKind::local) {
-    return Status{ErrorCode::invalid_argument, "'" + url + "' is not an object-store URL (s3://, gs://)"};
+    return Status{ErrorCode::invalid_argument,
+                  "'" + url + "' is not an object-store URL (s3://, gs://)"};
   }
   std::string rest = url.substr(url.find("://") + 3);
   auto slash = rest.find('/');
   out.bucket = rest.substr(0, slash);
   std::string key = slash == std::string::npos ? "" : rest.substr(slash + 1);
-  while (!key.empty() && key.back() == '/') key.pop_back();
+  while (!key.empty() && key.back() == '/')
+    key.pop_back();
   if (out.bucket.size() < 3 || out.bucket.size() > 63 ||
       !std::all_of(out.bucket.begin(), out.bucket.end(), [](char c) {
         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
       })) {
     return Status{ErrorCode::invalid_argument,
-                  "'" + url + "': bucket name '" + out.bucket + "' must be 3-63 lowercase letters, digits, '-', '.'"};
+                  "'" + url + "': bucket name '" + out.bucket +
+                      "' must be 3-63 lowercase letters, digits, '-', '.'"};
   }
   for (char c : key) {
     if (!key_char_ok(c)) {
-      return Status{ErrorCode::invalid_argument, "'" + url + "': the character '" + std::string(1, c) +
-                                                     "' is not allowed in object keys here (letters, digits and "
-                                                     "-_.~/ are)"};
+      return Status{ErrorCode::invalid_argument,
+                    "'" + url + "': the character '" + std::string(1, c) +
+                        "' is not allowed in object keys here (letters, digits and "
+                        "-_.~/ are)"};
     }
   }
   if (key.find("//") != std::string::npos || (!key.empty() && key.front() == '/')) {
@@ -85,16 +89,19 @@ std::string ObjectUrl::str() const {
   return std::string(scheme_of(kind)) + "://" + bucket + (key.empty() ? "" : "/" + key);
 }
 
-std::string ObjectUrl::key_of(const std::string& rel) const { return key.empty() ? rel : key + "/" + rel; }
-
+std::string ObjectUrl::key_of(const std::string& rel) const {
+  return key.empty() ? rel : key + "/" + rel;
+}
 
 // -- bucket --
 
-Result<std::shared_ptr<Bucket>> Bucket::open(DestinationKind kind, std::string bucket, ObjectStoreOptions options) {
+Result<std::shared_ptr<Bucket>> Bucket::open(DestinationKind kind, std::string bucket,
+                                             ObjectStoreOptions options) {
   std::string where = std::string(scheme_of(kind)) + "://" + bucket;
   if (options.access_key_id.empty() || options.secret_access_key.empty()) {
     return Status{ErrorCode::permission_denied,
-                  "no credentials for '" + where + "': set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" +
+                  "no credentials for '" + where +
+                      "': set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" +
                       (kind == DestinationKind::gcs ? " to a Cloud Storage HMAC key" : "")};
   }
   if (options.region.empty()) options.region = kind == DestinationKind::gcs ? "auto" : "us-east-1";
@@ -103,22 +110,27 @@ Result<std::shared_ptr<Bucket>> Bucket::open(DestinationKind kind, std::string b
     endpoint = kind == DestinationKind::gcs ? "https://storage.googleapis.com"
                                             : "https://s3." + options.region + ".amazonaws.com";
   }
-  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  while (!endpoint.empty() && endpoint.back() == '/')
+    endpoint.pop_back();
   if (endpoint.rfind("http://", 0) != 0 && endpoint.rfind("https://", 0) != 0) {
     return Status{ErrorCode::config_error,
                   "object-store endpoint '" + endpoint + "' must start with http:// or https://"};
   }
   if (options.max_attempts < 1 || options.upload_threads < 1) {
-    return Status{ErrorCode::config_error, "object-store max_attempts and upload_threads must be at least 1"};
+    return Status{ErrorCode::config_error,
+                  "object-store max_attempts and upload_threads must be at least 1"};
   }
   if (options.part_size < kMinPartSize || options.multipart_threshold < options.part_size) {
-    return Status{ErrorCode::config_error,
-                  "object-store part size must be at least 5 MiB and at most the multipart threshold"};
+    return Status{
+        ErrorCode::config_error,
+        "object-store part size must be at least 5 MiB and at most the multipart threshold"};
   }
-  return std::shared_ptr<Bucket>(new Bucket(kind, std::move(bucket), std::move(options), std::move(endpoint)));
+  return std::shared_ptr<Bucket>(
+      new Bucket(kind, std::move(bucket), std::move(options), std::move(endpoint)));
 }
 
-Bucket::Bucket(DestinationKind kind, std::string bucket, ObjectStoreOptions options, std::string endpoint)
+Bucket::Bucket(DestinationKind kind, std::string bucket, ObjectStoreOptions options,
+               std::string endpoint)
     : kind_(kind),
       bucket_(std::move(bucket)),
       options_(std::move(options)),
@@ -136,13 +148,19 @@ Status Bucket::check_access(const std::string& prefix) {
 }
 
 Result<std::optional<std::uint64_t>> Bucket::size_of(const std::string& key) {
+  SH_ASSIGN_OR_RETURN(auto info, head(key));
+  if (!info) return std::optional<std::uint64_t>{};
+  return std::optional<std::uint64_t>{info->size};
+}
+
+Result<std::optional<ObjectInfo>> Bucket::head(const std::string& key) {
   Request r;
   r.method = "HEAD";
   r.key = key;
   r.missing_ok = true;
   SH_ASSIGN_OR_RETURN(Response response, perform(r, "HEAD"));
-  if (response.http == 404) return std::optional<std::uint64_t>{};
-  return std::optional<std::uint64_t>{response.content_length};
+  if (response.http == 404) return std::optional<ObjectInfo>{};
+  return std::optional<ObjectInfo>{ObjectInfo{key, response.content_length, response.etag}};
 }
 
 Result<std::optional<std::string>> Bucket::get(const std::string& key) {
@@ -154,19 +172,22 @@ Result<std::optional<std::string>> Bucket::get(const std::string& key) {
   return std::optional<std::string>{std::move(response.body)};
 }
 
-Status Bucket::get_range(const std::string& key, std::uint64_t offset, std::size_t bytes, void* dst) {
+Status Bucket::get_range(const std::string& key, std::uint64_t offset, std::size_t bytes,
+                         void* dst) {
   if (bytes == 0) return Status::ok();
   Request r;
   r.key = key;
   r.dst = dst;
   r.dst_bytes = bytes;
-  r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" + std::to_string(offset + bytes - 1));
+  r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" +
+                      std::to_string(offset + bytes - 1));
   SH_ASSIGN_OR_RETURN(Response response, perform(r, "ranged GET"));
   if (response.received != bytes || (response.http != 206 && offset != 0)) {
-    return Status{ErrorCode::corruption, "'" + url(key) + "': asked for bytes " + std::to_string(offset) + "-" +
-                                             std::to_string(offset + bytes - 1) + ", got " +
-                                             std::to_string(response.received) + " (HTTP " +
-                                             std::to_string(response.http) + "; truncated object?)"};
+    return Status{ErrorCode::corruption,
+                  "'" + url(key) + "': asked for bytes " + std::to_string(offset) + "-" +
+                      std::to_string(offset + bytes - 1) + ", got " +
+                      std::to_string(response.received) + " (HTTP " +
+                      std::to_string(response.http) + "; truncated object?)"};
   }
   return Status::ok();
 }
@@ -179,22 +200,27 @@ Status Bucket::put(const std::string& key, std::string_view body) {
   return perform(r, "PUT").status();
 }
 
-Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix) {
+Result<std::vector<ObjectInfo>> Bucket::list(const std::string& prefix, std::size_t max_keys) {
   std::vector<ObjectInfo> out;
   std::string start_after;
   for (;;) {
     Request r;
-    r.query = "list-type=2&prefix=" + query_value(prefix) +
-              (start_after.empty() ? "" : "&start-after=" + query_value(start_after));
+    // Parameters in name order, as SigV4 signs them.
+    r.query =
+        "list-type=2" +
+        (max_keys > 0 ? "&max-keys=" + std::to_string(max_keys - out.size()) : std::string()) +
+        "&prefix=" + query_value(prefix) +
+        (start_after.empty() ? "" : "&start-after=" + query_value(start_after));
     SH_ASSIGN_OR_RETURN(Response response, perform(r, "list"));
     pugi::xml_document doc;
-    SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListBucketResult", "list '" + url(prefix) + "'"));
+    SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListBucketResult",
+                                                 "list '" + url(prefix) + "'"));
     std::size_t before = out.size();
     for (auto c = result.child("Contents"); c; c = c.next_sibling("Contents")) {
-      out.push_back({c.child_value("Key"), std::strtoull(c.child_value("Size"), nullptr, 10)});
+      out.push_back({c.child_value("Key"), std::strtoull(c.child_value("Size"), nullptr, 10), {}});
     }
     bool truncated = std::string(result.child_value("IsTruncated")) == "true";
-    if (!truncated || out.size() == before) break;
+    if (!truncated || out.size() == before || (max_keys > 0 && out.size() >= max_keys)) break;
     start_after = out.back().key;
   }
   return out;
@@ -214,9 +240,10 @@ Result<std::vector<MultipartUpload>> Bucket::open_uploads(const std::string& pre
   // S3 answers at most 1000 uploads at a time: follow the markers until it says no more.
   for (;;) {
     Request r;
-    r.query = (marker.key.empty() ? "" : "key-marker=" + query_value(marker.key) + "&") + "prefix=" +
-              query_value(prefix) +
-              (marker.key.empty() ? "" : "&upload-id-marker=" + query_value(marker.upload_id)) + "&uploads=";
+    r.query = (marker.key.empty() ? "" : "key-marker=" + query_value(marker.key) + "&") +
+              "prefix=" + query_value(prefix) +
+              (marker.key.empty() ? "" : "&upload-id-marker=" + query_value(marker.upload_id)) +
+              "&uploads=";
     SH_ASSIGN_OR_RETURN(Response response, perform(r, "list multipart uploads"));
     pugi::xml_document doc;
     SH_ASSIGN_OR_RETURN(auto result, answer_root(doc, response.body, "ListMultipartUploadsResult",
@@ -226,7 +253,8 @@ Result<std::vector<MultipartUpload>> Bucket::open_uploads(const std::string& pre
       out.push_back({u.child_value("Key"), u.child_value("UploadId")});
     }
     const bool truncated = std::string(result.child_value("IsTruncated")) == "true";
-    MultipartUpload next{result.child_value("NextKeyMarker"), result.child_value("NextUploadIdMarker")};
+    MultipartUpload next{result.child_value("NextKeyMarker"),
+                         result.child_value("NextUploadIdMarker")};
     if (!truncated || out.size() == before || next.key.empty()) break;
     marker = std::move(next);
   }

@@ -39,6 +39,10 @@ struct ObjectStoreOptions {
   /// A transfer that moves less than 1 KiB/s for this long is a failed try.
   long stall_timeout_s = 30;
 
+  /// Where files bound for the store are written before they are uploaded
+  /// (megatron_config.local_work_dir).
+  std::string spool_dir = "/tmp/stagehand-work";
+
   /// Files of at least this many bytes go up as multipart uploads.
   std::uint64_t multipart_threshold = 64ull << 20;
   /// Bytes per part (the last may be smaller); at least 5 MiB on S3.
@@ -72,6 +76,8 @@ struct ObjectUrl {
 struct ObjectInfo {
   std::string key;
   std::uint64_t size = 0;
+  /// The ETag the store gave it (HEAD only; empty in listings).
+  std::string etag;
 };
 
 struct MultipartUpload {
@@ -99,7 +105,8 @@ struct FileUpload {
 class Bucket {
  public:
   /// Checks the options (credentials present, endpoint well formed); reaches nothing yet.
-  static Result<std::shared_ptr<Bucket>> open(DestinationKind kind, std::string bucket, ObjectStoreOptions options);
+  static Result<std::shared_ptr<Bucket>> open(DestinationKind kind, std::string bucket,
+                                              ObjectStoreOptions options);
 
   // -- properties --
 
@@ -115,6 +122,8 @@ class Bucket {
   Status check_access(const std::string& prefix);
   /// The size of object `key`; nullopt when there is none.
   Result<std::optional<std::uint64_t>> size_of(const std::string& key);
+  /// The size and ETag of object `key` (a HEAD); nullopt when there is none.
+  Result<std::optional<ObjectInfo>> head(const std::string& key);
   /// The whole object (for small ones); nullopt when there is none.
   Result<std::optional<std::string>> get(const std::string& key);
   /// Exactly `bytes` bytes from `offset` of object `key` into `dst` (a ranged GET).
@@ -126,8 +135,9 @@ class Bucket {
   /// aborted so that no parts stay stored; when even the abort fails, the error says which upload
   /// is left open.
   Status upload_files(const std::vector<FileUpload>& files);
-  /// Every object whose key starts with `prefix`, in key order (as S3 lists them).
-  Result<std::vector<ObjectInfo>> list(const std::string& prefix);
+  /// Every object whose key starts with `prefix`, in key order (as S3 lists them); with
+  /// `max_keys` > 0, at most that many.
+  Result<std::vector<ObjectInfo>> list(const std::string& prefix, std::size_t max_keys = 0);
   /// Deletes object `key`; a missing one is not an error.
   Status remove(const std::string& key);
   /// Multipart uploads begun and neither completed nor aborted, below `prefix`: all of them,
@@ -136,7 +146,8 @@ class Bucket {
   Status abort_upload(const MultipartUpload& upload);
 
  private:
-  Bucket(DestinationKind kind, std::string bucket, ObjectStoreOptions options, std::string endpoint);
+  Bucket(DestinationKind kind, std::string bucket, ObjectStoreOptions options,
+         std::string endpoint);
 
   struct Request;
   struct Response;

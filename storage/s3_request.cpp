@@ -19,11 +19,13 @@ namespace stagehand {
 
 namespace s3 {
 
-const char* scheme_of(DestinationKind kind) { return kind == DestinationKind::gcs ? "gs" : "s3"; }
+const char* scheme_of(DestinationKind kind) {
+  return kind == DestinationKind::gcs ? "gs" : "s3";
+}
 
 bool key_char_ok(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-         c == '.' || c == '~' || c == '/';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.' || c == '~' || c == '/';
 }
 
 std::string query_value(const std::string& value) {
@@ -40,8 +42,8 @@ std::string query_value(const std::string& value) {
   return out;
 }
 
-Result<pugi::xml_node> answer_root(pugi::xml_document& doc, const std::string& body, const char* root,
-                                   const std::string& what) {
+Result<pugi::xml_node> answer_root(pugi::xml_document& doc, const std::string& body,
+                                   const char* root, const std::string& what) {
   if (!doc.load_buffer(body.data(), body.size()) || !doc.child(root)) {
     return Status{ErrorCode::io_error, what + ": the answer is not a " + root + " document"};
   }
@@ -159,11 +161,14 @@ bool transient_curl_error(CURLcode code) {
 }
 
 bool transient_s3_code(const std::string& code) {
-  return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" || code == "ServiceUnavailable" ||
-         code == "Throttling" || code == "ThrottlingException" || code == "RequestLimitExceeded";
+  return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" ||
+         code == "ServiceUnavailable" || code == "Throttling" || code == "ThrottlingException" ||
+         code == "RequestLimitExceeded";
 }
 
-bool transient_http(long http) { return http == 408 || http == 429 || http >= 500; }
+bool transient_http(long http) {
+  return http == 408 || http == 429 || http >= 500;
+}
 
 /// The Code and Message of an S3 error document; empty when the body is not one.
 std::pair<std::string, std::string> s3_error(const std::string& body) {
@@ -173,7 +178,6 @@ std::pair<std::string, std::string> s3_error(const std::string& body) {
   if (!error) return {};
   return {error.child_value("Code"), error.child_value("Message")};
 }
-
 
 }  // namespace
 
@@ -214,7 +218,8 @@ Result<Bucket::Response> Bucket::perform_once(const Request& request) {
     token_header = "x-amz-security-token: " + options_.session_token;
     headers = curl_slist_append(headers, token_header.c_str());
   }
-  for (const auto& h : request.headers) headers = curl_slist_append(headers, h.c_str());
+  for (const auto& h : request.headers)
+    headers = curl_slist_append(headers, h.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
 
   UploadSource upload;
@@ -257,7 +262,8 @@ Result<Bucket::Response> Bucket::perform_once(const Request& request) {
   response.curl = curl_easy_perform(curl);
   curl_slist_free_all(headers);
   if (response.curl != CURLE_OK) {
-    response.curl_error = error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(response.curl);
+    response.curl_error =
+        error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(response.curl);
   }
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http);
   curl_off_t length = -1;
@@ -277,13 +283,15 @@ Result<Bucket::Response> Bucket::perform(const Request& request, const std::stri
     bool retry = false;
     Status failure;
     if (r.read_errno != 0) {
-      return Status::from_errno(r.read_errno, context + ": cannot read the local file being uploaded");
+      return Status::from_errno(r.read_errno,
+                                context + ": cannot read the local file being uploaded");
     }
     if (r.curl != CURLE_OK) {
       retry = transient_curl_error(r.curl);
       bool unreachable = r.curl == CURLE_COULDNT_CONNECT || r.curl == CURLE_COULDNT_RESOLVE_HOST;
-      failure = Status{ErrorCode::io_error, unreachable ? "cannot reach the object store at " + endpoint_ + " (" +
-                                                              r.curl_error + ") for " + what + " '" + target + "'"
+      failure = Status{ErrorCode::io_error, unreachable ? "cannot reach the object store at " +
+                                                              endpoint_ + " (" + r.curl_error +
+                                                              ") for " + what + " '" + target + "'"
                                                         : context + ": " + r.curl_error};
     } else {
       auto [code, message] = s3_error(r.body);
@@ -292,15 +300,16 @@ Result<Bucket::Response> Bucket::perform(const Request& request, const std::stri
       std::string answer = "HTTP " + std::to_string(r.http) + (code.empty() ? "" : " " + code) +
                            (message.empty() ? "" : ": " + message);
       if (code == "NoSuchBucket") {
-        return Status{ErrorCode::not_found,
-                      "bucket '" + bucket_ + "' does not exist at " + endpoint_ + " (" + what + " '" + target + "')"};
+        return Status{ErrorCode::not_found, "bucket '" + bucket_ + "' does not exist at " +
+                                                endpoint_ + " (" + what + " '" + target + "')"};
       }
       if (r.http == 404 && request.missing_ok) return r;
       if (r.http == 403 || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" ||
           code == "AccessDenied" || code == "ExpiredToken" || code == "InvalidToken") {
         return Status{ErrorCode::permission_denied,
                       context + ": " + answer +
-                          " (check the credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN)"};
+                          " (check the credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                          "AWS_SESSION_TOKEN)"};
       }
       if (r.http == 404) return Status{ErrorCode::not_found, context + ": " + answer};
       retry = transient_http(r.http) || transient_s3_code(code);
@@ -308,10 +317,11 @@ Result<Bucket::Response> Bucket::perform(const Request& request, const std::stri
     }
     if (!retry) return failure;
     if (attempt >= options_.max_attempts) {
-      return Status{failure.code(),
-                    failure.message() + " (gave up after " + std::to_string(attempt) + " attempts)"};
+      return Status{failure.code(), failure.message() + " (gave up after " +
+                                        std::to_string(attempt) + " attempts)"};
     }
-    double ceiling = std::min(options_.max_backoff_s, options_.initial_backoff_s * double(1ull << (attempt - 1)));
+    double ceiling = std::min(options_.max_backoff_s,
+                              options_.initial_backoff_s * double(1ull << (attempt - 1)));
     std::uniform_real_distribution<double> pick(ceiling / 2, ceiling);
     std::this_thread::sleep_for(std::chrono::duration<double>(pick(jitter)));
   }

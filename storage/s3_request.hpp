@@ -33,9 +33,10 @@ bool key_char_ok(char c);
 /// canonical form: encoded, and parameters sorted by name.)
 std::string query_value(const std::string& value);
 
-/// The element `root` of an XML answer; an error naming `what` when the body is not such a document.
-Result<pugi::xml_node> answer_root(pugi::xml_document& doc, const std::string& body, const char* root,
-                                   const std::string& what);
+/// The element `root` of an XML answer; an error naming `what` when the body is not such a
+/// document.
+Result<pugi::xml_node> answer_root(pugi::xml_document& doc, const std::string& body,
+                                   const char* root, const std::string& what);
 
 }  // namespace s3
 

@@ -4,15 +4,13 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <filesystem>
 
-#include "stagehand/checkpoint/cloud_checkpoint.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
-#include "stagehand/storage/destination.hpp"
 #include "stagehand/strategy/async_calls_queue.hpp"
 #include "stagehand/strategy/messages.hpp"
 
@@ -55,14 +53,12 @@ class MegatronStrategy : public caf::event_based_actor {
           LoadReport report;
           if (st.is_ok()) {
             // A checkpoint root loads the step its tracker names; a step folder loads itself.
-            auto dir = resolve_checkpoint(checkpoint_dir, options_.object_store);
+            FileSystem& fs = *options_.file_system;
+            auto dir = resolve_checkpoint(fs, checkpoint_dir);
             LoadOptions load_options;
             load_options.thread_count = options_.load_thread_count;
             st = decode_load_selection(selection, load_options);
-            if (st.is_ok()) {
-              st = dir.is_ok() ? load_checkpoint(*dir, *state_, options_.object_store, load_options, &report)
-                               : dir.status();
-            }
+            if (st.is_ok()) st = dir.is_ok() ? load_checkpoint(fs, *dir, *state_, load_options, &report) : dir.status();
           }
           // The dispatch names the rank.
           if (!st.is_ok()) return to_caf_error(st.with_context("load of '" + checkpoint_dir + "'"));
@@ -99,27 +95,17 @@ class MegatronStrategy : public caf::event_based_actor {
     if (!prior.is_ok()) return to_caf_error(prior.with_context("an earlier checkpoint save failed"));
     ++saves_;
     bool async = options_.async_save;
-    if (async && is_cloud(destination)) {
-      if (!warned_cloud_ && options_.rank == 0) {
+    if (async && options_.file_system->capabilities(policy_dir).uploads) {
+      if (!warned_uploads_ && options_.rank == 0) {
         logger()->warn("rank {}: ckpt_path '{}' is an object store: async_dist_ckpt_save is ignored and saves "
                        "run synchronously, because the upload must finish before the commit",
                        options_.rank, destination);
-        warned_cloud_ = true;
+        warned_uploads_ = true;
       }
       async = false;
     }
-    if (is_cloud(destination)) {
-      // On another host than the coordinator's, the local work folder is this host's own.
-      std::error_code ec;
-      std::filesystem::create_directories(policy_dir, ec);
-    }
     if (!async) {
       RankSaveReport report = engine_->save(*state_, policy_dir, step);
-      if (report.status.is_ok() && is_cloud(destination)) {
-        auto upload_start = Clock::now();
-        report.status = upload(step, destination, policy_dir, report);
-        report.phases.upload_s = seconds_since(upload_start);
-      }
       Status st = report.status;
       push(report);
       if (!st.is_ok()) return to_caf_error(st);
@@ -143,19 +129,6 @@ class MegatronStrategy : public caf::event_based_actor {
       });
     });
     return caf::result<double, bool>(seconds_since(start), true);
-  }
-
-  /// Uploads the rank's files of `report` to the object store, then removes the local copies.
-  Status upload(std::int64_t step, const std::string& destination, const std::string& policy_dir,
-                const RankSaveReport& report) {
-    auto root = CloudCheckpoints::open(destination, options_.object_store);
-    if (!root.is_ok()) return root.status().with_context("rank " + std::to_string(options_.rank));
-    std::vector<std::string> files;
-    for (const auto& b : report.buckets) files.push_back(b.file);
-    Status st = root->upload_rank_files(step, policy_dir, files);
-    std::error_code ec;
-    for (const auto& f : files) std::filesystem::remove(policy_dir + "/" + f, ec);
-    return st.with_context("rank " + std::to_string(options_.rank) + " upload of step " + std::to_string(step));
   }
 
   /// Waits for every background write, pushes the results, and returns (once) the first error
@@ -189,7 +162,7 @@ class MegatronStrategy : public caf::event_based_actor {
   std::shared_ptr<StateDict> state_;
   caf::actor listener_;
   Status kept_error_;
-  bool warned_cloud_ = false;
+  bool warned_uploads_ = false;
   std::int64_t saves_ = 0;
 };
 
@@ -207,7 +180,7 @@ Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOp
       if (!st.is_ok()) logger()->warn("cannot lower a writer thread's priority: {}", st.message());
     };
   }
-  SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(options.rank, engine_options, options.storage));
+  SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(options.rank, engine_options, options.file_system));
   SH_RETURN_IF_ERROR(engine->prepare(*state, options.async_save).with_context("rank " + std::to_string(options.rank)));
   return system.spawn<MegatronStrategy, caf::detached>(std::move(options), std::move(engine), std::move(state),
                                                        std::move(listener));

@@ -6,8 +6,7 @@
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
-#include "stagehand/storage/local_files.hpp"
-#include "stagehand/storage/object_store.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
 
@@ -21,10 +20,10 @@ struct StrategyOptions {
   bool async_save = false;
   /// megatron_config.ckpt_writer_low_priority: writer threads at lowered CPU and I/O priority.
   bool low_priority_writers = true;
-  /// Where bucket files go; tests pass a slowed or failing backend.
-  std::shared_ptr<StorageBackend> storage = local_storage();
-  /// How to reach an object-store destination (storage.s3 and the AWS environment variables).
-  ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
+  /// Every byte the rank saves or loads goes through it (default_file_system(): local paths and
+  /// object stores reached by the AWS environment variables); stagehand-train passes one built
+  /// from storage.s3 and rate-limited; tests pass a slowed or failing one.
+  std::shared_ptr<FileSystem> file_system = default_file_system();
   /// megatron_config.ckpt_staging_memory is per_save: staging buffers are freed after each save.
   bool staging_per_save = false;
   /// Closed while an async save still stages from the state in the background (staging waves);
@@ -51,10 +50,10 @@ struct StrategyOptions {
 ///   pending save; with async on (and a local destination), stages (the first
 ///   `staging_buckets` buckets, or all when 0) and returns while the write, and the staging of
 ///   the other buckets, run in the background; `fence` stays closed until every bucket is
-///   staged. Otherwise writes and returns. A cloud destination turns an async
-///   save into a sync one, with one warning (from rank 0, the first time): the rank writes its
-///   files into `policy_dir` (under local_work_dir), uploads them to the destination's
-///   `global_step_<step>/policy/`, removes the local copies, and only then reports.
+///   staged. Otherwise writes and returns. A destination whose writes are uploads (an object
+///   store: FileSystemCapabilities::uploads) turns an async save into a sync one, with one
+///   warning (from rank 0, the first time): each file is uploaded when it is synced, and the rank
+///   reports only then.
 /// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
 ///   background write is returned (once) here, or by the next save or load.
 /// - (load_atom, path) -> (double total_s, double read_s, double verify_s, double copy_s,

@@ -11,10 +11,29 @@
 #include <stdexcept>
 #include <string>
 
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/storage/object_store.hpp"
 #include "tests/test_util.hpp"
 
 namespace stagehand::test {
+
+/// A checkpoint root in an object store as tests look at it: its CheckpointStore, and the bucket
+/// underneath for listing objects directly.
+struct CloudRoot {
+  CheckpointStore store;
+  std::shared_ptr<Bucket> bucket_;
+
+  static Result<CloudRoot> open(const std::string& url, const ObjectStoreOptions& options) {
+    SH_ASSIGN_OR_RETURN(ObjectUrl parsed, ObjectUrl::parse(url));
+    SH_ASSIGN_OR_RETURN(auto bucket, Bucket::open(parsed.kind, parsed.bucket, options));
+    return CloudRoot{CheckpointStore(default_file_system(options), url), bucket};
+  }
+  Result<std::optional<std::int64_t>> read_tracker() const { return store.tracker(); }
+  Result<std::vector<std::int64_t>> committed_steps() const { return store.committed_steps(); }
+  Result<bool> is_committed(std::int64_t step) const { return store.is_committed(step); }
+  Bucket& bucket() const { return *bucket_; }
+};
 
 /// The loopback S3-compatible server of tests/integration/s3_server.py (moto, with signatures
 /// checked), and optionally a proxy in front of it that can be taken down. Stopped on destruction.

@@ -17,7 +17,9 @@ struct ClusterOptions {
   SyntheticStateSpec spec;
   bool async = false;
   int threads = 4;
-  std::shared_ptr<StorageBackend> storage = local_storage();
+  /// What the ranks write through; null: default_file_system(store) with files bound for an
+  /// object store spooled in `work_dir`.
+  std::shared_ptr<FileSystem> storage = nullptr;
   std::string work_dir = "/tmp/stagehand-work";
   bool low_priority = true;
   ObjectStoreOptions store = ObjectStoreOptions::from_environment();
@@ -41,9 +43,18 @@ struct StrategyCluster {
       states.push_back(std::make_shared<StateDict>(*make_synthetic_state(o.spec, r, Device::host())));
       ranks.push_back(checkpointable_state(states.back()));
     }
+    ObjectStoreOptions store = o.store;
+    store.spool_dir = o.work_dir;
+    const auto fs = default_file_system(store);
     CheckpointClusterOptions options;
-    options.coordinator = {destination, o.work_dir, o.spec.ranks, o.store};
-    options.strategy = {0, o.threads, o.staging_buckets, o.async, o.low_priority, o.storage, o.store, o.per_save};
+    options.coordinator.destination = destination;
+    options.coordinator.file_system = fs;
+    options.strategy.thread_count = o.threads;
+    options.strategy.staging_buckets = o.staging_buckets;
+    options.strategy.async_save = o.async;
+    options.strategy.low_priority_writers = o.low_priority;
+    options.strategy.file_system = o.storage ? o.storage : fs;
+    options.strategy.staging_per_save = o.per_save;
     options.timeout = std::chrono::seconds(120);
     auto spawned = CheckpointCluster::spawn(system, std::move(ranks), options);
     BOOST_REQUIRE_MESSAGE(spawned.is_ok(), spawned.status().to_string());

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "stagehand/core/sharded_tensor.hpp"
-#include "stagehand/storage/local_files.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand::test {
 
@@ -139,8 +139,10 @@ inline StateDict zeroed_like(const StateDict& state) {
 
 /// Wraps the local file system: slows writes, fails a chosen file with an errno, and records
 /// which files were created.
-class FaultStorage final : public StorageBackend {
+class FaultStorage final : public FileSystemWrapper {
  public:
+  FaultStorage() : FileSystemWrapper(local_file_system()) {}
+
   /// Files whose name contains this fail their first write with `fail_errno`.
   std::string fail_file;
   int fail_errno = EIO;
@@ -149,13 +151,13 @@ class FaultStorage final : public StorageBackend {
   /// Called on the writer thread before a file is created.
   std::function<void(const std::string& path)> on_open;
 
-  Result<std::unique_ptr<WritableFile>> open_for_write(const std::string& path) override {
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
     if (on_open) on_open(path);
     {
       std::lock_guard lock(mutex_);
       created_.insert(std::filesystem::path(path).filename().string());
     }
-    SH_ASSIGN_OR_RETURN(auto inner, local_storage()->open_for_write(path));
+    SH_ASSIGN_OR_RETURN(auto inner, inner().create_file(path));
     bool fail = !fail_file.empty() && path.find(fail_file) != std::string::npos;
     return std::unique_ptr<WritableFile>(
         std::make_unique<File>(std::move(inner), fail ? fail_errno : 0, append_delay, path));
@@ -181,6 +183,9 @@ class FaultStorage final : public StorageBackend {
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
       if (fail_errno_ != 0) return Status::from_errno(fail_errno_, "write to '" + path_ + "'");
       return inner_->write_at(offset, data, bytes);
+    }
+    Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+      return inner_->start_writeback(offset, bytes);
     }
     Status sync() override { return inner_->sync(); }
     Status close() override { return inner_->close(); }

@@ -8,9 +8,12 @@
 #include <regex>
 #include <set>
 
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 
 using namespace stagehand;
 
@@ -41,9 +44,9 @@ std::set<int> writing_ranks(const CheckpointMetadata& m) {
 }
 
 /// The trainer that wrote the checkpoint and the layout it was saved with, from trainer_state.json.
-void print_provenance(const std::string& dir, const CheckpointMetadata& m) {
+void print_provenance(FileSystem& fs, const std::string& dir, const CheckpointMetadata& m) {
   std::printf("\nranks that wrote files: %zu\n", writing_ranks(m).size());
-  auto text = read_trainer_state_text(dir);
+  auto text = read_trainer_state_text(fs, dir, m);
   if (!text.is_ok()) {
     std::printf("trainer: not recorded (%s)\nlayout: not recorded\n",
                 text.status().code() == ErrorCode::not_found ? "no trainer_state.json"
@@ -69,13 +72,13 @@ void print_provenance(const std::string& dir, const CheckpointMetadata& m) {
               size("data_parallel").c_str());
 }
 
-int run_verify(const std::string& path) {
-  auto dir = resolve_checkpoint(path);
+int run_verify(FileSystem& fs, const std::string& path) {
+  auto dir = resolve_checkpoint(fs, path);
   if (!dir.is_ok()) {
     std::cerr << "stagehand-ckpt verify: " << dir.status().message() << "\n";
     return 2;
   }
-  auto result = verify_checkpoint(*dir);
+  auto result = verify_checkpoint(fs, *dir);
   if (!result.is_ok()) {
     std::cerr << "stagehand-ckpt verify: " << result.status().message() << "\n";
     return 2;
@@ -87,13 +90,13 @@ int run_verify(const std::string& path) {
   return result->ok() ? 0 : 1;
 }
 
-int run_inspect(const std::string& path) {
-  auto dir = resolve_checkpoint(path);
+int run_inspect(FileSystem& fs, const std::string& path) {
+  auto dir = resolve_checkpoint(fs, path);
   if (!dir.is_ok()) {
     std::cerr << "stagehand-ckpt inspect: " << dir.status().message() << "\n";
     return 2;
   }
-  auto metadata = read_checkpoint_metadata(*dir);
+  auto metadata = read_checkpoint_metadata(fs, *dir);
   if (!metadata.is_ok()) {
     std::cerr << "stagehand-ckpt inspect: " << metadata.status().message() << "\n";
     return 2;
@@ -122,11 +125,11 @@ int run_inspect(const std::string& path) {
   for (const auto& [name, value] : m.objects) {
     std::printf("  object %s: %zu bytes\n", name.c_str(), value.size());
   }
-  print_provenance(*dir, m);
+  print_provenance(fs, *dir, m);
   return 0;
 }
 
-int run_export(const std::string& checkpoint, const std::string& out, const std::string& what,
+int run_export(FileSystem& fs, const std::string& checkpoint, const std::string& out, const std::string& what,
                const std::string& dtype, const std::string& max_shard_size, int threads) {
   ExportOptions options;
   options.what = what == "all" ? ExportOptions::What::all : ExportOptions::What::model;
@@ -141,8 +144,7 @@ int run_export(const std::string& checkpoint, const std::string& out, const std:
   options.max_shard_bytes = *max_bytes;
   options.thread_count = threads;
   ExportReport report;
-  Status status =
-      export_checkpoint(checkpoint, out, options, ObjectStoreOptions::from_environment(), &report);
+  Status status = export_checkpoint(fs, checkpoint, out, options, &report);
   if (!status.is_ok()) {
     std::cerr << "stagehand-ckpt export: " << status.message() << "\n";
     return 1;
@@ -209,7 +211,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (verify->parsed()) return run_verify(path);
-  if (export_cmd->parsed()) return run_export(path, out, what, dtype, max_shard_size, threads);
-  return run_inspect(path);
+  const auto fs = default_file_system();
+  if (verify->parsed()) return run_verify(*fs, path);
+  if (export_cmd->parsed()) return run_export(*fs, path, out, what, dtype, max_shard_size, threads);
+  return run_inspect(*fs, path);
 }

@@ -6,8 +6,8 @@
 
 namespace stagehand {
 
-BackgroundExports::BackgroundExports(ExportOptions options, ObjectStoreOptions store)
-    : options_(std::move(options)), store_(std::move(store)), thread_([this] { run(); }) {}
+BackgroundExports::BackgroundExports(ExportOptions options, std::shared_ptr<FileSystem> fs)
+    : options_(std::move(options)), fs_(std::move(fs)), thread_([this] { run(); }) {}
 
 BackgroundExports::~BackgroundExports() {
   {
@@ -60,7 +60,7 @@ void BackgroundExports::run() {
     lock.unlock();
     Done done{job.step, job.out_dir, Status::ok(), {}};
     try {
-      done.status = export_checkpoint(job.checkpoint_dir, job.out_dir, options_, store_, &done.report);
+      done.status = export_checkpoint(*fs_, job.checkpoint_dir, job.out_dir, options_, &done.report);
     } catch (const std::exception& e) {
       done.status = Status{ErrorCode::internal, std::string("the export stopped on an exception: ") + e.what()};
     }

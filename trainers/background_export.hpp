@@ -11,7 +11,7 @@
 
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/core/status.hpp"
-#include "stagehand/storage/object_store.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -32,7 +32,7 @@ class BackgroundExports {
     ExportReport report;
   };
 
-  BackgroundExports(ExportOptions options, ObjectStoreOptions store);
+  BackgroundExports(ExportOptions options, std::shared_ptr<FileSystem> fs);
   /// Finishes the export running now; queued ones are dropped.
   ~BackgroundExports();
   BackgroundExports(const BackgroundExports&) = delete;
@@ -59,7 +59,7 @@ class BackgroundExports {
   void run();
 
   const ExportOptions options_;
-  const ObjectStoreOptions store_;
+  const std::shared_ptr<FileSystem> fs_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Job> queue_;

@@ -14,7 +14,10 @@
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/model.hpp"
 #include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/trainer_state.hpp"
 #include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/background_export.hpp"
@@ -36,8 +39,8 @@ class TrainerBase : public caf::blocking_actor {
         dispatch_(std::move(dispatch)),
         options_(std::move(options)),
         summary_(std::move(summary)),
-        store_(ObjectStoreOptions::from_config(options_.config.storage.s3)),
-        policy_(options_.config.trainer, options_.config.megatron_config.local_work_dir, store_),
+        fs_(options_.file_system),
+        policy_(options_.config.trainer, fs_),
         timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)) {}
 
   void act() override {
@@ -157,9 +160,9 @@ class TrainerBase : public caf::blocking_actor {
       }
     }
     SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
-    if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, store_);
+    if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, fs_);
     if (resume) {
-      SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*resume, store_));
+      SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*fs_, *resume));
       const std::string state_file = *resume + "/" + kTrainerStateFile;
       if (state.kind.empty()) return {ErrorCode::corruption, "'" + state_file + "': field 'kind' is missing"};
       if (state.kind != name()) {
@@ -271,11 +274,12 @@ class TrainerBase : public caf::blocking_actor {
   Status init_from(const std::string& path) {
     const auto& t = options_.config.trainer;
     const LoadScope scope{t.load_optimizer.value_or(false), t.load_rng.value_or(false), t.load_strict};
-    auto dir = resolve_checkpoint(path, store_);
+    auto dir = resolve_checkpoint(*fs_, path);
     if (!dir.is_ok()) return dir.status().with_context("trainer.init_from");
     std::string source = "a safetensors folder";
-    if (!is_safetensors_folder(*dir)) {
-      auto state = read_trainer_state(*dir, store_);
+    SH_ASSIGN_OR_RETURN(bool safetensors, is_safetensors_folder(*fs_, *dir));
+    if (!safetensors) {
+      auto state = read_trainer_state(*fs_, *dir);
       source = state.is_ok() ? "the " + state->kind + " trainer's step " + std::to_string(state->step) + ", saved " +
                                    describe_layout(*state)
                              : "a checkpoint without a trainer state";
@@ -362,7 +366,7 @@ class TrainerBase : public caf::blocking_actor {
     std::string dir = CheckpointLayout{options_.config.trainer.ckpt_path}.step_dir(saved.step);
     summary_->latest_checkpoint = dir;
     std::uint64_t bytes = 0;
-    if (auto metadata = read_checkpoint_metadata(dir, store_); metadata.is_ok()) {
+    if (auto metadata = read_checkpoint_metadata(*fs_, dir); metadata.is_ok()) {
       for (const auto& [file, meta] : metadata->files) bytes += meta.size;
     }
     nlohmann::json line{{"type", "save"},
@@ -425,7 +429,7 @@ class TrainerBase : public caf::blocking_actor {
   caf::actor dispatch_;
   TrainerOptions options_;
   std::shared_ptr<TrainerSummary> summary_;
-  ObjectStoreOptions store_;
+  std::shared_ptr<FileSystem> fs_;
   CheckpointPolicy policy_;
   std::chrono::milliseconds timeout_;
   std::ofstream metrics_;

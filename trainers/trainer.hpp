@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/storage/file_system.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/models/weight_store.hpp"
@@ -24,6 +24,8 @@ struct TrainerOptions {
   const std::atomic<bool>* stop_requested = nullptr;
   /// Where the Workers publish weights for the fully-async trainer's generators.
   std::shared_ptr<WeightStore> weights;
+  /// What ckpt_path, resume_path, init_from and export_path are on.
+  std::shared_ptr<FileSystem> file_system;
 };
 
 /// What a trainer did, for the summary and the exit code.
@@ -50,7 +52,7 @@ struct TrainerSummary {
   /// The exclusive lock on a local ckpt_path, taken before anything is cleaned or saved. It lives
   /// as long as this summary, so that a finalize after the trainer ended (teardown), which may
   /// still commit a save, runs under it.
-  std::optional<CheckpointRootLock> root_lock;
+  std::unique_ptr<FileLock> root_lock;
 };
 
 /// Spawns the trainer named by `options.config.trainer.kind` (SyncTrainer: GRPO-style RL;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -67,7 +67,7 @@ BOOST_AUTO_TEST_CASE(save_async_save_and_load_round_trip_the_callers_tensors) {
   {
     Checkpointer ckpt({.root = dir.path(), .thread_count = 3});
     BOOST_REQUIRE_MESSAGE(ckpt.save(1, state).is_ok(), "sync save");
-    BOOST_TEST(**read_tracker(dir.path()) == 1);  // committed on return
+    BOOST_TEST(**test::read_tracker(dir.path()) == 1);  // committed on return
 
     auto pending = ckpt.async_save(2, state);
     BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
@@ -75,7 +75,7 @@ BOOST_AUTO_TEST_CASE(save_async_save_and_load_round_trip_the_callers_tensors) {
     model.weight.assign(model.weight.size(), -1.0f);  // after async_save returned: must not reach step 2
     Status committed = pending->wait();
     BOOST_REQUIRE_MESSAGE(committed.is_ok(), committed.to_string());
-    BOOST_TEST(**read_tracker(dir.path()) == 2);
+    BOOST_TEST(**test::read_tracker(dir.path()) == 2);
 
     state.objects["step.rank0"] = "\"changed\"";
     Status loaded = ckpt.load(state, dir.path());  // the root resolves to step 2
@@ -122,7 +122,7 @@ BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {
     Checkpointer ckpt({.root = dir.path()});
     BOOST_REQUIRE(ckpt.async_save(7, model.state(0, 1)).is_ok());
   }
-  BOOST_TEST(**read_tracker(dir.path()) == 7);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 7);
   BOOST_TEST(fs::exists(fs::path(dir.path()) / "global_step_7" / "policy" / "metadata.json"));
 }
 

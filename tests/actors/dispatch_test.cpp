@@ -9,8 +9,13 @@
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "tests/caf_test_util.hpp"
 #include "tests/test_util.hpp"
@@ -37,13 +42,17 @@ struct World {
   caf::actor coordinator;
   caf::actor dispatch;
 
-  World(const std::string& root, std::shared_ptr<StorageBackend> storage, bool async) {
-    coordinator = spawn_checkpoint_coordinator(system, {root, "/tmp/stagehand-work", layout.world_size()});
+  World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async) {
+    coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), local_file_system()});
     auto groups = make_host_groups(layout);
     for (int rank = 0; rank < layout.world_size(); ++rank) {
       auto model = BanditMlp::create(small_model(), 7, layout, rank, groups[static_cast<std::size_t>(rank)]);
       BOOST_REQUIRE(model.is_ok());
-      StrategyOptions options{rank, 2, 0, async, true, storage};
+      StrategyOptions options;
+      options.rank = rank;
+      options.thread_count = 2;
+      options.async_save = async;
+      options.file_system = storage;
       workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator));
     }
     dispatch = spawn_worker_dispatch(system, workers, coordinator, {root, std::chrono::seconds(60)});
@@ -90,7 +99,7 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commi
   BOOST_REQUIRE(world.train(1).is_ok());
   BOOST_REQUIRE(world.save(1).is_ok());
   BOOST_REQUIRE(world.finalize().is_ok());
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
 
   BOOST_REQUIRE(world.train(2).is_ok());
   storage->append_delay = std::chrono::milliseconds(300);
@@ -102,7 +111,7 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commi
   // Let the killed rank's strategy finish its write: its report must not commit anything.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   BOOST_TEST(!fs::exists(dir / "global_step_2"));
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
   BOOST_TEST(verify_checkpoint(dir / "global_step_1")->ok());
 
   // Later calls fail at once, naming the dead rank.
@@ -128,7 +137,7 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commi
 
 BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_training_fails_the_call_with_its_rank) {
   TempDir dir;
-  World world(dir.path(), local_storage(), false);
+  World world(dir.path(), local_file_system(), false);
   BOOST_REQUIRE(world.train(1).is_ok());
   caf::anon_send_exit(world.workers[2], caf::exit_reason::kill);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -10,9 +10,14 @@
 #include <regex>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/device.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
@@ -497,7 +502,7 @@ BOOST_AUTO_TEST_CASE(neighbouring_chunks_are_read_in_one_read) {
       LoadOptions options;
       options.thread_count = threads;
       LoadReport report;
-      Status st = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report);
+      Status st = load_checkpoint(*local_file_system(), ckpt, live, options, &report);
       BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
       BOOST_TEST(report.chunks == 8u);
       BOOST_TEST(report.direct_chunks == 8u);  // same shapes: straight into the tensors
@@ -512,7 +517,7 @@ BOOST_AUTO_TEST_CASE(neighbouring_chunks_are_read_in_one_read) {
       // Reads of at most 64 KiB: more reads, same bytes.
       options.max_read_bytes = 64u << 10;
       StateDict again = test::zeroed_like(states[0]);
-      BOOST_REQUIRE(load_checkpoint(ckpt, again, ObjectStoreOptions{}, options, &report).is_ok());
+      BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, again, options, &report).is_ok());
       BOOST_TEST(report.reads >= state_bytes / options.max_read_bytes);
       for (std::size_t i = 0; i < again.tensors.size(); ++i) {
         BOOST_TEST(test::same_bytes(again.tensors[i].tensor, states[0].tensors[i].tensor));
@@ -532,7 +537,7 @@ BOOST_AUTO_TEST_CASE(parallel_resharded_load_equals_serial_load_byte_for_byte) {
       LoadOptions serial;
       serial.thread_count = 1;
       StateDict reference = live_layout(saved, layout, part, parts);
-      BOOST_REQUIRE(load_checkpoint(ckpt, reference, ObjectStoreOptions{}, serial).is_ok());
+      BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, reference, serial).is_ok());
       for (int threads : {2, 8}) {
         for (std::size_t buffer : {std::size_t{4096}, std::size_t{16} << 20}) {
           BOOST_TEST_CONTEXT(layout << " part " << part << ", " << threads << " threads, buffer " << buffer) {
@@ -542,7 +547,7 @@ BOOST_AUTO_TEST_CASE(parallel_resharded_load_equals_serial_load_byte_for_byte) {
             options.max_read_bytes = 8192;  // many small reads, so that every thread has some
             StateDict live = live_layout(saved, layout, part, parts);
             LoadReport report;
-            Status st = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report);
+            Status st = load_checkpoint(*local_file_system(), ckpt, live, options, &report);
             BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
             BOOST_TEST(report.thread_count == threads);
             if (layout != "whole") BOOST_TEST(report.direct_chunks < report.chunks);
@@ -580,7 +585,7 @@ BOOST_AUTO_TEST_CASE(a_corrupted_chunk_is_refused_on_many_threads) {
         options.max_read_bytes = 8192;
         StateDict live = live_layout(saved, layout, 1, layout == "whole" ? 1 : 2);
         if (layout == "whole") live = live_layout(saved, layout, 0, 1);
-        Status st = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+        Status st = load_checkpoint(*local_file_system(), ckpt, live, options);
         BOOST_TEST(!st.is_ok());
         BOOST_TEST(st.message().find("checksum mismatch") != std::string::npos, st.message());
         BOOST_TEST(st.message().find("tensor '" + name + "'") != std::string::npos, st.message());
@@ -611,7 +616,7 @@ BOOST_AUTO_TEST_CASE(buffered_pieces_end_on_element_boundaries) {
       options.thread_count = threads;
       options.buffer_bytes = buffer;
       StateDict live = live_layout(saved, "cols", 1, 3);
-      Status st = load_checkpoint(dir / "global_step_1", live, ObjectStoreOptions{}, options);
+      Status st = load_checkpoint(*local_file_system(), dir / "global_step_1", live, options);
       BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
       for (const auto& t : live.tensors) {
         const auto expected = expected_block(saved, t.desc);
@@ -671,7 +676,7 @@ BOOST_AUTO_TEST_CASE(a_selection_skips_fills_from_another_name_and_converts) {
   LoadOptions options = load_selection_by_name(live, LoadScope{false, true, true});
   BOOST_TEST(options.skip.count("optimizer.main.model.w") == 1u);
   BOOST_TEST(options.skip.count("scheduler") == 1u);
-  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options).is_ok());
+  BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, live, options).is_ok());
   BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[5] == 0x3fc0);
   BOOST_TEST(live.tensors[1].tensor.host_data<float>()[0] == -1.0f);
   BOOST_TEST(live.objects.at("scheduler") == "untouched");
@@ -680,13 +685,13 @@ BOOST_AUTO_TEST_CASE(a_selection_skips_fills_from_another_name_and_converts) {
   // The master copy filled from the bf16 weights: exact, converted on the way.
   options.sources["optimizer.main.model.w"] = "model.w";
   options.skip.erase("optimizer.main.model.w");
-  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options).is_ok());
+  BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, live, options).is_ok());
   const std::vector<float> expected{1, 2, -0.5f, 3.5f, 0.25f, 1.5f, -8, 0};
   for (std::size_t i = 0; i < 8; ++i) BOOST_TEST(live.tensors[1].tensor.host_data<float>()[i] == expected[i]);
 
   // Without convert_dtypes another dtype is refused, naming both.
   options.convert_dtypes = false;
-  Status refused = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  Status refused = load_checkpoint(*local_file_system(), ckpt, live, options);
   BOOST_TEST(refused.message().find("saved as BF16, live as F32") != std::string::npos, refused.to_string());
   BOOST_TEST(refused.message().find("from saved tensor 'model.w'") != std::string::npos, refused.to_string());
 }
@@ -701,7 +706,7 @@ BOOST_AUTO_TEST_CASE(missing_and_unused_names_are_errors_or_reported_as_asked) {
   LoadOptions options;
 
   // Strict: the tensor the checkpoint lacks is an error, and nothing was modified.
-  Status missing = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  Status missing = load_checkpoint(*local_file_system(), ckpt, live, options);
   BOOST_TEST(missing.message().find("tensor 'model.extra'") != std::string::npos, missing.to_string());
   BOOST_TEST(missing.message().find("not in the checkpoint") != std::string::npos, missing.to_string());
   BOOST_TEST(live.tensors[0].tensor.host_data<std::uint16_t>()[0] == 0);
@@ -710,18 +715,18 @@ BOOST_AUTO_TEST_CASE(missing_and_unused_names_are_errors_or_reported_as_asked) {
   StateDict objects;
   objects.add_full("model.w", bf16_tensor(Shape{2, 4}, std::vector<std::uint16_t>(8, 0)));
   objects.objects["rng.rank7"] = "mine";
-  Status object = load_checkpoint(ckpt, objects, ObjectStoreOptions{}, options);
+  Status object = load_checkpoint(*local_file_system(), ckpt, objects, options);
   BOOST_TEST(object.message().find("object 'rng.rank7' is not in") != std::string::npos, object.to_string());
   LoadOptions optional;
   optional.optional_objects.insert("rng.rank7");
   LoadReport optional_report;
-  BOOST_REQUIRE(load_checkpoint(ckpt, objects, ObjectStoreOptions{}, optional, &optional_report).is_ok());
+  BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, objects, optional, &optional_report).is_ok());
   BOOST_TEST((optional_report.missing_objects == std::vector<std::string>{"rng.rank7"}));
 
   // Not strict: left as they are and reported.
   options.strict = false;
   LoadReport report;
-  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report).is_ok());
+  BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, live, options, &report).is_ok());
   BOOST_TEST((report.missing_tensors == std::vector<std::string>{"model.extra"}));
   BOOST_TEST((report.missing_objects == std::vector<std::string>{"rng.rank7"}));
   BOOST_TEST(live.tensors[1].tensor.host_data<float>()[2] == 5.0f);
@@ -730,7 +735,7 @@ BOOST_AUTO_TEST_CASE(missing_and_unused_names_are_errors_or_reported_as_asked) {
   // The checkpoint's tensor this state does not have is reported, or refused when asked.
   BOOST_TEST((report.unused_tensors == std::vector<std::string>{"optimizer.main.model.w"}));
   options.refuse_unused = true;
-  Status unused = load_checkpoint(ckpt, live, ObjectStoreOptions{}, options);
+  Status unused = load_checkpoint(*local_file_system(), ckpt, live, options);
   BOOST_TEST(unused.message().find("1 tensor(s) the state does not have: 'optimizer.main.model.w'") !=
                  std::string::npos,
              unused.to_string());
@@ -768,7 +773,7 @@ BOOST_AUTO_TEST_CASE(a_safetensors_folder_loads_resharded_and_converted) {
       } else {
         write_safetensors(dir / "model.safetensors", {{"model.w", w}, {"model.b", b}});
       }
-      BOOST_TEST(is_safetensors_folder(dir.path()));
+      BOOST_TEST(*is_safetensors_folder(*local_file_system(), dir.path()));
       BOOST_TEST(*resolve_checkpoint(dir.path()) == dir.path());
       // The second row only, as bf16: 1 + 2^-8 is a tie and rounds to even (1.0); -(1 + 3 x
       // 2^-8) rounds up in magnitude to -1.015625.
@@ -777,7 +782,7 @@ BOOST_AUTO_TEST_CASE(a_safetensors_folder_loads_resharded_and_converted) {
       live.add_full("model.b", f32_tensor(Shape{3}, {0, 0, 0}));
       LoadOptions options;
       options.convert_dtypes = true;
-      Status st = load_checkpoint(dir.path(), live, ObjectStoreOptions{}, options);
+      Status st = load_checkpoint(*local_file_system(), dir.path(), live, options);
       BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
       const auto* row = live.tensors[0].tensor.host_data<std::uint16_t>();
       BOOST_TEST(row[0] == 0x3f80);
@@ -820,7 +825,7 @@ BOOST_AUTO_TEST_CASE(a_load_that_is_not_strict_lets_missing_objects_pass_and_nam
   LoadOptions options;
   options.strict = false;
   LoadReport report;
-  BOOST_REQUIRE(load_checkpoint(ckpt, live, ObjectStoreOptions{}, options, &report).is_ok());
+  BOOST_REQUIRE(load_checkpoint(*local_file_system(), ckpt, live, options, &report).is_ok());
   BOOST_TEST((report.missing_objects == std::vector<std::string>{"optimizer.lr"}));
   BOOST_TEST(live.objects.at("optimizer.lr") == "mine");
 }

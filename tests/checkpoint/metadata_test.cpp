@@ -6,9 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/checkpoint/metadata_index.hpp"
 #include "tests/test_util.hpp"
 
@@ -231,8 +236,9 @@ BOOST_AUTO_TEST_CASE(a_process_reads_a_metadata_file_once_until_it_changes) {
     ++reads;
     return read_checkpoint_metadata(ckpt);
   };
-  auto first = shared_metadata_index(path, read);
-  auto second = shared_metadata_index(path, read);
+  FileSystem& fs = *local_file_system();
+  auto first = shared_metadata_index(fs, path, read);
+  auto second = shared_metadata_index(fs, path, read);
   BOOST_REQUIRE(first.is_ok());
   BOOST_TEST(reads == 1);
   BOOST_TEST(first->get() == second->get());
@@ -240,12 +246,13 @@ BOOST_AUTO_TEST_CASE(a_process_reads_a_metadata_file_once_until_it_changes) {
   CheckpointMetadata changed = (*first)->metadata();
   changed.step = 2;
   std::ofstream(path) << metadata_to_json(changed);
-  auto third = shared_metadata_index(path, read);
+  auto third = shared_metadata_index(fs, path, read);
   BOOST_TEST(reads == 2);
   BOOST_TEST(!third.is_ok());  // the folder is named for step 1
-  // Not a local file: read every time.
-  BOOST_TEST(shared_metadata_index("", read).status().code() == ErrorCode::corruption);
-  BOOST_TEST(reads == 3);
+  // A file that cannot be identified (not there): read every time, cached never.
+  BOOST_TEST(shared_metadata_index(fs, dir / "missing.json", read).status().code() == ErrorCode::corruption);
+  BOOST_TEST(shared_metadata_index(fs, dir / "missing.json", read).status().code() == ErrorCode::corruption);
+  BOOST_TEST(reads == 4);
 }
 
 BOOST_AUTO_TEST_CASE(a_loading_rank_gets_only_its_part) {
@@ -266,7 +273,7 @@ BOOST_AUTO_TEST_CASE(a_loading_rank_gets_only_its_part) {
   BOOST_REQUIRE(save_checkpoint_in_process(dir.path(), 3, engine_ptrs, state_ptrs).is_ok());
   const std::string ckpt = dir / "global_step_3";
   auto full = *read_checkpoint_metadata(ckpt);
-  auto part = read_checkpoint_metadata_part(ckpt, states[2]);
+  auto part = read_checkpoint_metadata_part(*local_file_system(), ckpt, states[2]);
   BOOST_REQUIRE_MESSAGE(part.is_ok(), part.status().to_string());
   BOOST_TEST(part->tensors.size() == full.tensors.size());
   for (const auto& [name, t] : part->tensors) {

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/core/host_buffer.hpp"
@@ -22,7 +22,7 @@ struct Ranks {
   std::vector<std::unique_ptr<SaveEngine>> engines;
 
   Ranks(const SyntheticStateSpec& spec, SaveEngineOptions options,
-        std::shared_ptr<StorageBackend> storage = local_storage()) {
+        std::shared_ptr<FileSystem> storage = local_file_system()) {
     for (int r = 0; r < spec.ranks; ++r) {
       states.push_back(*make_synthetic_state(spec, r, Device::host()));
       engines.push_back(*SaveEngine::create(r, options, storage));
@@ -89,7 +89,7 @@ BOOST_AUTO_TEST_CASE(sync_saves_of_host_memory_copy_nothing) {
     BOOST_REQUIRE(engine->prepare(state, false).is_ok());
     const std::size_t before = staging_memory().current();
     staging_memory().reset_peak();
-    auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
+    auto tmp = *test::prepare_checkpoint_dir(dir.path(), 1);
     auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
     BOOST_TEST(report.status.is_ok());
     BOOST_TEST(engine->staging_bytes() == 0u);
@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(a_state_of_empty_tensors_saves_through_any_path) {
         options.stage_host_memory = copy_out;
         options.release_after_save = per_save;
         auto engine = *SaveEngine::create(0, options);
-        auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
+        auto tmp = *test::prepare_checkpoint_dir(dir.path(), 1);
         BOOST_TEST(engine->save(state, CheckpointLayout::policy_dir(tmp), 1).status.is_ok());
         BOOST_REQUIRE(engine->begin_async(state).is_ok());
         BOOST_TEST(engine->write_async(state, CheckpointLayout::policy_dir(tmp), 1, [] {}).status.is_ok());
@@ -158,7 +158,7 @@ BOOST_AUTO_TEST_CASE(staging_buffers_are_reused_across_saves) {
 static std::map<std::string, std::string> async_files(const SaveEngineOptions& options) {
   TempDir dir;
   Ranks ranks(kSpec, options);
-  auto tmp = *prepare_checkpoint_dir(dir.path(), 4);
+  auto tmp = *test::prepare_checkpoint_dir(dir.path(), 4);
   std::vector<RankSaveReport> reports;
   for (std::size_t r = 0; r < ranks.states.size(); ++r) {
     BOOST_REQUIRE(ranks.engines[r]->begin_async(ranks.states[r]).is_ok());
@@ -168,7 +168,7 @@ static std::map<std::string, std::string> async_files(const SaveEngineOptions& o
     BOOST_TEST(signalled == 1);
     BOOST_REQUIRE_MESSAGE(reports.back().status.is_ok(), reports.back().status.to_string());
   }
-  BOOST_REQUIRE(commit_checkpoint(dir.path(), 4, reports, kSpec.ranks).is_ok());
+  BOOST_REQUIRE(test::commit_checkpoint(dir.path(), 4, reports, kSpec.ranks).is_ok());
   return test::files_of(dir.path());
 }
 
@@ -243,7 +243,7 @@ BOOST_AUTO_TEST_CASE(an_error_in_one_bucket_stops_the_others_and_is_the_one_repo
       SaveEngineOptions options{8, 2, false, {}};
       options.stage_host_memory = copy_out;
       auto engine = *SaveEngine::create(0, options, storage);
-      auto tmp = *prepare_checkpoint_dir(dir.path(), 1);
+      auto tmp = *test::prepare_checkpoint_dir(dir.path(), 1);
       auto report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
       BOOST_TEST(!report.status.is_ok());
       BOOST_TEST((report.status.code() == ErrorCode::no_space));
@@ -257,7 +257,7 @@ BOOST_AUTO_TEST_CASE(an_error_in_one_bucket_stops_the_others_and_is_the_one_repo
       }
       // The same engine saves again once the storage is healthy, with every slot given back.
       storage->fail_file = "none";
-      auto again = *prepare_checkpoint_dir(dir.path(), 2);
+      auto again = *test::prepare_checkpoint_dir(dir.path(), 2);
       BOOST_TEST(engine->save(state, CheckpointLayout::policy_dir(again), 2).status.is_ok());
     }
   }
@@ -275,17 +275,17 @@ BOOST_AUTO_TEST_CASE(a_failed_rank_commits_nothing) {
   BOOST_TEST(result.status().message().find("rank 1") != std::string::npos);
   BOOST_TEST(!std::filesystem::exists(dir / "global_step_2"));
   BOOST_TEST(!std::filesystem::exists(dir / "global_step_2.tmp"));
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_rate_limited_backend_paces_writes_and_keeps_their_bytes) {
-  BOOST_TEST((rate_limited_storage(local_storage(), 0) == local_storage()));
+  BOOST_TEST((rate_limited(local_file_system(), 0) == local_file_system()));
   test::TempDir dir;
-  auto limited = rate_limited_storage(local_storage(), 1024.0 * 1024.0);
+  auto limited = rate_limited(local_file_system(), 1024.0 * 1024.0);
   std::string bytes(512u << 10, '\0');
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
   auto start = std::chrono::steady_clock::now();
-  auto file = limited->open_for_write(dir / "f");
+  auto file = limited->create_file(dir / "f");
   BOOST_REQUIRE(file.is_ok());
   BOOST_REQUIRE((*file)->append(bytes.data(), bytes.size() / 2).is_ok());
   BOOST_REQUIRE((*file)->write_at(bytes.size() / 2, bytes.data() + bytes.size() / 2, bytes.size() / 2).is_ok());

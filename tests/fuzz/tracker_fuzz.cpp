@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stagehand/checkpoint/commit.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
 
 using namespace stagehand;
 

@@ -10,9 +10,14 @@
 #include <thread>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -60,11 +65,11 @@ BOOST_AUTO_TEST_CASE(sigkill_during_a_save_keeps_the_previous_checkpoint) {
 
   BOOST_TEST(fs::exists(dir / "global_step_2.tmp"));
   BOOST_TEST(!fs::exists(dir / "global_step_2"));
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
   auto resolved = resolve_checkpoint(dir.path());
   BOOST_REQUIRE(resolved.is_ok());
   BOOST_TEST(*resolved == dir / "global_step_1");
-  BOOST_TEST((committed_steps(dir.path()) == std::vector<std::int64_t>{1}));
+  BOOST_TEST((test::committed_steps(dir.path()) == std::vector<std::int64_t>{1}));
   BOOST_TEST(verify_checkpoint(*resolved)->ok());
   for (int r = 0; r < 2; ++r) {
     auto expected = *make_synthetic_state(spec, r, Device::host());
@@ -74,6 +79,6 @@ BOOST_AUTO_TEST_CASE(sigkill_during_a_save_keeps_the_previous_checkpoint) {
       BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor));
     }
   }
-  BOOST_TEST(*clean_stale_tmp_dirs(dir.path()) == 1);
+  BOOST_TEST(*test::clean_stale_tmp_dirs(dir.path()) == 1);
   BOOST_TEST(!fs::exists(dir / "global_step_2.tmp"));
 }

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -109,7 +109,7 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
                                                                     "trainer.total_steps=40", "trainer.resume_mode=latest"}),
                                                                config));
       BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
-      BOOST_TEST((committed_steps(dir / "procs") == std::vector<std::int64_t>{10, 20, 30, 40}));
+      BOOST_TEST((test::committed_steps(dir / "procs") == std::vector<std::int64_t>{10, 20, 30, 40}));
       for (int step : {10, 20, 30, 40}) {
         expect_same_checkpoint(dir / ("inproc/global_step_" + std::to_string(step)),
                                dir / ("procs/global_step_" + std::to_string(step)));
@@ -136,7 +136,7 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_a
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/global_step_40.tmp"), ranks[0]->output());
-  BOOST_REQUIRE(**read_tracker(dir / "ckpt") == 20);
+  BOOST_REQUIRE(**test::read_tracker(dir / "ckpt") == 20);
   ::kill(ranks[2]->pid, SIGKILL);
   auto killed = Clock::now();
   int code0 = ranks[0]->wait_for(std::chrono::seconds(30));
@@ -154,14 +154,14 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_a
     BOOST_TEST(code != -1, "rank " << r << " did not exit: " << ranks[static_cast<std::size_t>(r)]->output());
   }
   // Nothing of step 40 was committed; step 20 is intact and resumes.
-  BOOST_TEST(**read_tracker(dir / "ckpt") == 20);
-  BOOST_TEST((committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20}));
+  BOOST_TEST(**test::read_tracker(dir / "ckpt") == 20);
+  BOOST_TEST((test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20}));
   auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "ckpt");
   BOOST_TEST(verify.code == 0, verify.output);
   auto resume = test::run_command(train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=25",
                                                  "trainer.resume_mode=latest"}));
   BOOST_TEST(resume.code == 0, resume.output);
-  BOOST_TEST(**read_tracker(dir / "ckpt") == 25);
+  BOOST_TEST(**test::read_tracker(dir / "ckpt") == 25);
 }
 
 BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {

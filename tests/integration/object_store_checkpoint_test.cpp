@@ -10,9 +10,13 @@
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/cloud_checkpoint.hpp"
-#include "stagehand/checkpoint/commit.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/trainer_state.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/strategy/megatron_strategy.hpp"
@@ -33,7 +37,7 @@ constexpr const char* kBucket = "ckpt-bucket";
 struct Cluster : test::StrategyCluster {
   Cluster(const SyntheticStateSpec& spec, const std::string& destination, bool async, const ObjectStoreOptions& store,
           const std::string& work_dir)
-      : test::StrategyCluster(destination, {spec, async, 4, local_storage(), work_dir, false, store}) {}
+      : test::StrategyCluster(destination, {spec, async, 4, nullptr, work_dir, false, store}) {}
 
   /// Saves `step` with a trainer state, as the trainers do.
   Result<SaveTiming> save(std::int64_t step) {
@@ -85,7 +89,7 @@ BOOST_AUTO_TEST_CASE(an_async_request_to_s3_saves_synchronously_uploads_and_comm
       BOOST_REQUIRE_MESSAGE(timing.is_ok(), timing.status().to_string());
       BOOST_TEST(!timing->async);
       // Committed when save returns: the tracker already names it.
-      auto root = CloudCheckpoints::open(url, server.options());
+      auto root = test::CloudRoot::open(url, server.options());
       BOOST_REQUIRE(root.is_ok());
       BOOST_TEST(**root->read_tracker() == step);
     }
@@ -110,7 +114,7 @@ BOOST_AUTO_TEST_CASE(an_async_request_to_s3_saves_synchronously_uploads_and_comm
   BOOST_TEST(verified->ok());
   // Eight data files and the trainer state.
   BOOST_TEST(verified->files_checked == 9u);
-  auto state = read_trainer_state(*resolved, server.options());
+  auto state = read_trainer_state(*default_file_system(server.options()), *resolved);
   BOOST_REQUIRE(state.is_ok());
   BOOST_TEST(state->step == 2);
 
@@ -136,7 +140,7 @@ BOOST_AUTO_TEST_CASE(local_and_cloud_checkpoints_of_the_same_state_hold_identica
   auto check = independent_check(server, url, local / "ckpt");
   BOOST_TEST(check["problems"].empty(), check.dump());
   // The metadata is the same document too.
-  auto remote = CloudCheckpoints::open(url, server.options());
+  auto remote = test::CloudRoot::open(url, server.options());
   BOOST_REQUIRE(remote.is_ok());
   auto metadata = remote->bucket().get("same/global_step_5/policy/metadata.json");
   BOOST_REQUIRE(metadata.is_ok() && metadata->has_value());
@@ -214,7 +218,7 @@ BOOST_AUTO_TEST_CASE(a_server_that_stops_mid_upload_fails_the_save_and_keeps_the
     BOOST_TEST(why.find("cannot reach the object store") != std::string::npos, why);
     BOOST_REQUIRE(server.command("up") == "ok");
   }
-  auto root = CloudCheckpoints::open(url, server.options());
+  auto root = test::CloudRoot::open(url, server.options());
   BOOST_REQUIRE(root.is_ok());
   BOOST_TEST(**root->read_tracker() == 1);
   BOOST_TEST(!*root->is_committed(2));
@@ -222,7 +226,7 @@ BOOST_AUTO_TEST_CASE(a_server_that_stops_mid_upload_fails_the_save_and_keeps_the
   // What the dead server kept (parts, objects of step 2) is cleaned at the next start.
   TrainerConfig trainer;
   trainer.ckpt_path = url;
-  CheckpointPolicy policy(trainer, work.path(), server.options());
+  CheckpointPolicy policy(trainer, default_file_system(server.options()));
   BOOST_REQUIRE(policy.clean_interrupted_saves().is_ok());
   BOOST_TEST(root->bucket().open_uploads("outage/")->empty());
   BOOST_TEST(root->bucket().list("outage/global_step_2")->empty());
@@ -239,7 +243,7 @@ BOOST_AUTO_TEST_CASE(retention_deletes_old_steps_objects_after_a_commit) {
   TrainerConfig trainer;
   trainer.ckpt_path = url;
   trainer.max_ckpts_to_keep = 2;
-  CheckpointPolicy policy(trainer, work.path(), server.options());
+  CheckpointPolicy policy(trainer, default_file_system(server.options()));
   {
     Cluster cluster(kSmall, url, false, server.options(), work.path());
     for (std::int64_t step : {1, 2, 3, 4}) {
@@ -247,7 +251,7 @@ BOOST_AUTO_TEST_CASE(retention_deletes_old_steps_objects_after_a_commit) {
       BOOST_REQUIRE(policy.apply_retention().is_ok());
     }
   }
-  auto root = CloudCheckpoints::open(url, server.options());
+  auto root = test::CloudRoot::open(url, server.options());
   BOOST_TEST((*root->committed_steps() == std::vector<std::int64_t>{3, 4}));
   BOOST_TEST(root->bucket().list("keep/global_step_1")->empty());
   BOOST_TEST(root->bucket().list("keep/global_step_2")->empty());
@@ -271,14 +275,14 @@ BOOST_AUTO_TEST_CASE(destination_checks_name_each_failure) {
   auto check = [&](const std::string& url, const ObjectStoreOptions& store) {
     TrainerConfig trainer;
     trainer.ckpt_path = url;
-    return CheckpointPolicy(trainer, "/tmp/stagehand-work", store).check_destination();
+    return CheckpointPolicy(trainer, default_file_system(store)).check_destination();
   };
   BOOST_TEST(check(std::string("s3://") + kBucket + "/ok", server.options()).is_ok());
   auto wrong = server.options();
   wrong.secret_access_key = "wrong";
   Status st = check(std::string("s3://") + kBucket + "/ok", wrong);
   BOOST_TEST((st.code() == ErrorCode::permission_denied));
-  BOOST_TEST(st.message().find("trainer.ckpt_path") != std::string::npos, st.message());
+  BOOST_TEST(st.message().find("trainer: ckpt_path 's3://ckpt-bucket/ok'") != std::string::npos, st.message());
   st = check("s3://missing-bucket/ok", server.options());
   BOOST_TEST((st.code() == ErrorCode::not_found));
   BOOST_TEST(st.message().find("bucket 'missing-bucket' does not exist") != std::string::npos, st.message());
@@ -307,7 +311,7 @@ BOOST_AUTO_TEST_CASE(gs_urls_use_the_same_protocol) {
 BOOST_AUTO_TEST_CASE(start_up_cleaning_says_what_it_removes) {
   S3Server server({kBucket});
   const std::string url = std::string("s3://") + kBucket + "/leftovers";
-  auto root = CloudCheckpoints::open(url, server.options());
+  auto root = test::CloudRoot::open(url, server.options());
   BOOST_REQUIRE(root.is_ok());
   // A killed save left two data objects of step 4 (no metadata) and two open uploads.
   BOOST_REQUIRE(root->bucket().put("leftovers/global_step_4/policy/__0_0.safetensors", "x").is_ok());
@@ -315,23 +319,31 @@ BOOST_AUTO_TEST_CASE(start_up_cleaning_says_what_it_removes) {
   for (const char* key : {"leftovers/global_step_4/policy/__0_1.safetensors", "leftovers/global_step_4/policy/__1_1.safetensors"}) {
     BOOST_REQUIRE(server.command(std::string("open_upload ") + kBucket + " " + key) == "ok");
   }
-  // It had written step 4's trainer state into its local work folder before it was killed.
+  // It was spooling a file into its local work folder when it was killed; a live process's spool
+  // file beside it stays.
   TempDir work;
-  const std::string stale = work / (std::string("s3/") + kBucket + "/leftovers/global_step_4.tmp");
-  fs::create_directories(stale + "/policy");
-  std::ofstream(stale + "/trainer_state.json") << "{}";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = work / (".spool-" + std::to_string(dead) + "-AbCdEf");
+  const std::string live = work / (".spool-" + std::to_string(::getpid()) + "-AbCdEf");
+  std::ofstream(stale) << "x";
+  std::ofstream(live) << "y";
+  auto options = server.options();
+  options.spool_dir = work.path();
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   logger()->sinks().push_back(sink);
   TrainerConfig trainer;
   trainer.ckpt_path = url;
-  Status cleaned = CheckpointPolicy(trainer, work.path(), server.options()).clean_interrupted_saves();
+  Status cleaned = CheckpointPolicy(trainer, default_file_system(options)).clean_interrupted_saves();
   logger()->sinks().pop_back();
   BOOST_REQUIRE_MESSAGE(cleaned.is_ok(), cleaned.to_string());
   const std::string text = log.str();
-  BOOST_TEST(text.find("removing 2 object(s) of uncommitted step 4 under '" + url + "'") != std::string::npos, text);
-  BOOST_TEST(text.find("aborting 2 open multipart upload(s) under '" + url + "'") != std::string::npos, text);
-  BOOST_TEST(text.find("removing '" + stale + "', left by an interrupted save") != std::string::npos, text);
+  BOOST_TEST(text.find("removing the files of uncommitted step 4 under '" + url + "'") != std::string::npos, text);
+  BOOST_TEST(text.find("aborted 2 unfinished upload(s) under '" + url + "'") != std::string::npos, text);
+  BOOST_TEST(text.find("removing '" + stale + "', spooled by a process that is gone") != std::string::npos, text);
+  BOOST_TEST(fs::exists(live));
   BOOST_TEST(root->bucket().list("leftovers/")->empty());
   BOOST_TEST(root->bucket().open_uploads("leftovers/")->empty());
   BOOST_TEST(!fs::exists(stale));

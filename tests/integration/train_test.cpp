@@ -15,9 +15,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/checkpoint/trainer_state.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
@@ -254,8 +259,8 @@ BOOST_AUTO_TEST_CASE(retention_keeps_exactly_the_newest_committed) {
     Run r = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=50", "trainer.ckpt_interval=10",
                                    "trainer.max_ckpts_to_keep=2", "megatron_config.async_dist_ckpt_save=" + async});
     BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
-    BOOST_TEST((committed_steps(dir / "ckpt") == std::vector<std::int64_t>{40, 50}));
-    BOOST_TEST(**read_tracker(dir / "ckpt") == 50);
+    BOOST_TEST((test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{40, 50}));
+    BOOST_TEST(**test::read_tracker(dir / "ckpt") == 50);
   }
 }
 
@@ -298,13 +303,13 @@ BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
   std::int64_t step = std::stoll(text.substr(pos + 38));
   BOOST_TEST(step > 0);
   // By the time the process exited, that checkpoint was committed.
-  BOOST_TEST(**read_tracker(dir / "ckpt") == step);
+  BOOST_TEST(**test::read_tracker(dir / "ckpt") == step);
   BOOST_TEST(!fs::exists(dir / ("ckpt/global_step_" + std::to_string(step) + ".tmp")));
   BOOST_TEST(verify_checkpoint(dir / ("ckpt/global_step_" + std::to_string(step)))->ok());
   Run resumed = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "trainer.resume_mode=latest",
                                        "trainer.total_steps=" + std::to_string(step + 2), "model.hidden=2048"});
   BOOST_TEST(resumed.code == 0, resumed.output);
-  BOOST_TEST(**read_tracker(dir / "ckpt") == step + 2);
+  BOOST_TEST(**test::read_tracker(dir / "ckpt") == step + 2);
 }
 
 // Issue 15: SIGKILL while async saves with staging waves are in flight (the later waves staged
@@ -332,7 +337,7 @@ BOOST_AUTO_TEST_CASE(sigkill_during_async_staging_waves_keeps_the_committed_chec
   BOOST_REQUIRE_MESSAGE(in_flight, run.output());
   run.signal(SIGKILL);
   BOOST_TEST(run.wait(std::chrono::seconds(60)) == -1);  // killed, not exited
-  auto tracked = read_tracker(root);
+  auto tracked = test::read_tracker(root);
   BOOST_REQUIRE(tracked.is_ok() && tracked->has_value());
   const std::string committed = CheckpointLayout{root}.step_dir(**tracked);
   BOOST_TEST(verify_checkpoint(committed)->ok());
@@ -342,7 +347,7 @@ BOOST_AUTO_TEST_CASE(sigkill_during_async_staging_waves_keeps_the_committed_chec
                                        "megatron_config.ckpt_save_thread_count=4",
                                        "megatron_config.ckpt_save_staging_buckets=1"});
   BOOST_TEST(resumed.code == 0, resumed.output);
-  BOOST_TEST(**read_tracker(root) == **tracked + 2);
+  BOOST_TEST(**test::read_tracker(root) == **tracked + 2);
 }
 
 BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and_field) {
@@ -391,7 +396,7 @@ BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and
       write_json(state_file, state);
       // As if saved so: the metadata records the spoiled file, so that its fields are what fails.
       test::edit_metadata(root + "/global_step_3", [&](CheckpointMetadata& m) {
-        auto recorded = trainer_state_meta(root + "/global_step_3");
+        auto recorded = test::trainer_state_meta(root + "/global_step_3");
         BOOST_REQUIRE(recorded.is_ok());
         m.trainer_state = *recorded;
       });
@@ -401,7 +406,7 @@ BOOST_AUTO_TEST_CASE(a_malformed_trainer_state_fails_the_run_naming_the_file_and
       BOOST_TEST(r.output.find(state_file) != std::string::npos, r.output);
       BOOST_TEST(r.output.find("'" + std::string(c.field) + "'") != std::string::npos, r.output);
       BOOST_TEST(r.output.find("unhandled exception") == std::string::npos, r.output);
-      BOOST_TEST(**read_tracker(root) == 3);
+      BOOST_TEST(**test::read_tracker(root) == 3);
     }
   }
 }
@@ -464,7 +469,7 @@ BOOST_AUTO_TEST_CASE(edited_steps_and_states_are_refused_not_resumed) {
        [&] {
          set_state_step(10);
          test::edit_metadata(ckpt, [&](CheckpointMetadata& m) {
-           auto recorded = trainer_state_meta(ckpt);
+           auto recorded = test::trainer_state_meta(ckpt);
            BOOST_REQUIRE(recorded.is_ok());
            m.trainer_state = *recorded;
          });
@@ -540,7 +545,7 @@ BOOST_AUTO_TEST_CASE(sigterm_with_a_failing_final_save_says_it_is_not_committed)
   auto pos = text.find("stopped by signal: the checkpoint of step ");
   BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
   BOOST_TEST(text.find("is not committed", pos) != std::string::npos, text);
-  BOOST_TEST(**read_tracker(dir / "moved") == 5);
+  BOOST_TEST(**test::read_tracker(dir / "moved") == 5);
 }
 
 BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
@@ -566,7 +571,7 @@ BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
   BOOST_TEST(latest.output.find("latest_ckpt_global_step.txt") != std::string::npos, latest.output);
   BOOST_TEST(latest.output.find("global_step_5") != std::string::npos, latest.output);
   BOOST_TEST(latest.output.find("trainer.overwrite_checkpoints") != std::string::npos, latest.output);
-  BOOST_TEST((committed_steps(root) == std::vector<std::int64_t>{5}));
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{5}));
   BOOST_TEST((test::files_of(root + "/global_step_5") == before));
 
   // Asked for: both start over.
@@ -576,7 +581,7 @@ BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
                                         "trainer.resume_mode=" + mode, "trainer.max_ckpts_to_keep=1",
                                         "trainer.overwrite_checkpoints=true"});
       BOOST_TEST(over.code == 0, over.output);
-      BOOST_TEST((committed_steps(root) == std::vector<std::int64_t>{10}));
+      BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{10}));
       fs::remove(root + "/latest_ckpt_global_step.txt");
     }
   }
@@ -599,11 +604,11 @@ BOOST_AUTO_TEST_CASE(a_new_ckpt_path_with_a_trailing_slash_is_accepted) {
   TempDir dir;
   Run r = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "new/", "trainer.total_steps=3"});
   BOOST_TEST(r.code == 0, r.output);
-  BOOST_TEST(**read_tracker(dir / "new") == 3);
+  BOOST_TEST(**test::read_tracker(dir / "new") == 3);
   Run resumed = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "new/", "trainer.total_steps=4",
                                        "trainer.resume_mode=latest"});
   BOOST_TEST(resumed.code == 0, resumed.output);
-  BOOST_TEST(**read_tracker(dir / "new") == 4);
+  BOOST_TEST(**test::read_tracker(dir / "new") == 4);
 }
 
 BOOST_AUTO_TEST_CASE(resume_latest_with_nothing_to_resume_says_so) {
@@ -640,8 +645,8 @@ BOOST_AUTO_TEST_CASE(a_second_run_on_the_same_ckpt_path_is_refused) {
   auto latest = resolve_checkpoint(root);
   BOOST_REQUIRE_MESSAGE(latest.is_ok(), latest.status().message());
   BOOST_TEST(verify_checkpoint(*latest)->ok());
-  BOOST_TEST(committed_steps(root).size() == 2u);
-  BOOST_TEST(*clean_stale_tmp_dirs(root) == 0);
+  BOOST_TEST(test::committed_steps(root).size() == 2u);
+  BOOST_TEST(*test::clean_stale_tmp_dirs(root) == 0);
   // Once the first run is gone, the lock is free again.
   Run third = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=" + std::to_string(step + 2),
                                      "trainer.resume_mode=latest", "trainer.max_ckpts_to_keep=2"});
@@ -734,7 +739,7 @@ BOOST_AUTO_TEST_CASE(sync_rl_starts_from_an_sft_run_s_weights_with_init_from) {
   BOOST_REQUIRE(!steps.empty());
   BOOST_TEST(steps.front()["step"].get<int>() == 1);
   BOOST_TEST(steps.front()["accuracy"].get<double>() > sft_accuracy - 0.05);
-  auto state = read_trainer_state(dir / "rl/global_step_5");
+  auto state = read_trainer_state(*local_file_system(), dir / "rl/global_step_5");
   BOOST_REQUIRE(state.is_ok());
   BOOST_TEST(state->kind == "sync");
 
@@ -785,7 +790,7 @@ BOOST_AUTO_TEST_CASE(periodic_exports_run_in_the_background_and_a_failed_one_is_
   BOOST_TEST(test::read_file(dir / "hf/global_step_10/taken") == "x");
   // The failed export left the checkpoints as retention wants them, and the export is the
   // checkpoint's model weights: starting from it gives the run's accuracy.
-  BOOST_TEST(committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20});
+  BOOST_TEST(test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{20});
   const double accuracy = lines_of(dir / "m.jsonl", "step").back()["accuracy"].get<double>();
   Run from_export = train("sync_rl.yaml",
                           {"trainer.ckpt_path=" + dir / "again", "trainer.total_steps=1",

@@ -5,10 +5,15 @@
 
 #include <thread>
 
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/gemm.hpp"
 #include "tests/test_util.hpp"
@@ -76,7 +81,7 @@ struct Models {
     std::vector<LoadReport> reports(ranks.size());
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       const LoadOptions options = ranks[r]->load_selection(scope);
-      Status st = load_checkpoint(dir, *ranks[r]->state(), ObjectStoreOptions{}, options, &reports[r]);
+      Status st = load_checkpoint(*local_file_system(), dir, *ranks[r]->state(), options, &reports[r]);
       if (st.is_ok()) st = ranks[r]->on_loaded(scope, reports[r]);
       BOOST_REQUIRE_MESSAGE(st.is_ok(), "rank " << r << ": " << st.to_string());
     }
@@ -92,7 +97,7 @@ std::map<std::string, std::string> gathered(const std::string& dir) {
   for (const auto& [name, t] : metadata->tensors) {
     whole.add_full(name, *Tensor::empty(t.dtype, t.global_shape, Device::host()));
   }
-  BOOST_REQUIRE(load_checkpoint(dir, whole, ObjectStoreOptions{}).is_ok());
+  BOOST_REQUIRE(load_checkpoint(dir, whole).is_ok());
   std::map<std::string, std::string> out;
   for (const auto& t : whole.tensors) {
     out[t.desc.name] = std::string(static_cast<const char*>(t.tensor.data()), t.tensor.nbytes());
@@ -106,7 +111,7 @@ std::map<std::string, std::string> gathered_safetensors(const std::string& dir) 
   BOOST_REQUIRE_MESSAGE(single.is_ok(), single.status().to_string());
   StateDict whole;
   for (const auto& e : single->entries) whole.add_full(e.key, *Tensor::empty(e.dtype, e.shape, Device::host()));
-  BOOST_REQUIRE(load_checkpoint(dir, whole, ObjectStoreOptions{}).is_ok());
+  BOOST_REQUIRE(load_checkpoint(dir, whole).is_ok());
   std::map<std::string, std::string> out;
   for (const auto& t : whole.tensors) {
     BOOST_TEST((t.desc.dtype == DType::f32));
@@ -349,7 +354,7 @@ BOOST_AUTO_TEST_CASE(an_fp32_export_started_from_gives_bit_identical_fp32_weight
   saved.save(dir / "a", 5);
   ExportOptions fp32;
   fp32.dtype = DType::f32;
-  BOOST_REQUIRE(export_checkpoint(dir / "a", dir / "hf", fp32, ObjectStoreOptions{}).is_ok());
+  BOOST_REQUIRE(export_checkpoint(*local_file_system(), dir / "a", dir / "hf", fp32).is_ok());
   const auto exported = gathered_safetensors(dir / "hf");
   BOOST_TEST(exported.size() == 4u);
   // Started from the export (another layout, weights only), then saved: the fp32 main weights

@@ -14,8 +14,13 @@
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
@@ -41,7 +46,7 @@ const SyntheticStateSpec kSpec{2, 2u << 20, 24, 11};
 /// `staging_buckets` > 0 with async: the later waves are staged behind the fence.
 struct Cluster : test::StrategyCluster {
   Cluster(const std::string& destination, bool async, int threads = 4,
-          std::shared_ptr<StorageBackend> storage = local_storage(), const std::string& work_dir = "/tmp/stagehand-work",
+          std::shared_ptr<FileSystem> storage = nullptr, const std::string& work_dir = "/tmp/stagehand-work",
           bool low_priority = true, int staging_buckets = 0)
       : test::StrategyCluster(destination, {kSpec, async, threads, std::move(storage), work_dir, low_priority,
                                             ObjectStoreOptions::from_environment(), staging_buckets}) {}
@@ -103,9 +108,9 @@ BOOST_AUTO_TEST_CASE(the_save_returns_before_the_data_is_on_disk) {
   // The reply came back while the writes are still running: nothing is committed yet.
   BOOST_TEST(fs::exists(dir / "global_step_1.tmp"));
   BOOST_TEST(!fs::exists(dir / "global_step_1"));
-  BOOST_TEST(!read_tracker(dir.path())->has_value());
+  BOOST_TEST(!test::read_tracker(dir.path())->has_value());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
 }
 
@@ -119,7 +124,7 @@ BOOST_AUTO_TEST_CASE(completion_is_pushed_and_commits_without_a_finalize) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   BOOST_TEST(fs::exists(dir / "global_step_1/policy/metadata.json"));
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
@@ -142,7 +147,7 @@ BOOST_AUTO_TEST_CASE(a_second_save_waits_for_the_first_to_commit) {
   BOOST_TEST(step2_files_before_commit.load() == 0);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
   expect_loads_synthetic(dir / "global_step_2", kSpec);
-  BOOST_TEST(**read_tracker(dir.path()) == 2);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 2);
   }
   }
 }
@@ -239,7 +244,7 @@ BOOST_AUTO_TEST_CASE(teardown_with_a_pending_save_leaves_a_committed_checkpoint)
   BOOST_REQUIRE(WIFEXITED(status));
   BOOST_REQUIRE(WEXITSTATUS(status) == 0);
   // This process never saw the save: it loads what the exited one left.
-  BOOST_TEST(**read_tracker(dir.path()) == 5);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 5);
   BOOST_TEST(!fs::exists(dir / "global_step_5.tmp"));
   expect_loads_synthetic(*resolve_checkpoint(dir.path()), kSpec);
   }
@@ -264,14 +269,14 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   BOOST_TEST(st.message().find("errno 5") != std::string::npos, st.message());
   BOOST_TEST(!fs::exists(dir / "global_step_2"));
   BOOST_TEST(!fs::exists(dir / "global_step_2.tmp"));
-  BOOST_TEST(**read_tracker(dir.path()) == 1);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
   expect_loads_synthetic(dir / "global_step_1", kSpec);
   // Reported once: the next finalize is clean, and a later save works again.
   BOOST_TEST(cluster.client->finalize().is_ok());
   storage->fail_file.clear();
   BOOST_REQUIRE(cluster.client->save(3).is_ok());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
-  BOOST_TEST(**read_tracker(dir.path()) == 3);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 3);
   }
   }
 }
@@ -397,8 +402,9 @@ BOOST_AUTO_TEST_CASE(cloud_paths_are_classified) {
   BOOST_TEST((classify_destination("gs://b/p") == DestinationKind::gcs));
   BOOST_TEST((classify_destination("gcs://b/p") == DestinationKind::gcs));
   BOOST_TEST((classify_destination("/data/s3://x") == DestinationKind::local));
-  BOOST_TEST(local_staging_root("s3://bucket/run/ckpt/", "/w") == "/w/s3/bucket/run/ckpt");
-  BOOST_TEST(local_staging_root("/data/ckpt", "/w") == "/data/ckpt");
+  BOOST_TEST(!default_file_system()->capabilities("s3://b/p").atomic_rename);
+  BOOST_TEST(default_file_system()->capabilities("s3://b/p").uploads);
+  BOOST_TEST(default_file_system()->capabilities("/data/s3://x").atomic_rename);
 }
 
 BOOST_AUTO_TEST_CASE(writer_threads_run_at_lowered_priority_unless_turned_off) {
@@ -438,7 +444,7 @@ BOOST_AUTO_TEST_CASE(queue_and_buffers_persist_across_saves) {
   }
   for (auto s : staging) BOOST_TEST(s == staging.front());
   BOOST_TEST(staging.front() == before + at_spawn);
-  BOOST_TEST((committed_steps(dir.path()) == std::vector<std::int64_t>{1, 2, 3, 4}));
+  BOOST_TEST((test::committed_steps(dir.path()) == std::vector<std::int64_t>{1, 2, 3, 4}));
 }
 
 BOOST_AUTO_TEST_CASE(async_calls_queue_hands_each_result_out_once) {

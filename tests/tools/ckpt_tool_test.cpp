@@ -17,9 +17,14 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/commit.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
@@ -157,7 +162,7 @@ void save_two_ranks(const std::string& root, const std::vector<GlobalTensor>& te
                                                  t.split_dim < 0 ? rank : 0);
     }
   }
-  auto tmp = prepare_checkpoint_dir(root, 1);
+  auto tmp = test::prepare_checkpoint_dir(root, 1);
   BOOST_REQUIRE(tmp.is_ok());
   if (!trainer_state.empty()) std::ofstream(*tmp + "/" + kTrainerStateFile) << trainer_state;
   std::vector<RankSaveReport> reports;
@@ -167,7 +172,7 @@ void save_two_ranks(const std::string& root, const std::vector<GlobalTensor>& te
     reports.push_back((*engine)->save(states[static_cast<std::size_t>(rank)],
                                       CheckpointLayout::policy_dir(*tmp), 1));
   }
-  BOOST_REQUIRE(commit_checkpoint(root, 1, reports, 2).is_ok());
+  BOOST_REQUIRE(test::commit_checkpoint(root, 1, reports, 2).is_ok());
 }
 
 /// The tensors of an export folder, read through its safetensors headers: name -> (file, tensor).

@@ -1,0 +1,257 @@
+#include "stagehand/checkpoint/parallel_reader.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "stagehand/checkpoint/reshard.hpp"
+#include "stagehand/core/host_buffer.hpp"
+
+namespace stagehand {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Per-thread figures, summed into the LoadReport.
+struct PhaseTimes {
+  double read_s = 0;
+  double verify_s = 0;
+  double copy_s = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t reads = 0;
+};
+
+/// Runs the reads of one load on a few threads: the first error stops the rest.
+///
+/// Thread-safety: run() is called once; the tasks it runs touch disjoint tensor memory (the
+/// saved chunks tile each tensor, so no two overlap one block's element).
+class ParallelLoad {
+ public:
+  /// @param verify whether chunks carry checksums to check (a safetensors folder's do not).
+  ParallelLoad(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
+               const LoadOptions& options, bool pinned, bool verify)
+      : state_(state),
+        jobs_(jobs),
+        tasks_(std::move(tasks)),
+        options_(options),
+        pinned_(pinned),
+        verify_(verify) {
+    for (const auto& task : tasks_) {
+      if (!task.direct) largest_buffered_ = std::max(largest_buffered_, task.end() - task.begin());
+    }
+  }
+
+  Status run(LoadReport& report) {
+    const auto threads = static_cast<std::size_t>(std::max(1, options_.thread_count));
+    std::vector<PhaseTimes> times(std::min(threads, std::max<std::size_t>(tasks_.size(), 1)));
+    std::vector<std::thread> helpers;
+    for (std::size_t t = 1; t < times.size(); ++t) {
+      try {
+        helpers.emplace_back([this, &times, t] { work(times[t]); });
+      } catch (const std::system_error&) {
+        break;  // fewer threads: the ones started (and this one) take every task
+      }
+    }
+    work(times[0]);
+    for (auto& h : helpers)
+      h.join();
+    for (const auto& t : times) {
+      report.read_s += t.read_s;
+      report.verify_s += t.verify_s;
+      report.copy_s += t.copy_s;
+      report.bytes += t.bytes;
+      report.reads += t.reads;
+    }
+    report.thread_count = static_cast<int>(helpers.size() + 1);
+    report.buffer_peak_bytes = buffer_peak_.load();
+    return first_error_;
+  }
+
+ private:
+  void work(PhaseTimes& times) {
+    HostBuffer buffer;
+    for (std::size_t i = next_.fetch_add(1); i < tasks_.size() && !failed_.load();
+         i = next_.fetch_add(1)) {
+      const ReadTask& task = tasks_[i];
+      Status st = task.direct ? read_direct(task, times) : read_buffered(task, buffer, times);
+      if (!st.is_ok()) fail(st);
+    }
+    if (buffer.valid()) buffer_current_.fetch_sub(buffer.size());
+  }
+
+  void fail(Status st) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (first_error_.is_ok()) first_error_ = std::move(st);
+    failed_.store(true);
+  }
+
+  const std::string& tensor_name(std::size_t job) const {
+    return state_.tensors[jobs_[job].tensor].desc.name;
+  }
+
+  Status checksum_mismatch(std::size_t job, std::uint64_t hash) const {
+    const ChunkJob& j = jobs_[job];
+    return Status{ErrorCode::corruption, "'" + j.file->path + "': tensor '" + tensor_name(job) +
+                                             "' chunk " + j.chunk->offsets.to_string() +
+                                             ": checksum mismatch (XXH3 " + xxh3_hex(hash) +
+                                             ", expected " + xxh3_hex(j.chunk->xxh3) + ")"};
+  }
+
+  /// Reads the task's range straight into the tensors in reads of at most max_read_bytes (one
+  /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
+  Status read_direct(const ReadTask& task, PhaseTimes& times) {
+    std::size_t k = 0;
+    auto hash = std::make_unique<Xxh3Stream>();
+    std::vector<ReadSegment> segments;
+    for (std::uint64_t pos = task.begin(); pos < task.end();) {
+      const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
+      segments.clear();
+      for (std::size_t i = k; i < task.pieces.size() && task.pieces[i].begin < end; ++i) {
+        const Piece& p = task.pieces[i];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        segments.push_back({jobs_[p.job].direct + (lo - p.begin),
+                            static_cast<std::size_t>(std::min(end, p.end) - lo)});
+      }
+      auto start = Clock::now();
+      Status st = task.file->file->read_vectored(pos, segments);
+      times.read_s += seconds_since(start);
+      ++times.reads;
+      if (!st.is_ok())
+        return st.with_context("loading tensor '" + tensor_name(task.pieces[k].job) + "'");
+      times.bytes += end - pos;
+      start = Clock::now();
+      for (; k < task.pieces.size() && task.pieces[k].begin < end;) {
+        const Piece& p = task.pieces[k];
+        const std::uint64_t lo = std::max(pos, p.begin);
+        const std::uint64_t hi = std::min(end, p.end);
+        hash->update(jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
+        if (hi < p.end) break;
+        if (verify_ && hash->digest() != jobs_[p.job].chunk->xxh3) {
+          times.verify_s += seconds_since(start);
+          return checksum_mismatch(p.job, hash->digest());
+        }
+        hash = std::make_unique<Xxh3Stream>();
+        ++k;
+      }
+      times.verify_s += seconds_since(start);
+      pos = end;
+    }
+    return Status::ok();
+  }
+
+  /// Reads the task's range in buffer-sized pieces; each piece feeds its chunks' hashes and is
+  /// copied into their blocks.
+  Status read_buffered(const ReadTask& task, HostBuffer& buffer, PhaseTimes& times) {
+    if (!buffer.valid()) {
+      const auto bytes = static_cast<std::size_t>(std::min<std::uint64_t>(
+          std::max<std::size_t>(options_.buffer_bytes, kMinBufferBytes), largest_buffered_));
+      buffer = HostBuffer(bytes, pinned_, &staging_memory());
+      if (!buffer.valid()) {
+        return Status{ErrorCode::no_space,
+                      "cannot allocate a " + std::to_string(bytes) + "-byte load buffer"};
+      }
+      const std::uint64_t now = buffer_current_.fetch_add(bytes) + bytes;
+      for (std::uint64_t peak = buffer_peak_.load();
+           now > peak && !buffer_peak_.compare_exchange_weak(peak, now);) {
+      }
+    }
+    std::size_t k = 0;
+    auto hash = std::make_unique<Xxh3Stream>();
+    std::vector<std::uint8_t> converted;
+    for (std::uint64_t pos = task.begin(); pos < task.end();) {
+      std::uint64_t n = std::min<std::uint64_t>(buffer.size(), task.end() - pos);
+      // End the piece on an element boundary of the chunk it cuts.
+      for (std::size_t i = k; i < task.pieces.size() && pos + n < task.end(); ++i) {
+        const Piece& p = task.pieces[i];
+        if (p.begin < pos + n && pos + n < p.end) {
+          n -= (pos + n - p.begin) % dtype_size(jobs_[p.job].saved);
+          break;
+        }
+      }
+      auto start = Clock::now();
+      Status st = task.file->file->read(pos, buffer.data(), static_cast<std::size_t>(n));
+      times.read_s += seconds_since(start);
+      ++times.reads;
+      if (!st.is_ok())
+        return st.with_context("loading tensor '" + tensor_name(task.pieces[k].job) + "'");
+      times.bytes += n;
+      for (; k < task.pieces.size() && task.pieces[k].begin < pos + n;) {
+        const Piece& p = task.pieces[k];
+        const ChunkJob& j = jobs_[p.job];
+        ShardedTensor& live = state_.tensors[j.tensor];
+        const std::size_t elem = dtype_size(j.saved);
+        const std::uint64_t lo = std::max(pos, p.begin);
+        const std::uint64_t hi = std::min(pos + n, p.end);
+        const std::uint8_t* src = buffer.data() + (lo - pos);
+        start = Clock::now();
+        if (verify_) hash->update(src, static_cast<std::size_t>(hi - lo));
+        times.verify_s += seconds_since(start);
+        start = Clock::now();
+        if (j.saved != live.desc.dtype) {
+          // Converted into the live dtype first; the copy below then moves live-sized elements.
+          const std::size_t count = static_cast<std::size_t>(hi - lo) / elem;
+          converted.resize(count * dtype_size(live.desc.dtype));
+          Status conversion =
+              convert_elements(src, j.saved, converted.data(), live.desc.dtype, count);
+          if (!conversion.is_ok())
+            return conversion.with_context("loading tensor '" + live.desc.name + "'");
+          src = converted.data();
+        }
+        bool copied =
+            copy_overlap_part(*j.chunk, live.desc, dtype_size(live.desc.dtype),
+                              static_cast<std::int64_t>((lo - p.begin) / elem),
+                              static_cast<std::int64_t>((hi - p.begin) / elem), src,
+                              static_cast<std::uint8_t*>(live.tensor.data()), live.tensor.device());
+        times.copy_s += seconds_since(start);
+        if (!copied) {
+          return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + live.desc.name +
+                                                 "' on " + live.tensor.device().to_string() +
+                                                 " failed"};
+        }
+        if (hi < p.end) break;
+        if (verify_ && hash->digest() != j.chunk->xxh3)
+          return checksum_mismatch(p.job, hash->digest());
+        hash = std::make_unique<Xxh3Stream>();
+        ++k;
+      }
+      pos += n;
+    }
+    return Status::ok();
+  }
+
+  /// Buffers are at least this large, so that a piece always holds whole elements.
+  static constexpr std::size_t kMinBufferBytes = 4096;
+
+  StateDict& state_;
+  const std::vector<ChunkJob>& jobs_;
+  const std::vector<ReadTask> tasks_;
+  const LoadOptions options_;
+  const bool pinned_;
+  const bool verify_;
+  std::uint64_t largest_buffered_ = 0;
+  std::atomic<std::size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<std::uint64_t> buffer_current_{0};
+  std::atomic<std::uint64_t> buffer_peak_{0};
+  std::mutex mutex_;
+  Status first_error_;
+};
+
+}  // namespace
+
+Status read_chunks(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
+                   const LoadOptions& options, bool pinned, bool verify, LoadReport& report) {
+  ParallelLoad load(state, jobs, std::move(tasks), options, pinned, verify);
+  return load.run(report);
+}
+
+}  // namespace stagehand

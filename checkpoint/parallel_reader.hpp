@@ -1,0 +1,20 @@
+#pragma once
+
+#include <vector>
+
+#include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
+
+namespace stagehand {
+
+/// Runs the reads `tasks` of `jobs` on `options.thread_count` threads (the first error stops
+/// the rest): a direct task is read straight into its tensors' memory, a buffered one through a
+/// bounded host buffer per thread (pinned when `pinned`) and copied into its blocks, converted
+/// to the live dtype where it differs. Each read is hashed right after it lands, and with
+/// `verify` every chunk's XXH3 is checked. Adds the reads' figures to `report`.
+/// @pre the jobs' chunks tile the blocks they fill (no two write one element).
+Status read_chunks(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
+                   const LoadOptions& options, bool pinned, bool verify, LoadReport& report);
+
+}  // namespace stagehand

@@ -1,0 +1,275 @@
+// The local file system: POSIX calls, each error naming the path and the errno.
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <utility>
+
+#include "stagehand/storage/file_system.hpp"
+#include "stagehand/storage/posix_io.hpp"
+
+namespace stagehand {
+
+namespace {
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status append(const void* data, std::size_t bytes) override {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    while (bytes > 0) {
+      ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::from_errno(errno, "write to '" + path_ + "'");
+      }
+      p += n;
+      bytes -= static_cast<std::size_t>(n);
+    }
+    return Status::ok();
+  }
+
+  Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    while (bytes > 0) {
+      ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::from_errno(errno, "write to '" + path_ + "'");
+      }
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::size_t>(n);
+    }
+    return Status::ok();
+  }
+
+  Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+    // Only a hint: file systems without it (ENOSYS, EINVAL) are fine, and a real write error
+    // is reported by the fsync that makes the file durable.
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                            SYNC_FILE_RANGE_WRITE);
+    return Status::ok();
+  }
+
+  Status sync() override {
+    if (::fsync(fd_) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");
+    return Status::ok();
+  }
+
+  Status close() override {
+    int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0) return Status::from_errno(errno, "close of '" + path_ + "'");
+    return Status::ok();
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class PosixReadableFile final : public ReadableFile {
+ public:
+  PosixReadableFile(posix::Fd fd, std::string path, std::uint64_t size)
+      : fd_(std::move(fd)), path_(std::move(path)), size_(size) {}
+  std::uint64_t size() const override { return size_; }
+  Status read(std::uint64_t offset, void* dst, std::size_t bytes) override {
+    return posix::pread_exact(fd_.get(), offset, dst, bytes, path_);
+  }
+  Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments) override {
+    return posix::preadv_exact(fd_.get(), offset, segments, path_);
+  }
+
+ private:
+  posix::Fd fd_;
+  std::string path_;
+  std::uint64_t size_;
+};
+
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(posix::Fd fd) : fd_(std::move(fd)) {}
+
+ private:
+  posix::Fd fd_;
+};
+
+std::string file_tag(const struct stat& st) {
+  auto ns = [](const timespec& t) {
+    return std::to_string(static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec);
+  };
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + ns(st.st_mtim) + ":" +
+         ns(st.st_ctim);
+}
+
+Status not_regular(const std::string& path) {
+  return {ErrorCode::invalid_argument, "'" + path + "' is not a regular file"};
+}
+
+class PosixFileSystem final : public FileSystem {
+ public:
+  FileSystemCapabilities capabilities(const std::string&) const override { return {}; }
+
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::from_errno(errno, "cannot create '" + path + "'");
+    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, path));
+  }
+
+  Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {
+    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; it is refused below.
+    posix::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd.valid()) return Status::from_errno(errno, "cannot open '" + path + "'");
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "cannot stat '" + path + "'");
+    if (!S_ISREG(st.st_mode)) return not_regular(path);
+    return std::unique_ptr<ReadableFile>(std::make_unique<PosixReadableFile>(
+        std::move(fd), path, static_cast<std::uint64_t>(st.st_size)));
+  }
+
+  Result<std::optional<FileVersion>> stat_file(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return std::optional<FileVersion>{};
+      return Status::from_errno(errno, "cannot stat '" + path + "'");
+    }
+    if (!S_ISREG(st.st_mode)) return not_regular(path);
+    return std::optional<FileVersion>{
+        FileVersion{static_cast<std::uint64_t>(st.st_size), file_tag(st)}};
+  }
+
+  Status remove_file(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return Status::from_errno(errno, "cannot remove '" + path + "'");
+    return Status::ok();
+  }
+
+  Status create_dir(const std::string& path) override {
+    if (::mkdir(path.c_str(), 0755) == 0) return Status::ok();
+    const int err = errno;
+    struct stat st {};
+    if (err == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return Status::ok();
+    if (err == EEXIST)
+      return {ErrorCode::already_exists, "cannot create folder '" + path + "': a file is there"};
+    return Status::from_errno(err, "cannot create folder '" + path + "'");
+  }
+
+  Result<bool> is_dir(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      return Status::from_errno(errno, "cannot stat '" + path + "'");
+    }
+    return S_ISDIR(st.st_mode);
+  }
+
+  Result<std::vector<DirEntry>> list_dir(const std::string& path) override {
+    std::vector<DirEntry> out;
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) {
+      if (errno == ENOENT) return out;
+      return Status::from_errno(errno, "cannot list folder '" + path + "'");
+    }
+    errno = 0;
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      bool is_dir = e->d_type == DT_DIR;
+      if (e->d_type == DT_UNKNOWN) {
+        struct stat st {};
+        is_dir = ::stat((path + "/" + name).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      }
+      out.push_back({name, is_dir});
+      errno = 0;
+    }
+    const int err = errno;
+    ::closedir(dir);
+    if (err != 0) return Status::from_errno(err, "cannot list folder '" + path + "'");
+    std::sort(out.begin(), out.end(),
+              [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+    return out;
+  }
+
+  Status remove_tree(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (ec) return Status::from_errno(ec.value(), "cannot remove '" + path + "'");
+    return Status::ok();
+  }
+
+  Status sync_dir(const std::string& path) override {
+    posix::Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd.valid()) return Status::from_errno(errno, "cannot open folder '" + path + "'");
+    if (::fsync(fd.get()) != 0) return Status::from_errno(errno, "fsync of folder '" + path + "'");
+    return Status::ok();
+  }
+
+  Status rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
+    }
+    return Status::ok();
+  }
+
+  Status exchange(const std::string& a, const std::string& b) override {
+    if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+      return Status::from_errno(errno, "cannot swap '" + a + "' with '" + b + "'");
+    }
+    return Status::ok();
+  }
+
+  Status check_access(const std::string& path) override {
+    if (::access(path.c_str(), W_OK) != 0)
+      return Status::from_errno(errno, "folder '" + path + "'");
+    return Status::ok();
+  }
+
+  Result<std::unique_ptr<FileLock>> lock_file(const std::string& path,
+                                              const std::string& holder) override {
+    // 0666 before the umask: another user who may write the folder may take the lock after this
+    // run; one who cannot open the file for writing (it belongs to someone else) still locks it
+    // through a read-only descriptor, only without recording itself.
+    posix::Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+    bool writable = fd.valid();
+    if (!writable && errno == EACCES) fd = posix::Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return Status::from_errno(errno, "cannot open the lock file '" + path + "'");
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return not_regular(path);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) return Status::from_errno(errno, "cannot lock '" + path + "'");
+      std::string recorded(256, '\0');
+      ssize_t n = ::pread(fd.get(), recorded.data(), recorded.size(), 0);
+      recorded.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+      while (!recorded.empty() && (recorded.back() == '\n' || recorded.back() == ' '))
+        recorded.pop_back();
+      if (recorded.empty()) recorded = "which has not recorded itself yet";
+      return Status{ErrorCode::already_exists, "'" + path + "' is locked by " + recorded};
+    }
+    if (writable &&
+        (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) !=
+                                              static_cast<ssize_t>(holder.size()))) {
+      return Status::from_errno(errno, "cannot record the holder in '" + path + "'");
+    }
+    return std::unique_ptr<FileLock>(std::make_unique<PosixFileLock>(std::move(fd)));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<FileSystem> local_file_system() {
+  static const auto fs = std::make_shared<PosixFileSystem>();
+  return fs;
+}
+
+}  // namespace stagehand
