@@ -9,6 +9,8 @@
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/config/load.hpp"
+#include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/gemm.hpp"
 #include "tests/test_util.hpp"
@@ -364,4 +366,81 @@ BOOST_AUTO_TEST_CASE(an_fp32_export_started_from_gives_bit_identical_fp32_weight
     BOOST_TEST((after.at("optimizer.main." + name) == bytes), name);
     BOOST_TEST((after.at(name) == before.at(name)), name);
   }
+}
+
+// -- the reference model's limits (bandit_limits.hpp) on a loaded config --
+
+namespace {
+
+/// Loads `yaml` with `overrides` as stagehand-train does, and returns what the model's own
+/// limits say of it. The config's own rules accept it: what fails, fails in models/.
+Status model_limits_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  auto config = load_config_string(yaml, "bad.yaml", overrides);
+  BOOST_REQUIRE_MESSAGE(config.is_ok(), config.status());
+  return validate_bandit_config(*config);
+}
+
+}  // namespace
+
+// Sizes that the config's ranges allow but whose matrices, layout or contexts the model cannot
+// run with: the error gives the limit, the key and its line.
+BOOST_AUTO_TEST_CASE(model_limits_refuse_what_the_model_cannot_run) {
+  struct Case {
+    const char* name;
+    const char* yaml;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"hidden not divisible",
+       "parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
+       {"bad.yaml:4", "model.hidden", "divisible by parallel.tensor_parallel (3)"}},
+      {"fc1 too large",
+       "model:\n  context_dim: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.context_dim", "17592186044416",
+        "2147483647"}},
+      {"fc2 too large",
+       "model:\n  num_arms: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.num_arms", "2147483647"}},
+      {"task rule too large",
+       "model:\n  context_dim: 1048576\n  num_arms: 1048576\n",
+       {"bad.yaml:3", "model.num_arms", "model.num_arms x model.context_dim", "2147483647"}},
+      {"activations too large",
+       "model:\n  hidden: 16777216\n  batch_size: 16777216\n",
+       {"bad.yaml:3", "model.batch_size", "model.batch_size x model.hidden", "2147483647"}},
+      {"actions too many",
+       "model:\n  batch_size: 16777216\n  group_size: 65536\n",
+       {"bad.yaml:2", "model.batch_size", "model.batch_size x model.group_size", "2147483647"}},
+      {"evaluation too large",
+       "model:\n  hidden: 16777216\n  eval_contexts: 16777216\n",
+       {"bad.yaml:3", "model.eval_contexts", "model.eval_contexts x model.hidden", "2147483647"}},
+      {"steps into the evaluation contexts",
+       "trainer:\n  total_steps: 100000000000\nmodel:\n  batch_size: 64\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183", "1099511627776",
+        "got 100000000000"}},
+      {"steps overflowing int64",
+       "trainer:\n  total_steps: 9223372036854775807\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183"}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      Status st = model_limits_of(c.yaml);
+      BOOST_TEST(st.code() == ErrorCode::config_error, st);
+      for (const auto& needle : c.expect) {
+        BOOST_TEST(st.message().find(needle) != std::string::npos, needle << " not in: " << st);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(model_limits_accept_the_largest_sizes_the_model_runs) {
+  const std::vector<std::string> limits = {
+      "trainer:\n  total_steps: 17179869183\nmodel:\n  batch_size: 64\n",
+      "trainer:\n  kind: fully_async\n  total_steps: 17179869182\n",
+      "model:\n  hidden: 16777216\n  context_dim: 127\n  num_arms: 127\n  batch_size: 127\n"
+      "  eval_contexts: 127\n",
+      "model:\n  batch_size: 32768\n  group_size: 65535\n",
+      "parallel:\n  tensor_parallel: 4\n  data_parallel: 8\n",
+  };
+  for (const auto& yaml : limits)
+    BOOST_TEST(model_limits_of(yaml).is_ok(), yaml);
 }
