@@ -444,3 +444,14 @@ BOOST_AUTO_TEST_CASE(model_limits_accept_the_largest_sizes_the_model_runs) {
   for (const auto& yaml : limits)
     BOOST_TEST(model_limits_of(yaml).is_ok(), yaml);
 }
+
+// A model built in code checks its layout with the same rule; without a loaded config the error
+// names the key alone.
+BOOST_AUTO_TEST_CASE(create_refuses_a_layout_that_does_not_divide_the_model) {
+  const ParallelLayout layout{3, 1};
+  auto groups = make_host_groups(layout);
+  auto model = BanditMlp::create(small_model(), 3, layout, 0, groups[0]);
+  BOOST_REQUIRE(!model.is_ok());
+  BOOST_TEST(model.status().message() ==
+             "model.hidden: must be divisible by parallel.tensor_parallel (3), got 32");
+}
