@@ -445,6 +445,67 @@ BOOST_AUTO_TEST_CASE(model_limits_accept_the_largest_sizes_the_model_runs) {
     BOOST_TEST(model_limits_of(yaml).is_ok(), yaml);
 }
 
+// Each limit fires once, from models/, naming the key it blames and where that key (or the first
+// other key of the limit that was given) was given: a line of the file or an override.
+BOOST_AUTO_TEST_CASE(each_model_limit_fires_once_naming_its_key_and_where_it_was_given) {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> overrides;
+    std::string message;
+  };
+  const std::string matrix = " (2^31 - 1) that one matrix may hold";
+  const std::string contexts =
+      ": the contexts a run trains on must end before the evaluation "
+      "contexts, which begin at context 1099511627776 (2^40); got ";
+  const std::vector<Case> cases = {
+      {"parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
+       {},
+       "bad.yaml:4: model.hidden: must be divisible by parallel.tensor_parallel (3), got 64"},
+      {"trainer:\n  total_steps: 5\nmodel:\n  hidden: 64\n",
+       {"parallel.tensor_parallel=3"},
+       "bad.yaml:4: model.hidden: must be divisible by parallel.tensor_parallel (3), got 64"},
+      {"trainer:\n  total_steps: 5\nmodel:\n  hidden: 64\n",
+       {"model.hidden=100", "parallel.tensor_parallel=3"},
+       "--set model.hidden=100: model.hidden: must be divisible by parallel.tensor_parallel (3), "
+       "got 100"},
+      {"",
+       {"parallel.tensor_parallel=3"},
+       "--set parallel.tensor_parallel=3: model.hidden: must be divisible by "
+       "parallel.tensor_parallel (3), got 64"},
+      {"",
+       {"parallel.data_parallel=3"},
+       "--set parallel.data_parallel=3: model.batch_size: must be divisible by "
+       "parallel.data_parallel (3), got 64"},
+      {"model:\n  context_dim: 1048576\n  hidden: 16777216\n",
+       {},
+       "bad.yaml:3: model.hidden: model.hidden x model.context_dim = 16777216 x 1048576 = "
+       "17592186044416 elements in model.fc1.weight, more than the 2147483647" +
+           matrix},
+      {"",
+       {"model.batch_size=16777216", "model.group_size=65536"},
+       "--set model.batch_size=16777216: model.batch_size: model.batch_size x model.group_size = "
+       "16777216 x 65536 = 1099511627776 elements in a step's sampled actions, more than the "
+       "2147483647" +
+           matrix},
+      {"trainer:\n  total_steps: 100000000000\nmodel:\n  batch_size: 64\n",
+       {},
+       "bad.yaml:2: trainer.total_steps: must be at most 17179869183 with model.batch_size 64" +
+           contexts + "100000000000"},
+      {"",
+       {"trainer.kind=fully_async", "trainer.total_steps=17179869183"},
+       "--set trainer.total_steps=17179869183: trainer.total_steps: must be at most 17179869182 "
+       "with model.batch_size 64 and fully_async.max_staleness_steps 1" +
+           contexts + "17179869183"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.message) {
+      Status st = model_limits_of(c.yaml, c.overrides);
+      BOOST_TEST(st.code() == ErrorCode::config_error);
+      BOOST_TEST(st.message() == c.message);
+    }
+  }
+}
+
 // A model built in code checks its layout with the same rule; without a loaded config the error
 // names the key alone.
 BOOST_AUTO_TEST_CASE(create_refuses_a_layout_that_does_not_divide_the_model) {
