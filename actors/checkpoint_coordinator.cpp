@@ -53,6 +53,18 @@ class CheckpointCoordinator : public caf::event_based_actor {
     };
   }
 
+ void on_exit() override {
+    // A waiting promise holds this actor: answered now, or the actor would never be destroyed
+    // (and the actor system, waiting for its thread, would never shut down).
+    for (auto& [step, promises] : waiters_) {
+      for (auto& promise : promises) {
+        promise.deliver(to_caf_error({ErrorCode::aborted, "the checkpoint coordinator stopped before step " +
+                                                              std::to_string(step) + " was committed"}));
+      }
+    }
+    waiters_.clear();
+  }
+
  private:
   Result<std::string> begin(std::int64_t step, const std::string& trainer_state) {
     if (open_step_) {

@@ -4,6 +4,8 @@
 #include <future>
 #include <utility>
 
+#include "stagehand/config/rules.hpp"
+
 namespace stagehand {
 
 namespace {
@@ -32,16 +34,7 @@ Status stopped_by_another_bucket() {
 Result<std::unique_ptr<SaveEngine>> SaveEngine::create(int rank, SaveEngineOptions options,
                                                        std::shared_ptr<FileSystem> fs) {
   if (rank < 0) return Status{ErrorCode::invalid_argument, "rank must not be negative"};
-  if (options.thread_count < 1) {
-    return Status{ErrorCode::invalid_argument, "ckpt_save_thread_count must be at least 1, got " +
-                                                   std::to_string(options.thread_count)};
-  }
-  if (options.staging_buckets < 0 || options.staging_buckets > options.thread_count) {
-    return Status{ErrorCode::invalid_argument,
-                  "ckpt_save_staging_buckets must be between 0 and ckpt_save_thread_count (" +
-                      std::to_string(options.thread_count) + "), got " +
-                      std::to_string(options.staging_buckets)};
-  }
+  SH_RETURN_IF_ERROR(check_save_buckets(options.thread_count, options.staging_buckets));
   if (!fs) return Status{ErrorCode::invalid_argument, "no file system"};
   return std::unique_ptr<SaveEngine>(new SaveEngine(rank, std::move(options), std::move(fs)));
 }

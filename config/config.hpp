@@ -3,9 +3,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
-#include "stagehand/core/status.hpp"
+#include "stagehand/config/origins.hpp"
 
 namespace stagehand {
 
@@ -14,6 +13,7 @@ enum class ResumeMode { none, latest, from_path };
 /// Host staging buffers: kept for the run, or freed when each save's last bucket is written.
 enum class StagingMemory { persistent, per_save };
 
+/// The YAML name of each value ("fully_async", "from_path", "per_save").
 const char* to_string(TrainerKind kind);
 const char* to_string(ResumeMode mode);
 const char* to_string(StagingMemory memory);
@@ -127,7 +127,9 @@ struct ModelConfig {
   std::int64_t eval_contexts = 512;
 };
 
-/// The whole YAML configuration with its defaults.
+/// The whole YAML configuration with its defaults. load_config_file() and load_config_string()
+/// (load.hpp) read one and check it (validate_config(), rules.hpp); the reference model checks
+/// its own limits on it (models/bandit_limits.hpp).
 struct Config {
   TrainerConfig trainer;
   MegatronConfig megatron_config;
@@ -135,24 +137,9 @@ struct Config {
   FullyAsyncConfig fully_async;
   StorageConfig storage;
   ModelConfig model;
+  /// Where each key was given, so that a rule checked after loading, here or in a layer above,
+  /// names its line or override; empty for a Config built in code.
+  ConfigOrigins origins;
 };
-
-/// Parses YAML text. Errors name `source`, the line and the key path, or, for a key that an
-/// override set, the override ("--set model.hidden=abc: model.hidden: ..."). Every numeric key is
-/// bounded by what the program can run with, and its error gives the bound.
-/// @param overrides "dotted.key=value" pairs applied on top of the text, as `--set` does. A value
-///        is taken as it is, never as YAML: `trainer.ckpt_path=/data/run #3` keeps its `#`, and an
-///        empty value is the empty string.
-Result<Config> load_config_string(const std::string& text, const std::string& source = "<config>",
-                                  const std::vector<std::string>& overrides = {});
-
-/// Reads and parses a YAML file of at most 1 MiB; see load_config_string. A path that is missing,
-/// unreadable or a directory is an error naming it, never a run on the defaults.
-Result<Config> load_config_file(const std::string& path,
-                                const std::vector<std::string>& overrides = {});
-
-/// Checks the megatron_config rules that span several keys, for a Config built in code. The
-/// loaders apply these and every other bound (key ranges, model sizes, world size).
-Status validate_config(const Config& config);
 
 }  // namespace stagehand

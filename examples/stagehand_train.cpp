@@ -18,8 +18,9 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
-#include "stagehand/config/config.hpp"
+#include "stagehand/config/load.hpp"
 #include "stagehand/core/device.hpp"
+#include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/process_collectives.hpp"
 #include "stagehand/storage/default_file_system.hpp"
@@ -283,6 +284,7 @@ int main(int argc, char** argv) {
 
   auto config = load_config_file(config_path, overrides);
   if (!config.is_ok()) return fail(config.status().message());
+  if (Status model = validate_bandit_config(*config); !model.is_ok()) return fail(model.message());
   const Config& c = *config;
   LaunchFlags flags;
   if (rank_opt->count() > 0) flags.rank = rank;

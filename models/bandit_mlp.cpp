@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/models/bandit_task.hpp"
 
 namespace stagehand {
@@ -68,10 +69,7 @@ struct BanditMlp::Activations {
 Result<std::unique_ptr<BanditMlp>> BanditMlp::create(const ModelConfig& config, std::uint64_t seed,
                                                      const ParallelLayout& layout, int rank, RankGroups groups,
                                                      std::shared_ptr<WeightStore> weights) {
-  if (config.hidden % layout.tensor_parallel != 0 || config.batch_size % layout.data_parallel != 0) {
-    return Status{ErrorCode::config_error, "model.hidden must divide by tensor_parallel and model.batch_size by "
-                                           "data_parallel"};
-  }
+  SH_RETURN_IF_ERROR(check_bandit_layout(config, layout));
   if (rank < 0 || rank >= layout.world_size() || !groups.tensor || !groups.data) {
     return Status{ErrorCode::invalid_argument, "rank " + std::to_string(rank) + " is outside the world"};
   }

@@ -25,7 +25,8 @@ namespace stagehand {
 /// when one is visible, otherwise on the host with OpenBLAS; the state itself is in host memory.
 class BanditMlp final : public Model {
  public:
-  /// @pre config.hidden % layout.tensor_parallel == 0, config.batch_size % layout.data_parallel == 0
+  /// Refuses a `config` whose hidden width or batch the layout does not divide
+  /// (check_bandit_layout). A loaded config's other limits are validate_bandit_config's.
   /// @param weights where export_weights() publishes for generators (may be null).
   static Result<std::unique_ptr<BanditMlp>> create(const ModelConfig& config, std::uint64_t seed,
                                                    const ParallelLayout& layout, int rank, RankGroups groups,

@@ -49,6 +49,10 @@ BOOST_AUTO_TEST_CASE(options_are_checked) {
   BOOST_TEST(!SaveEngine::create(0, {2, 3, false, {}}).is_ok());
   BOOST_TEST(!SaveEngine::create(0, {2, -1, false, {}}).is_ok());
   BOOST_TEST(SaveEngine::create(0, {2, 2, false, {}}).is_ok());
+  // The config's rule (config/rules.hpp), named by its keys.
+  BOOST_TEST(SaveEngine::create(0, {2, 3, false, {}}).status().message() ==
+             "megatron_config.ckpt_save_staging_buckets: must be at most "
+             "megatron_config.ckpt_save_thread_count (2), got 3");
 }
 
 BOOST_AUTO_TEST_CASE(waves_give_global_bucket_indices_and_one_report) {

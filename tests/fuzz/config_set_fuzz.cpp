@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "stagehand/config/config.hpp"
+#include "stagehand/config/load.hpp"
+#include "stagehand/config/rules.hpp"
 
 using namespace stagehand;
 

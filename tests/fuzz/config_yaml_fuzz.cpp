@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "stagehand/config/config.hpp"
+#include "stagehand/config/load.hpp"
+#include "stagehand/config/rules.hpp"
 
 using namespace stagehand;
 

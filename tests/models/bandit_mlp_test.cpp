@@ -13,6 +13,8 @@
 #include "stagehand/checkpoint/load_plan.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/config/load.hpp"
+#include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
 #include "stagehand/models/gemm.hpp"
@@ -369,4 +371,153 @@ BOOST_AUTO_TEST_CASE(an_fp32_export_started_from_gives_bit_identical_fp32_weight
     BOOST_TEST((after.at("optimizer.main." + name) == bytes), name);
     BOOST_TEST((after.at(name) == before.at(name)), name);
   }
+}
+
+// -- the reference model's limits (bandit_limits.hpp) on a loaded config --
+
+namespace {
+
+/// Loads `yaml` with `overrides` as stagehand-train does, and returns what the model's own
+/// limits say of it. The config's own rules accept it: what fails, fails in models/.
+Status model_limits_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  auto config = load_config_string(yaml, "bad.yaml", overrides);
+  BOOST_REQUIRE_MESSAGE(config.is_ok(), config.status());
+  return validate_bandit_config(*config);
+}
+
+}  // namespace
+
+// Sizes that the config's ranges allow but whose matrices, layout or contexts the model cannot
+// run with: the error gives the limit, the key and its line.
+BOOST_AUTO_TEST_CASE(model_limits_refuse_what_the_model_cannot_run) {
+  struct Case {
+    const char* name;
+    const char* yaml;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"hidden not divisible",
+       "parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
+       {"bad.yaml:4", "model.hidden", "divisible by parallel.tensor_parallel (3)"}},
+      {"fc1 too large",
+       "model:\n  context_dim: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.context_dim", "17592186044416",
+        "2147483647"}},
+      {"fc2 too large",
+       "model:\n  num_arms: 1048576\n  hidden: 16777216\n",
+       {"bad.yaml:3", "model.hidden", "model.hidden x model.num_arms", "2147483647"}},
+      {"task rule too large",
+       "model:\n  context_dim: 1048576\n  num_arms: 1048576\n",
+       {"bad.yaml:3", "model.num_arms", "model.num_arms x model.context_dim", "2147483647"}},
+      {"activations too large",
+       "model:\n  hidden: 16777216\n  batch_size: 16777216\n",
+       {"bad.yaml:3", "model.batch_size", "model.batch_size x model.hidden", "2147483647"}},
+      {"actions too many",
+       "model:\n  batch_size: 16777216\n  group_size: 65536\n",
+       {"bad.yaml:2", "model.batch_size", "model.batch_size x model.group_size", "2147483647"}},
+      {"evaluation too large",
+       "model:\n  hidden: 16777216\n  eval_contexts: 16777216\n",
+       {"bad.yaml:3", "model.eval_contexts", "model.eval_contexts x model.hidden", "2147483647"}},
+      {"steps into the evaluation contexts",
+       "trainer:\n  total_steps: 100000000000\nmodel:\n  batch_size: 64\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183", "1099511627776",
+        "got 100000000000"}},
+      {"steps overflowing int64",
+       "trainer:\n  total_steps: 9223372036854775807\n",
+       {"bad.yaml:2", "trainer.total_steps", "at most 17179869183"}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      Status st = model_limits_of(c.yaml);
+      BOOST_TEST(st.code() == ErrorCode::config_error, st);
+      for (const auto& needle : c.expect) {
+        BOOST_TEST(st.message().find(needle) != std::string::npos, needle << " not in: " << st);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(model_limits_accept_the_largest_sizes_the_model_runs) {
+  const std::vector<std::string> limits = {
+      "trainer:\n  total_steps: 17179869183\nmodel:\n  batch_size: 64\n",
+      "trainer:\n  kind: fully_async\n  total_steps: 17179869182\n",
+      "model:\n  hidden: 16777216\n  context_dim: 127\n  num_arms: 127\n  batch_size: 127\n"
+      "  eval_contexts: 127\n",
+      "model:\n  batch_size: 32768\n  group_size: 65535\n",
+      "parallel:\n  tensor_parallel: 4\n  data_parallel: 8\n",
+  };
+  for (const auto& yaml : limits)
+    BOOST_TEST(model_limits_of(yaml).is_ok(), yaml);
+}
+
+// Each limit fires once, from models/, naming the key it blames and where that key (or the first
+// other key of the limit that was given) was given: a line of the file or an override.
+BOOST_AUTO_TEST_CASE(each_model_limit_fires_once_naming_its_key_and_where_it_was_given) {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> overrides;
+    std::string message;
+  };
+  const std::string matrix = " (2^31 - 1) that one matrix may hold";
+  const std::string contexts =
+      ": the contexts a run trains on must end before the evaluation "
+      "contexts, which begin at context 1099511627776 (2^40); got ";
+  const std::vector<Case> cases = {
+      {"parallel:\n  tensor_parallel: 3\nmodel:\n  hidden: 64\n",
+       {},
+       "bad.yaml:4: model.hidden: must be divisible by parallel.tensor_parallel (3), got 64"},
+      {"trainer:\n  total_steps: 5\nmodel:\n  hidden: 64\n",
+       {"parallel.tensor_parallel=3"},
+       "bad.yaml:4: model.hidden: must be divisible by parallel.tensor_parallel (3), got 64"},
+      {"trainer:\n  total_steps: 5\nmodel:\n  hidden: 64\n",
+       {"model.hidden=100", "parallel.tensor_parallel=3"},
+       "--set model.hidden=100: model.hidden: must be divisible by parallel.tensor_parallel (3), "
+       "got 100"},
+      {"",
+       {"parallel.tensor_parallel=3"},
+       "--set parallel.tensor_parallel=3: model.hidden: must be divisible by "
+       "parallel.tensor_parallel (3), got 64"},
+      {"",
+       {"parallel.data_parallel=3"},
+       "--set parallel.data_parallel=3: model.batch_size: must be divisible by "
+       "parallel.data_parallel (3), got 64"},
+      {"model:\n  context_dim: 1048576\n  hidden: 16777216\n",
+       {},
+       "bad.yaml:3: model.hidden: model.hidden x model.context_dim = 16777216 x 1048576 = "
+       "17592186044416 elements in model.fc1.weight, more than the 2147483647" +
+           matrix},
+      {"",
+       {"model.batch_size=16777216", "model.group_size=65536"},
+       "--set model.batch_size=16777216: model.batch_size: model.batch_size x model.group_size = "
+       "16777216 x 65536 = 1099511627776 elements in a step's sampled actions, more than the "
+       "2147483647" +
+           matrix},
+      {"trainer:\n  total_steps: 100000000000\nmodel:\n  batch_size: 64\n",
+       {},
+       "bad.yaml:2: trainer.total_steps: must be at most 17179869183 with model.batch_size 64" +
+           contexts + "100000000000"},
+      {"",
+       {"trainer.kind=fully_async", "trainer.total_steps=17179869183"},
+       "--set trainer.total_steps=17179869183: trainer.total_steps: must be at most 17179869182 "
+       "with model.batch_size 64 and fully_async.max_staleness_steps 1" +
+           contexts + "17179869183"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.message) {
+      Status st = model_limits_of(c.yaml, c.overrides);
+      BOOST_TEST(st.code() == ErrorCode::config_error);
+      BOOST_TEST(st.message() == c.message);
+    }
+  }
+}
+
+// A model built in code checks its layout with the same rule; without a loaded config the error
+// names the key alone.
+BOOST_AUTO_TEST_CASE(create_refuses_a_layout_that_does_not_divide_the_model) {
+  const ParallelLayout layout{3, 1};
+  auto groups = make_host_groups(layout);
+  auto model = BanditMlp::create(small_model(), 3, layout, 0, groups[0]);
+  BOOST_REQUIRE(!model.is_ok());
+  BOOST_TEST(model.status().message() ==
+             "model.hidden: must be divisible by parallel.tensor_parallel (3), got 32");
 }

@@ -1,0 +1,86 @@
+#include "stagehand/config/rules.hpp"
+
+#include <string>
+
+#include "stagehand/config/schema.hpp"
+
+namespace stagehand {
+
+namespace {
+
+/// Each rank is a Worker with its own writer threads, and in-process ranks share one process.
+constexpr std::int64_t kMaxWorldSize = 1024;
+
+constexpr const char* kThreadCount = "megatron_config.ckpt_save_thread_count";
+constexpr const char* kStagingBuckets = "megatron_config.ckpt_save_staging_buckets";
+
+Status check_world_size(const ParallelConfig& parallel, const ConfigOrigins& origins) {
+  // Each dimension is within its range (check_key_ranges ran first): the product cannot overflow.
+  const std::int64_t world_size = parallel.tensor_parallel * parallel.data_parallel;
+  if (world_size <= kMaxWorldSize) return Status::ok();
+  return origins.error(
+      {"parallel.data_parallel", "parallel.tensor_parallel"},
+      "parallel.tensor_parallel x parallel.data_parallel (the world size) must be at most " +
+          std::to_string(kMaxWorldSize) + ", got " + std::to_string(world_size));
+}
+
+Status check_part_size(const S3Config& s3, const ConfigOrigins& origins) {
+  if (s3.part_size_mib <= s3.multipart_threshold_mib) return Status::ok();
+  return origins.error({"storage.s3.part_size_mib", "storage.s3.multipart_threshold_mib"},
+                       "must be at most storage.s3.multipart_threshold_mib (" +
+                           std::to_string(s3.multipart_threshold_mib) + "), got " +
+                           std::to_string(s3.part_size_mib));
+}
+
+Status check_resume(const TrainerConfig& t, const ConfigOrigins& origins) {
+  if (t.resume_mode != ResumeMode::from_path || !t.resume_path.empty()) return Status::ok();
+  return origins.error({"trainer.resume_mode", "trainer.resume_path"},
+                       "from_path needs trainer.resume_path");
+}
+
+Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
+  if (t.export_interval > 0 && (t.ckpt_interval == 0 || t.export_interval % t.ckpt_interval != 0)) {
+    return origins.error(
+        {"trainer.export_interval", "trainer.ckpt_interval"},
+        "must be a multiple of trainer.ckpt_interval (" + std::to_string(t.ckpt_interval) +
+            "): only committed checkpoints are exported, got " + std::to_string(t.export_interval));
+  }
+  if (t.export_interval > 0 && t.export_path.empty()) {
+    return origins.error({"trainer.export_interval", "trainer.export_path"},
+                         "trainer.export_interval needs trainer.export_path, the folder to export "
+                         "into");
+  }
+  for (const char* scheme : {"s3://", "gs://"}) {
+    if (t.export_path.starts_with(scheme)) {
+      return origins.error({"trainer.export_path"},
+                           "must be a local folder, got '" + t.export_path + "'");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_save_buckets(std::int64_t thread_count, std::int64_t staging_buckets,
+                          const ConfigOrigins& origins) {
+  SH_RETURN_IF_ERROR(check_integer_key(kThreadCount, thread_count, origins));
+  SH_RETURN_IF_ERROR(check_integer_key(kStagingBuckets, staging_buckets, origins));
+  if (staging_buckets <= thread_count) return Status::ok();
+  return origins.error({kStagingBuckets, kThreadCount},
+                       "must be at most " + std::string(kThreadCount) + " (" +
+                           std::to_string(thread_count) + "), got " +
+                           std::to_string(staging_buckets));
+}
+
+Status validate_config(const Config& config) {
+  const ConfigOrigins& origins = config.origins;
+  SH_RETURN_IF_ERROR(check_key_ranges(config));
+  SH_RETURN_IF_ERROR(check_save_buckets(config.megatron_config.ckpt_save_thread_count,
+                                        config.megatron_config.ckpt_save_staging_buckets, origins));
+  SH_RETURN_IF_ERROR(check_world_size(config.parallel, origins));
+  SH_RETURN_IF_ERROR(check_part_size(config.storage.s3, origins));
+  SH_RETURN_IF_ERROR(check_resume(config.trainer, origins));
+  return check_exports(config.trainer, origins);
+}
+
+}  // namespace stagehand
