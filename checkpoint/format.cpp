@@ -3,12 +3,12 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <tuple>
@@ -638,42 +638,38 @@ class MetadataReader {
 
 /// Writes metadata.json's JSON text straight from a CheckpointMetadata (no JSON tree: at
 /// thousands of ranks the tree costs seconds and gigabytes). Members come in key order and
-/// strings are escaped as nlohmann::json's dump() does, so the compact text equals the dump of
-/// the parsed file; that text is what the "checksum" field hashes, for files of every writer.
+/// strings are escaped as nlohmann::json's dump() does, so the compact text is the pretty text
+/// minus its whitespace outside strings, and what the "checksum" member holds is the hash that
+/// metadata_text_checksum takes of the file as read.
 ///
 /// One pass makes both: the compact text without the "checksum" member is hashed as it is made
-/// (never held whole), and, when text is asked for, the pretty text is written beside it with
-/// the checksum's 16 digits filled in at the end. Pretty text puts each member of the top level,
-/// each file, object and tensor, and each chunk on a line of its own, and writes the rest
-/// compactly.
+/// (never held whole), and the pretty text is written beside it with the checksum's 16 digits
+/// filled in at the end. Pretty text puts each member of the top level, each file, object and
+/// tensor, and each chunk on a line of its own, and writes the rest compactly.
 class MetadataWriter {
  public:
-  /// @param out where the pretty text goes; nullptr to only hash the compact text.
+  /// @param out where the pretty text goes.
   explicit MetadataWriter(std::string* out) : out_(out) {}
   /// Appends the pretty text to `file` a piece at a time, starting the write-back of each, and
   /// writes the checksum into its place last.
   explicit MetadataWriter(WritableFile* file) : out_(&piece_), file_(file) {}
 
-  /// The XXH3 of the compact text of `m` without a "checksum" member; the pretty text, with
-  /// that checksum as its first member, is in *out (or the file) when one was given.
+  /// The pretty text of `m`, with the XXH3 of its compact text without a "checksum" member as
+  /// its first member, into *out or the file.
   template <typename Metadata>
-  std::uint64_t write(const Metadata& m) {
+  void write(const Metadata& m) {
     if (file_ != nullptr) {
       out_->reserve(kPieceBytes + 64 * 1024);
-    } else if (out_ != nullptr) {
+    } else {
       out_->clear();
       out_->reserve(estimated_size(m));
     }
     hash_.reset();
-    pending_ = 0;
     put('{');
-    std::size_t checksum_digits = 0;
-    if (out_ != nullptr) {
-      // Pretty only: the hashed text has no checksum member, and its first member no comma.
-      pretty_only("\n \"checksum\": \"");
-      checksum_digits = written_ + out_->size();
-      pretty_only("0000000000000000\"");
-    }
+    // Pretty only: the hashed text has no checksum member, and its first member no comma.
+    pretty_only("\n \"checksum\": \"");
+    const std::size_t checksum_digits = written_ + out_->size();
+    pretty_only("0000000000000000\"");
     member("files", true);
     map(m.files, [&](const FileMeta& f) { file_meta(f); });
     member("format");
@@ -693,19 +689,14 @@ class MetadataWriter {
     pretty_only("\n");
     put('}');
     pretty_only("\n");
-    flush_hash();
-    const std::uint64_t checksum = hash_.digest();
-    if (out_ != nullptr) {
-      char digits[16];
-      hex16(checksum, digits);
-      if (file_ != nullptr) {
-        flush_piece(0);
-        if (status_.is_ok()) status_ = file_->write_at(checksum_digits, digits, sizeof(digits));
-      } else {
-        out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
-      }
+    char digits[16];
+    hex16(hash_.digest(), digits);
+    if (file_ != nullptr) {
+      flush_piece(0);
+      if (status_.is_ok()) status_ = file_->write_at(checksum_digits, digits, sizeof(digits));
+    } else {
+      out_->replace(checksum_digits, sizeof(digits), digits, sizeof(digits));
     }
-    return checksum;
   }
 
   /// The first error of a write to the file.
@@ -730,33 +721,17 @@ class MetadataWriter {
 
   /// Text of both the pretty and the hashed compact form.
   void put(std::string_view text) {
-    if (out_ != nullptr) out_->append(text);
-    if (text.size() > sizeof(hash_buffer_) - pending_) {
-      flush_hash();
-      if (text.size() > sizeof(hash_buffer_)) {
-        hash_.update(text.data(), text.size());
-        return;
-      }
-    }
-    std::memcpy(hash_buffer_ + pending_, text.data(), text.size());
-    pending_ += text.size();
+    out_->append(text);
+    hash_.update(text.data(), text.size());
   }
 
   void put(char c) {
-    if (out_ != nullptr) out_->push_back(c);
-    if (pending_ == sizeof(hash_buffer_)) flush_hash();
-    hash_buffer_[pending_++] = c;
+    out_->push_back(c);
+    hash_.update(c);
   }
 
   /// Whitespace and the checksum member: the pretty text only.
-  void pretty_only(std::string_view text) {
-    if (out_ != nullptr) out_->append(text);
-  }
-
-  void flush_hash() {
-    hash_.update(hash_buffer_, pending_);
-    pending_ = 0;
-  }
+  void pretty_only(std::string_view text) { out_->append(text); }
 
   /// Hands the text so far to the file once it holds at least `at_least` bytes.
   void flush_piece(std::size_t at_least) {
@@ -769,7 +744,6 @@ class MetadataWriter {
 
   /// Every entry starts on a line of its own: a place to hand a piece to the file.
   void line(int depth) {
-    if (out_ == nullptr) return;
     if (file_ != nullptr) flush_piece(kPieceBytes);
     out_->push_back('\n');
     out_->append(static_cast<std::size_t>(depth), ' ');
@@ -960,6 +934,7 @@ class MetadataWriter {
   /// Text handed to the file at a time: its write-back runs while the next is formed.
   static constexpr std::size_t kPieceBytes = 4 << 20;
 
+  /// The pretty text: the caller's string, or piece_.
   std::string* out_;
   WritableFile* file_ = nullptr;
   /// The text not yet handed to file_.
@@ -967,16 +942,192 @@ class MetadataWriter {
   /// Bytes handed to file_ so far.
   std::uint64_t written_ = 0;
   Status status_;
-  Xxh3Stream hash_;
-  /// Compact text not yet hashed: hashing a few bytes at a time costs more than copying them.
-  char hash_buffer_[64 * 1024];
-  std::size_t pending_ = 0;
+  /// Of the compact text without the checksum member.
+  BufferedXxh3Stream hash_;
 };
 
-/// XXH3 of the compact JSON text of `m` without a "checksum" field: what metadata.json's
-/// "checksum" holds, so that an edit of any field (the step, an object, a chunk) is found.
-std::uint64_t metadata_checksum(const CheckpointMetadata& m) {
-  return std::make_unique<MetadataWriter>(static_cast<std::string*>(nullptr))->write(m);
+// -- metadata.json's checksum, over the text as read --
+
+// JSON's whitespace is space, tab, line feed and carriage return; no other byte below 0x21 may
+// stand outside a string (nor, unescaped, inside one), so in JSON text "a byte up to 0x20
+// outside a string" is exactly its whitespace.
+bool is_space_byte(char c) {
+  return static_cast<unsigned char>(c) <= 0x20;
+}
+
+/// One past the quote that closes the string whose opening quote is at `open`; text.size()
+/// when none does.
+std::size_t string_end(std::string_view text, std::size_t open) {
+  for (std::size_t i = open + 1; i < text.size(); ++i) {
+    if (text[i] == '\\') {
+      ++i;
+    } else if (text[i] == '"') {
+      return i + 1;
+    }
+  }
+  return text.size();
+}
+
+/// Hashes the compact text of `text` up to the end of its first top-level "checksum" member,
+/// leaving out that member and the comma that separates it from a neighbour. Returns where it
+/// stopped, outside any string: after the member's comma, at the brace that closes the top
+/// level when the member is last, or text.size() when there is no such member.
+std::size_t hash_up_to_checksum_end(std::string_view text, BufferedXxh3Stream& hash) {
+  const char* const p = text.data();
+  // [run, i) is text neither hashed nor dropped yet: hashed when whitespace or the checksum
+  // member follows it, dropped when it is part of that member.
+  std::size_t run = 0;
+  int depth = 0;
+  bool root_is_object = false;
+  bool in_checksum = false;
+  // In the top-level object: the next string is a member's key.
+  bool key_next = false;
+  // A comma between top-level members, hashed only once the member after it turns out not to be
+  // the checksum.
+  bool comma_held = false;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (is_space_byte(p[i])) {
+      if (!in_checksum) hash.update(p + run, i - run);
+      do {
+        ++i;
+      } while (i < text.size() && is_space_byte(p[i]));
+      run = i;
+      continue;
+    }
+    switch (p[i]) {
+      case '"': {
+        const std::size_t end = string_end(text, i);
+        if (key_next && depth == 1) {
+          key_next = false;
+          if (text.substr(i, end - i) == "\"checksum\"") {
+            hash.update(p + run, i - run);
+            run = i;
+            in_checksum = true;
+          } else if (comma_held) {
+            hash.update(',');
+            comma_held = false;
+          }
+        }
+        i = end;
+        continue;
+      }
+      case ',':
+        if (depth == 1 && root_is_object) {
+          if (in_checksum) {
+            // The comma after the member goes with it; the one before it, if any, stays.
+            if (comma_held) hash.update(',');
+            return i + 1;
+          }
+          hash.update(p + run, i - run);
+          comma_held = true;
+          key_next = true;
+          run = ++i;
+          continue;
+        }
+        break;
+      case '{':
+      case '[':
+        if (depth++ == 0) key_next = root_is_object = p[i] == '{';
+        break;
+      case '}':
+      case ']':
+        // A checksum member that comes last takes the comma before it along.
+        if (depth-- == 1 && in_checksum) return i;
+        break;
+      default:
+        break;
+    }
+    ++i;
+  }
+  if (!in_checksum) hash.update(p + run, text.size() - run);
+  return text.size();
+}
+
+// -- whitespace outside strings, eight bytes at a time --
+
+constexpr std::uint64_t kEachByte = 0x0101010101010101;
+constexpr std::uint64_t kHighBits = 0x8080808080808080;
+
+/// The high bit of each byte of `word` that equals `c`.
+std::uint64_t bytes_equal(std::uint64_t word, char c) {
+  const std::uint64_t x = word ^ (kEachByte * static_cast<unsigned char>(c));
+  return ~(((x & ~kHighBits) + ~kHighBits) | x) & kHighBits;
+}
+
+/// The high bit of each byte of `word` up to 0x20.
+std::uint64_t space_bytes(std::uint64_t word) {
+  return ~(((word & ~kHighBits) + kEachByte * (0x80 - 0x21)) | word) & kHighBits;
+}
+
+/// The eight bytes at `p` with the first in the lowest byte, whatever the machine's order.
+std::uint64_t load_word(const char* p) {
+  std::uint64_t word;
+  std::memcpy(&word, p, sizeof(word));
+  if constexpr (std::endian::native == std::endian::big) word = __builtin_bswap64(word);
+  return word;
+}
+
+/// Copies `text` into `out` less its whitespace outside strings, one byte at a time, carrying
+/// whether a string and an escape in it are open; returns the bytes written.
+std::size_t compact_bytes(std::string_view text, char* out, bool& in_string, bool& escaped) {
+  std::size_t k = 0;
+  for (char c : text) {
+    out[k] = c;
+    if (escaped) {
+      escaped = false;
+      ++k;
+    } else if (in_string) {
+      escaped = c == '\\';
+      in_string = c != '"';
+      ++k;
+    } else {
+      in_string = c == '"';
+      k += !is_space_byte(c);
+    }
+  }
+  return k;
+}
+
+/// Hashes `text` less its whitespace outside strings. @pre text starts outside a string
+void hash_without_spaces(std::string_view text, BufferedXxh3Stream& hash) {
+  constexpr std::size_t kBlock = 4096;
+  char out[kBlock];
+  bool in_string = false;
+  bool escaped = false;
+  for (std::size_t block = 0; block < text.size(); block += kBlock) {
+    const std::string_view in = text.substr(block, kBlock);
+    std::size_t k = 0;
+    std::size_t i = 0;
+    for (; i + 8 <= in.size(); i += 8) {
+      const std::uint64_t word = load_word(in.data() + i);
+      if (escaped || bytes_equal(word, '\\') != 0) {
+        // Rare: an escape changes which quotes open and close strings.
+        k += compact_bytes(in.substr(i, 8), out + k, in_string, escaped);
+        continue;
+      }
+      // A byte is inside a string (or opens one) when an odd number of quotes opened or closed
+      // strings up to it.
+      std::uint64_t quotes = bytes_equal(word, '"');
+      quotes ^= quotes << 8;
+      quotes ^= quotes << 16;
+      quotes ^= quotes << 32;
+      const std::uint64_t inside = quotes ^ (kHighBits * in_string);
+      const std::uint64_t dropped = space_bytes(word) & ~inside;
+      in_string = inside >> 63;
+      if (dropped == 0) {
+        std::memcpy(out + k, in.data() + i, 8);
+        k += 8;
+        continue;
+      }
+      for (std::size_t j = 0; j < 8; ++j) {
+        out[k] = in[i + j];
+        k += ((dropped >> (8 * j + 7)) & 1) ^ 1;
+      }
+    }
+    k += compact_bytes(in.substr(i), out + k, in_string, escaped);
+    hash.update(out, k);
+  }
 }
 
 /// Whether two blocks share an element (a block with an empty dimension shares none).
@@ -1154,20 +1305,28 @@ bool is_valid_utf8(std::string_view text) {
 
 std::string metadata_to_json(const CheckpointMetadata& m) {
   std::string text;
-  std::make_unique<MetadataWriter>(&text)->write(m);
+  MetadataWriter(&text).write(m);
   return text;
 }
 
 std::string metadata_to_json(const GatheredMetadata& m) {
   std::string text;
-  std::make_unique<MetadataWriter>(&text)->write(m);
+  MetadataWriter(&text).write(m);
   return text;
 }
 
 Status write_metadata_json(const GatheredMetadata& m, WritableFile& file) {
-  auto writer = std::make_unique<MetadataWriter>(&file);
-  writer->write(m);
-  return writer->status();
+  MetadataWriter writer(&file);
+  writer.write(m);
+  return writer.status();
+}
+
+std::uint64_t metadata_text_checksum(std::string_view text) {
+  BufferedXxh3Stream hash;
+  // The writer puts the checksum first, so the rest, all of it hashed, goes the fast way.
+  const std::size_t rest = hash_up_to_checksum_end(text, hash);
+  hash_without_spaces(text.substr(rest), hash);
+  return hash.digest();
 }
 
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source) {
@@ -1178,7 +1337,7 @@ Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std
   JsonFields f(source);
   SH_ASSIGN_OR_RETURN(const json* checksum, f.member(reader.root(), "", "checksum"));
   SH_ASSIGN_OR_RETURN(std::uint64_t expected, f.as_xxh3(*checksum, "checksum"));
-  if (std::uint64_t actual = metadata_checksum(m); actual != expected) {
+  if (std::uint64_t actual = metadata_text_checksum(text); actual != expected) {
     return f.error("", "was changed after it was written: its content has XXH3 " + xxh3_hex(actual) +
                            ", its field checksum says " + xxh3_hex(expected));
   }

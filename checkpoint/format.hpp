@@ -2,8 +2,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +54,57 @@ class Xxh3Stream {
 
  private:
   void* state_;
+};
+
+/// Xxh3Stream for input that comes a few bytes at a time (text as it is formed or scanned): the
+/// pieces are gathered and hashed a block at a time, since hashing a few bytes at a time costs
+/// more than copying them. The digest is the same. Not safe to share between threads.
+class BufferedXxh3Stream {
+ public:
+  BufferedXxh3Stream() : buffer_(std::make_unique<char[]>(kBufferBytes)) {}
+
+  /// Appends `bytes` bytes at `data` to the hashed sequence.
+  void update(const void* data, std::size_t bytes) {
+    if (bytes > kBufferBytes - pending_) {
+      flush();
+      if (bytes > kBufferBytes) {
+        hash_.update(data, bytes);
+        return;
+      }
+    }
+    std::memcpy(buffer_.get() + pending_, data, bytes);
+    pending_ += bytes;
+  }
+
+  /// Appends one byte.
+  void update(char c) {
+    if (pending_ == kBufferBytes) flush();
+    buffer_[pending_++] = c;
+  }
+
+  /// The digest of everything appended since construction or the last reset().
+  std::uint64_t digest() {
+    flush();
+    return hash_.digest();
+  }
+
+  /// Starts over, as if newly made.
+  void reset() {
+    pending_ = 0;
+    hash_.reset();
+  }
+
+ private:
+  static constexpr std::size_t kBufferBytes = 64 * 1024;
+
+  void flush() {
+    hash_.update(buffer_.get(), pending_);
+    pending_ = 0;
+  }
+
+  Xxh3Stream hash_;
+  std::unique_ptr<char[]> buffer_;
+  std::size_t pending_ = 0;
 };
 
 // -- folders --
@@ -173,8 +226,9 @@ struct GatheredMetadata {
 /// UTF-8; a reader refuses anything else).
 bool is_valid_utf8(std::string_view text);
 
-/// metadata.json's text: deterministic (members in key order), one line for each file, object,
-/// tensor and chunk, and a "checksum" field.
+/// metadata.json's text: deterministic (members in key order, strings escaped as
+/// nlohmann::json's dump() escapes them), one line for each file, object, tensor and chunk, and
+/// a "checksum" member first (metadata_text_checksum of the text).
 /// @pre every name and object is valid UTF-8 (is_valid_utf8).
 std::string metadata_to_json(const CheckpointMetadata& metadata);
 /// The same text for the metadata the reports hold (what metadata_to_json of the copy holds).
@@ -184,11 +238,29 @@ std::string metadata_to_json(const GatheredMetadata& metadata);
 Status write_metadata_json(const GatheredMetadata& metadata, WritableFile& file);
 
 /// Parses metadata.json, checks the format name and version and every field's type and range,
-/// then applies validate_metadata, then checks the file's "checksum" (XXH3 of its compact JSON
-/// without that field, which metadata_to_json writes), so that a hand edit of any field is found.
+/// then applies validate_metadata, then checks the file's "checksum" against
+/// metadata_text_checksum of `text`, so that a hand edit of any field is found (also one that
+/// reorders members or escapes a string otherwise; only whitespace outside strings may change).
 /// Never throws: errors are corruption naming `source` and the field (for instance
-/// "tensors['w'].chunks[1].byte_range[0]").
+/// "tensors['w'].chunks[1].byte_range[0]"), or saying that the file "was changed after it was
+/// written" with both digests.
 Result<CheckpointMetadata> metadata_from_json(const std::string& text, const std::string& source);
+
+/// What metadata.json's "checksum" holds: the XXH3 of the file's compact text without that
+/// member, taken in one pass over the bytes of `text` as they are. Hashed is everything except
+/// whitespace outside strings (space, tab, line feed, carriage return) and the top-level
+/// "checksum" member: its key, colon, value and the comma that separates it from a neighbour,
+/// wherever in the top level it stands. Only the first top-level member whose key is written
+/// "checksum" is left out; a "checksum" key inside a value, a second top-level one, or one
+/// spelled with an escape is hashed like any other text (so a file with two never verifies).
+///
+/// For every text metadata_to_json writes, indented any way, this is the digest its checksum
+/// holds: its compact text is that text minus whitespace, with members already in key order and
+/// strings escaped as nlohmann::json's dump() escapes them. Every other change alters the digest:
+/// a value, the order of members, the escaping of a string.
+/// Defined for any text (on text that is not JSON the digest means nothing); never reads past
+/// `text`.
+std::uint64_t metadata_text_checksum(std::string_view text);
 
 /// The one check of a checkpoint's structure that load and verify share, so that a checkpoint
 /// that verifies loads. Proves for every tensor that its global shape's byte size fits in an
