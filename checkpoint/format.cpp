@@ -1,7 +1,5 @@
 #include "stagehand/checkpoint/format.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <bit>
 #include <charconv>
@@ -19,41 +17,6 @@
 namespace stagehand {
 
 using nlohmann::json;
-
-std::uint64_t xxh3(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
-
-std::string xxh3_hex(std::uint64_t hash) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
-  return buf;
-}
-
-std::optional<std::uint64_t> parse_xxh3_hex(const std::string& text) {
-  if (text.size() != 16) return std::nullopt;
-  std::uint64_t value = 0;
-  for (char c : text) {
-    int digit = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-    if (digit < 0) return std::nullopt;
-    value = value << 4 | static_cast<std::uint64_t>(digit);
-  }
-  return value;
-}
-
-Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
-  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
-}
-
-Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
-
-void Xxh3Stream::update(const void* data, std::size_t bytes) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
-}
-
-std::uint64_t Xxh3Stream::digest() const {
-  return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
-}
-
-void Xxh3Stream::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
 
 std::string CheckpointLayout::step_dir(std::int64_t step) const {
   return root + "/global_step_" + std::to_string(step);
@@ -1282,25 +1245,6 @@ Result<ParsedSafetensors> parse_safetensors_header(const ByteReader& read, std::
     }
   }
   return out;
-}
-
-bool is_valid_utf8(std::string_view text) {
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > text.size()) return false;
-    std::uint32_t code = n == 1 ? c : c & (0x7f >> n);
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      if ((next >> 6) != 0x2) return false;
-      code = code << 6 | (next & 0x3f);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
-    constexpr std::uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (code < kSmallest[n] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return false;
-    i += n;
-  }
-  return true;
 }
 
 std::string metadata_to_json(const CheckpointMetadata& m) {

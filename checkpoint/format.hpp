@@ -2,10 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +13,8 @@
 #include "stagehand/core/dtype.hpp"
 #include "stagehand/core/shape.hpp"
 #include "stagehand/core/status.hpp"
+#include "stagehand/core/utf8.hpp"
+#include "stagehand/core/xxh3.hpp"
 
 namespace stagehand {
 
@@ -32,80 +32,6 @@ inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 inline constexpr const char* kHfSingleFile = "model.safetensors";
 /// The index of a Hugging Face folder sharded into several files.
 inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
-
-// -- checksums --
-
-std::uint64_t xxh3(const void* data, std::size_t bytes);
-/// 16 lowercase hex digits.
-std::string xxh3_hex(std::uint64_t hash);
-std::optional<std::uint64_t> parse_xxh3_hex(const std::string& text);
-
-/// Streaming XXH3 over a sequence of byte ranges.
-class Xxh3Stream {
- public:
-  Xxh3Stream();
-  ~Xxh3Stream();
-  Xxh3Stream(const Xxh3Stream&) = delete;
-  Xxh3Stream& operator=(const Xxh3Stream&) = delete;
-  void update(const void* data, std::size_t bytes);
-  std::uint64_t digest() const;
-  /// Starts over, as if newly made.
-  void reset();
-
- private:
-  void* state_;
-};
-
-/// Xxh3Stream for input that comes a few bytes at a time (text as it is formed or scanned): the
-/// pieces are gathered and hashed a block at a time, since hashing a few bytes at a time costs
-/// more than copying them. The digest is the same. Not safe to share between threads.
-class BufferedXxh3Stream {
- public:
-  BufferedXxh3Stream() : buffer_(std::make_unique<char[]>(kBufferBytes)) {}
-
-  /// Appends `bytes` bytes at `data` to the hashed sequence.
-  void update(const void* data, std::size_t bytes) {
-    if (bytes > kBufferBytes - pending_) {
-      flush();
-      if (bytes > kBufferBytes) {
-        hash_.update(data, bytes);
-        return;
-      }
-    }
-    std::memcpy(buffer_.get() + pending_, data, bytes);
-    pending_ += bytes;
-  }
-
-  /// Appends one byte.
-  void update(char c) {
-    if (pending_ == kBufferBytes) flush();
-    buffer_[pending_++] = c;
-  }
-
-  /// The digest of everything appended since construction or the last reset().
-  std::uint64_t digest() {
-    flush();
-    return hash_.digest();
-  }
-
-  /// Starts over, as if newly made.
-  void reset() {
-    pending_ = 0;
-    hash_.reset();
-  }
-
- private:
-  static constexpr std::size_t kBufferBytes = 64 * 1024;
-
-  void flush() {
-    hash_.update(buffer_.get(), pending_);
-    pending_ = 0;
-  }
-
-  Xxh3Stream hash_;
-  std::unique_ptr<char[]> buffer_;
-  std::size_t pending_ = 0;
-};
 
 // -- folders --
 
@@ -221,10 +147,6 @@ struct GatheredMetadata {
   std::map<std::string, FileMeta> files;
   std::optional<FileMeta> trainer_state;
 };
-
-/// Whether `text` is well-formed UTF-8, as every string in metadata.json must be (JSON text is
-/// UTF-8; a reader refuses anything else).
-bool is_valid_utf8(std::string_view text);
 
 /// metadata.json's text: deterministic (members in key order, strings escaped as
 /// nlohmann::json's dump() escapes them), one line for each file, object, tensor and chunk, and
