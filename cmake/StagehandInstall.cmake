@@ -13,7 +13,9 @@ foreach(_layer IN LISTS STAGEHAND_LAYERS)
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/stagehand/${_layer}
     FILES_MATCHING PATTERN "*.hpp"
     # Internal to their layer's .cpp files.
-    PATTERN "s3_request.hpp" EXCLUDE)
+    PATTERN "s3_request.hpp" EXCLUDE
+    PATTERN "json_fields.hpp" EXCLUDE
+    PATTERN "block_bytes.hpp" EXCLUDE)
 endforeach()
 
 set(_stagehand_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/Stagehand)

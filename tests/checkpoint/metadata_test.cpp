@@ -101,6 +101,32 @@ std::string first_writer(const CheckpointMetadata& m) {
   return root.dump(1) + "\n";
 }
 
+/// `text` with the first `from` replaced by `to`.
+std::string replace_first(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, "no '" << from << "' in the text");
+  return text.replace(at, from.size(), to);
+}
+
+/// What the checksum of `text` must be, by another road: the nlohmann::json tree of the file
+/// without its "checksum" member, dumped compactly.
+std::uint64_t checksum_of_tree(const std::string& text) {
+  auto tree = nlohmann::json::parse(text);
+  tree.erase("checksum");
+  const std::string compact = tree.dump();
+  return xxh3(compact.data(), compact.size());
+}
+
+/// Whether `m` is a metadata_from_json error saying that the file was changed after it was
+/// written (a checksum mismatch), not an error about one of its fields.
+bool is_checksum_mismatch(const Result<CheckpointMetadata>& m) {
+  return !m.is_ok() && m.status().code() == ErrorCode::corruption &&
+         m.status().message().find(
+             "'metadata.json': was changed after it was written: its content "
+             "has XXH3 ") != std::string::npos &&
+         m.status().message().find(", its field checksum says ") != std::string::npos;
+}
+
 /// Indices of the chunks of `t` that share an element with `block`, by looking at every chunk.
 std::vector<std::size_t> overlapping_by_scan(const TensorMeta& t, const ShardedTensorDesc& block) {
   std::vector<std::size_t> found;
@@ -154,6 +180,144 @@ BOOST_AUTO_TEST_CASE(the_fuzz_corpus_of_first_writer_files_reads) {
     BOOST_TEST(m.is_ok(), entry.path().string() << ": " << m.status().to_string());
     if (m.is_ok()) BOOST_TEST(metadata_from_json(metadata_to_json(*m), "again").is_ok());
   }
+}
+
+BOOST_AUTO_TEST_CASE(the_checksum_is_that_of_the_compact_text_without_it) {
+  const CheckpointMetadata m = sample_metadata(3, kAwkwardNames);
+  for (const std::string& text : {metadata_to_json(m), first_writer(m)}) {
+    const std::uint64_t expected = checksum_of_tree(text);
+    BOOST_TEST(metadata_text_checksum(text) == expected);
+    BOOST_TEST(*parse_xxh3_hex(nlohmann::json::parse(text)["checksum"].get<std::string>()) ==
+               expected);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_checksum_leaves_out_only_whitespace_and_the_top_level_member) {
+  using nlohmann::json;
+  std::vector<json> docs = {
+      json::object(),
+      {{"a", 1}},
+      {{"checksum", "0123456789abcdef"}},
+      {{"a", 1}, {"checksum", "last"}},
+      {{"a", 1}, {"checksum", "between"}, {"z", json::array({1, 2})}},
+      {{"checksum", {{"checksum", 1}}}, {"d", "checksum"}},
+      {{"a", {{"checksum", "nested"}, {"list", json::array({"checksum", " \"checksum\": 1, "})}}},
+       {"checksum", "x"}},
+      {{"checksum", "x"}, {"caf\xc3\xa9 \xe2\x82\xac", "\x01\x1f\x7f"}}};
+  // Escapes, quotes and spaces on every byte of an eight-byte word.
+  for (std::size_t pad = 0; pad < 16; ++pad) {
+    docs.push_back({{"checksum", "x"},
+                    {std::string(pad, 'k'),
+                     std::string(pad, 'p') + "a \"quoted\" \\\\ \t\n\"checksum\": \"\\"},
+                    {"s", std::string(pad, ' ') + "\\\""},
+                    {"t", json::array({std::string(pad, '"'), std::string(pad, '\\')})}});
+  }
+  for (const json& doc : docs) {
+    json without = doc;
+    without.erase("checksum");
+    const std::string compact = without.dump();
+    const std::uint64_t expected = xxh3(compact.data(), compact.size());
+    for (int indent : {-1, 0, 1, 3, 8}) {
+      for (char fill : {' ', '\t'}) {
+        const std::string text = doc.dump(indent, fill);
+        BOOST_TEST(metadata_text_checksum(text) == expected, text);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_file_reindented_still_verifies) {
+  const CheckpointMetadata m = sample_metadata(3, kAwkwardNames);
+  const std::string text = metadata_to_json(m);
+  const auto tree = nlohmann::json::parse(text);
+  std::string crlf;
+  for (char c : text)
+    crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  // Strings escape every control character, so the writer's line feeds all lie outside them.
+  BOOST_REQUIRE(crlf.size() > text.size());
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"compact", tree.dump()},
+      {"indent 4", tree.dump(4)},
+      {"tabs", tree.dump(1, '\t')},
+      {"CRLF", crlf},
+      {"padded", " \t\r\n" + text + "\n\n"}};
+  for (const auto& [name, layout] : layouts) {
+    BOOST_TEST_CONTEXT(name) {
+      auto read = metadata_from_json(layout, "metadata.json");
+      BOOST_REQUIRE_MESSAGE(read.is_ok(), read.status().to_string());
+      BOOST_TEST(metadata_to_json(*read) == text);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_checksum_member_may_stand_anywhere_in_the_top_level) {
+  const std::string text = metadata_to_json(sample_metadata(2, {"w"}));
+  const auto checksum = nlohmann::json::parse(text)["checksum"].get<std::string>();
+  const std::string member = "\"checksum\": \"" + checksum + "\"";
+  const std::string without = replace_first(text, "\n " + member + ",", "");
+  const std::vector<std::pair<std::string, std::string>> places = {
+      {"last", replace_first(without, "\n}", ",\n " + member + "\n}")},
+      {"in the middle", replace_first(without, "\n \"step\"", "\n " + member + ",\n \"step\"")}};
+  for (const auto& [where, moved] : places) {
+    BOOST_TEST_CONTEXT(where) {
+      auto read = metadata_from_json(moved, "metadata.json");
+      BOOST_TEST(read.is_ok(), read.status().to_string());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(any_change_but_whitespace_fails_the_checksum) {
+  CheckpointMetadata m = sample_metadata(2, {"w"});
+  m.objects["w"] = "plain";
+  const std::string text = metadata_to_json(m);
+  BOOST_REQUIRE(metadata_from_json(text, "metadata.json").is_ok());
+  const auto checksum = nlohmann::json::parse(text)["checksum"].get<std::string>();
+  std::string digit_changed = checksum;
+  digit_changed[7] = digit_changed[7] == '0' ? '1' : '0';
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"a member reordered",
+       replace_first(text, "{\"size\": 1048576,\"xxh3\": \"000000000000002a\"}",
+                     "{\"xxh3\": \"000000000000002a\",\"size\": 1048576}")},
+      {"top-level members reordered",
+       replace_first(replace_first(text, "\"step\": 7", "\"version\": 1"), "\"version\": 1\n}",
+                     "\"step\": 7\n}")},
+      {"a value changed", replace_first(text, "\"plain\"\n", "\"plaiN\"\n")},
+      {"a digit of the checksum changed", replace_first(text, checksum, digit_changed)},
+      {"a string escaped another way", replace_first(text, "\"plain\"\n", "\"pl\\u0061in\"\n")},
+      {"the checksum's key escaped", replace_first(text, "\"checksum\"", "\"\\u0063hecksum\"")},
+      {"a second checksum member",
+       replace_first(text, "\n}", ",\n \"checksum\": \"" + checksum + "\"\n}")}};
+  for (const auto& [what, edited] : edits) {
+    BOOST_TEST_CONTEXT(what) {
+      auto read = metadata_from_json(edited, "metadata.json");
+      BOOST_TEST(is_checksum_mismatch(read), (read.is_ok() ? "read" : read.status().to_string()));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(strings_that_look_like_json_round_trip_and_count) {
+  // Quotes, backslashes, whitespace, escapes and a member "checksum" that is not the file's:
+  // inside strings, as an object's name, and as an object's value.
+  CheckpointMetadata m = sample_metadata(2, {"w"});
+  const std::string fake = R"( "checksum": "0123456789abcdef", )";
+  m.objects["checksum"] = "he said \"hi\",  \\ then\t\"checksum\":\n" + fake + " { } [ ] ,";
+  m.objects[fake] = "\\\"" + fake + "\\";
+  m.objects["w"] = "\"checksum\":";
+  const std::string text = metadata_to_json(m);
+  BOOST_TEST(metadata_text_checksum(text) == checksum_of_tree(text));
+  auto read = metadata_from_json(text, "metadata.json");
+  BOOST_REQUIRE_MESSAGE(read.is_ok(), read.status().to_string());
+  BOOST_TEST((read->objects == m.objects));
+  BOOST_TEST(metadata_to_json(*read) == text);
+  auto reindented = metadata_from_json(nlohmann::json::parse(text).dump(3), "metadata.json");
+  BOOST_TEST(reindented.is_ok(), reindented.status().to_string());
+  // The object named "checksum" is hashed like any other: only the top-level member is not.
+  auto tree = nlohmann::json::parse(text);
+  tree["objects"]["checksum"] = "changed";
+  BOOST_TEST(is_checksum_mismatch(metadata_from_json(tree.dump(1), "metadata.json")));
+  tree = nlohmann::json::parse(text);
+  tree["objects"][fake] = "changed";
+  BOOST_TEST(is_checksum_mismatch(metadata_from_json(tree.dump(1), "metadata.json")));
 }
 
 BOOST_AUTO_TEST_CASE(a_field_outside_the_format_is_refused_and_named) {

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+
+#include "stagehand/checkpoint/metadata.hpp"
+#include "stagehand/checkpoint/safetensors.hpp"
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/status.hpp"
+
+namespace stagehand {
+
+/// The one check of a checkpoint's structure that load and verify share, so that a checkpoint
+/// that verifies loads. Proves for every tensor that its global shape's byte size fits in an
+/// int64, that each chunk has the global shape's rank, lies inside it and names a listed file
+/// (a plain name) with a byte range that lies inside that file's size and holds exactly
+/// dtype x shape bytes, and that the chunks tile the global shape: no element in two chunks,
+/// none in no chunk. Errors are corruption naming `source`, the tensor and the chunk.
+Status validate_metadata(const CheckpointMetadata& metadata, const std::string& source);
+
+/// Checks that the header of the data file at `path` holds `chunk` of `tensor` (a `dtype`
+/// tensor) as metadata.json records it: an entry under its chunk key with the same dtype, shape
+/// and absolute byte range.
+Status check_chunk_in_header(const ParsedSafetensors& header, const std::string& path,
+                             const std::string& tensor, DType dtype, const ChunkMeta& chunk);
+
+}  // namespace stagehand
