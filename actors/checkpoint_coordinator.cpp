@@ -7,10 +7,8 @@
 #include <map>
 #include <optional>
 
-#include "stagehand/actors/messages.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/gather.hpp"
-#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
 
@@ -18,140 +16,276 @@ namespace stagehand {
 
 namespace {
 
-class CheckpointCoordinator : public caf::event_based_actor {
+using Clock = std::chrono::steady_clock;
+
+class CheckpointCoordinator : public coordinator_actor::base {
  public:
   CheckpointCoordinator(caf::actor_config& cfg, CoordinatorOptions options)
-      : caf::event_based_actor(cfg), options_(std::move(options)), store_(options_.file_system, options_.destination) {}
+      : coordinator_actor::base(cfg),
+        options_(std::move(options)),
+        store_(options_.file_system, options_.destination),
+        known_(static_cast<std::size_t>(options_.world_size)) {}
 
-  caf::behavior make_behavior() override {
+  behavior_type make_behavior() override {
     return {
-        [this](begin_atom, std::int64_t step, const std::string& trainer_state) -> caf::result<std::string> {
-          auto dir = begin(step, trainer_state);
-          if (!dir.is_ok()) return to_caf_error(dir.status());
-          return *dir;
+        [this](plan_atom, LocalPlan& plan, std::string& trainer_state) -> caf::result<WriteAssignment> {
+          return on_plan(std::move(plan), std::move(trainer_state));
         },
-        [this](rank_saved_atom, const std::string& encoded) { on_rank_saved(encoded); },
-        [this](abort_atom, std::int64_t step, const std::string& reason) {
-          if (open_step_ == step) finish(step, {ErrorCode::aborted, reason});
-        },
-        [this](phases_atom, std::int64_t step) -> std::string {
-          return last_phases_ && last_phases_->first == step ? last_phases_->second : std::string("{}");
-        },
-        [this](await_atom, std::int64_t step) -> caf::result<void> {
-          auto outcome = outcomes_.find(step);
-          if (outcome != outcomes_.end()) {
-            if (!outcome->second.is_ok()) return to_caf_error(outcome->second);
-            return caf::unit;
+        [this](rank_saved_atom, RankSaveReport& report) { on_rank_saved(std::move(report)); },
+        [this](await_atom, std::int64_t step) -> caf::result<CommitInfo> {
+          if (auto outcome = outcomes_.find(step); outcome != outcomes_.end()) {
+            if (!outcome->second.is_ok()) return to_caf_error(outcome->second.status());
+            return *outcome->second;
           }
-          if (open_step_ != step) {
+          if (open_step_ != step && !(forming_ && forming_->step == step)) {
             return to_caf_error({ErrorCode::invalid_argument, "step " + std::to_string(step) + " was never begun"});
           }
-          auto promise = make_response_promise();
+          auto promise = make_response_promise<CommitInfo>();
           waiters_[step].push_back(promise);
           return promise;
+        },
+        [this](poll_atom, std::int64_t step) -> bool { return outcomes_.count(step) != 0; },
+        [this](abort_atom, std::int64_t step, const std::string& reason) {
+          const Status why{ErrorCode::aborted, reason};
+          if (forming_ && forming_->step == step) fail_forming(why);
+          if (open_step_ == step) finish(step, why);
+        },
+        [this](rank_down_atom, std::int32_t rank, const std::string& reason) {
+          const std::string what = "rank " + std::to_string(rank) + " died: " + reason;
+          dead_.emplace(rank, what);
+          if (forming_) fail_forming({ErrorCode::aborted, what});
+          if (open_step_) finish(*open_step_, Status{ErrorCode::aborted, what + " (during the save)"});
+        },
+        [this](timeout_atom, std::int64_t step) {
+          if (!forming_ || forming_->step != step) return;
+          std::string missing;
+          for (std::size_t r = 0; r < forming_->plans.size(); ++r) {
+            if (!forming_->plans[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          }
+          fail_forming({ErrorCode::timeout,
+                        "rank(s) " + missing + " did not begin saving step " + std::to_string(step) + " within " +
+                            std::to_string(options_.plan_timeout.count() / 1000) +
+                            " s of the first rank (the call time limit): every rank must save every step"});
         },
     };
   }
 
- void on_exit() override {
-    // A waiting promise holds this actor: answered now, or the actor would never be destroyed
-    // (and the actor system, waiting for its thread, would never shut down).
+  void on_exit() override {
+    // A waiting promise holds this actor: each is answered now, or the actor would never be
+    // destroyed (and the actor system, waiting for its thread, would never shut down).
+    const Status stopped{ErrorCode::aborted, "the checkpoint coordinator stopped"};
+    if (forming_) fail_forming(stopped);
     for (auto& [step, promises] : waiters_) {
-      for (auto& promise : promises) {
-        promise.deliver(to_caf_error({ErrorCode::aborted, "the checkpoint coordinator stopped before step " +
-                                                              std::to_string(step) + " was committed"}));
-      }
+      for (auto& promise : promises) promise.deliver(to_caf_error(stopped));
     }
     waiters_.clear();
   }
 
  private:
-  Result<std::string> begin(std::int64_t step, const std::string& trainer_state) {
-    if (open_step_) {
-      return Status{ErrorCode::aborted, "checkpoint step " + std::to_string(*open_step_) +
-                                            " is still being saved; finalize it before beginning step " +
-                                            std::to_string(step)};
+  /// The local plans of the step being planned, and the ranks waiting for their assignment.
+  struct Forming {
+    std::int64_t step = 0;
+    /// By rank.
+    std::vector<std::optional<LocalPlan>> plans;
+    std::vector<std::optional<caf::typed_response_promise<WriteAssignment>>> promises;
+    std::string trainer_state;
+    int arrived = 0;
+  };
+
+  caf::result<WriteAssignment> on_plan(LocalPlan plan, std::string trainer_state) {
+    const int rank = plan.rank;
+    const std::string who = "rank " + std::to_string(rank);
+    if (rank < 0 || rank >= options_.world_size) {
+      return to_caf_error({ErrorCode::invalid_argument, who + " is outside the world of " +
+                                                            std::to_string(options_.world_size) + " ranks"});
     }
-    SH_ASSIGN_OR_RETURN(std::string policy, store_.prepare(step));
+    if (!dead_.empty()) {
+      return to_caf_error({ErrorCode::aborted, dead_.begin()->second + "; the job cannot save any more (restart it)"});
+    }
+    if (open_step_) {
+      return to_caf_error({ErrorCode::aborted, "step " + std::to_string(*open_step_) + " is still being written; " +
+                                                   who + " must finalize it before saving step " +
+                                                   std::to_string(plan.step)});
+    }
+    if (auto outcome = outcomes_.find(plan.step); outcome != outcomes_.end() && !outcome->second.is_ok() &&
+                                                  !(forming_ && forming_->step == plan.step)) {
+      return to_caf_error(outcome->second.status().with_context(who + " began step " + std::to_string(plan.step) +
+                                                                " too late"));
+    }
+    if (!forming_) begin_forming(plan.step);
+    if (forming_->step != plan.step) {
+      const Status mismatch{ErrorCode::invalid_argument,
+                            who + " saves step " + std::to_string(plan.step) + " while " + ranks_in_forming() +
+                                " save step " + std::to_string(forming_->step) +
+                                ": every rank must save the same step"};
+      fail_forming(mismatch);
+      return to_caf_error(mismatch);
+    }
+    auto& slot = forming_->plans[static_cast<std::size_t>(rank)];
+    if (slot) return to_caf_error({ErrorCode::invalid_argument, who + " sent two plans for step " + std::to_string(plan.step)});
+    if (plan.cached) {
+      const auto& known = known_[static_cast<std::size_t>(rank)];
+      if (!known || known->signature != plan.signature) {
+        const Status lost{ErrorCode::internal, who + "'s plan refers to a structure the coordinator does not know"};
+        fail_forming(lost);
+        return to_caf_error(lost);
+      }
+      plan.tensors = known->tensors;
+    } else {
+      known_[static_cast<std::size_t>(rank)] = plan;
+    }
+    if (!trainer_state.empty() && forming_->trainer_state.empty()) forming_->trainer_state = std::move(trainer_state);
+    slot = std::move(plan);
+    auto promise = make_response_promise<WriteAssignment>();
+    forming_->promises[static_cast<std::size_t>(rank)] = promise;
+    if (++forming_->arrived == options_.world_size) complete_forming();
+    return promise;
+  }
+
+  void begin_forming(std::int64_t step) {
+    forming_.emplace();
+    forming_->step = step;
+    forming_->plans.resize(static_cast<std::size_t>(options_.world_size));
+    forming_->promises.resize(static_cast<std::size_t>(options_.world_size));
+    outcomes_.erase(step);
+    delayed_send(this, options_.plan_timeout, timeout_atom::value, step);
+  }
+
+  std::string ranks_in_forming() const {
+    std::string ranks;
+    for (std::size_t r = 0; r < forming_->plans.size(); ++r) {
+      if (forming_->plans[r]) ranks += (ranks.empty() ? "rank(s) " : ", ") + std::to_string(r);
+    }
+    return ranks;
+  }
+
+  void fail_forming(const Status& why) {
+    const std::int64_t step = forming_->step;
+    for (auto& promise : forming_->promises) {
+      if (promise) promise->deliver(to_caf_error(why));
+    }
+    forming_.reset();
+    record_failure(step, why);
+  }
+
+  void complete_forming() {
+    Forming forming = std::move(*forming_);
+    forming_.reset();
+    auto assigned = global_plan(forming);
+    Status st = assigned.status();
+    std::string policy;
+    if (st.is_ok()) {
+      auto prepared = store_.prepare(forming.step);
+      st = prepared.status();
+      if (st.is_ok()) policy = *prepared;
+    }
     trainer_state_.reset();
     commit_ran_ = false;
-    if (!trainer_state.empty()) {
-      auto written = store_.write_trainer_state(step, trainer_state);
-      if (!written.is_ok()) {
-        (void)store_.abort(step);
-        return written.status();
-      }
-      trainer_state_ = *written;
+    if (st.is_ok() && !forming.trainer_state.empty()) {
+      auto written = store_.write_trainer_state(forming.step, forming.trainer_state);
+      st = written.status();
+      if (written.is_ok()) trainer_state_ = *written;
+      if (!st.is_ok()) (void)store_.abort(forming.step);
     }
-    open_step_ = step;
+    if (!st.is_ok()) {
+      for (auto& promise : forming.promises) promise->deliver(to_caf_error(st));
+      record_failure(forming.step, st);
+      return;
+    }
+    open_step_ = forming.step;
     reports_.clear();
-    outcomes_.erase(step);
-    return policy;
+    for (std::size_t r = 0; r < forming.plans.size(); ++r) {
+      forming.promises[r]->deliver(WriteAssignment{policy, assigned->writes[r]});
+    }
   }
 
-  void on_rank_saved(const std::string& encoded) {
-    auto report = decode_report(encoded);
-    if (!report.is_ok()) {
-      logger()->error("coordinator: {}", report.status().message());
+  /// The global plan of `forming`, the last one again while no rank's structure changed.
+  Result<GlobalPlan> global_plan(const Forming& forming) {
+    std::vector<const LocalPlan*> plans;
+    std::vector<std::uint64_t> structure;
+    for (const auto& p : forming.plans) {
+      plans.push_back(&*p);
+      structure.push_back(p->signature);
+    }
+    if (last_plan_ && last_plan_->signatures == structure) return *last_plan_;
+    SH_ASSIGN_OR_RETURN(GlobalPlan plan, make_global_plan(plans));
+    last_plan_ = plan;
+    return plan;
+  }
+
+  void on_rank_saved(RankSaveReport report) {
+    if (open_step_ != report.step) {
+      logger()->warn("coordinator: ignoring rank {}'s report for step {}, which is not being saved", report.rank,
+                     report.step);
       return;
     }
-    if (open_step_ != report->step) {
-      logger()->warn("coordinator: ignoring rank {}'s report for step {}, which is not being saved", report->rank,
-                     report->step);
+    if (!report.status.is_ok()) {
+      finish(report.step, report.status.with_context("rank " + std::to_string(report.rank)));
       return;
     }
-    if (!report->status.is_ok()) {
-      finish(report->step, report->status.with_context("rank " + std::to_string(report->rank)));
-      return;
-    }
-    reports_.push_back(std::move(*report));
+    reports_.push_back(std::move(report));
     if (static_cast<int>(reports_.size()) < options_.world_size) return;
-    std::int64_t step = *open_step_;
-    auto start = std::chrono::steady_clock::now();
+    const std::int64_t step = *open_step_;
+    const auto start = Clock::now();
     const double cpu_start = thread_cpu_seconds();
-    Status outcome = commit(step);
-    finish(step, outcome, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-           thread_cpu_seconds() - cpu_start);
+    auto committed = commit(step);
+    if (committed.is_ok()) {
+      committed->commit_s = std::chrono::duration<double>(Clock::now() - start).count();
+      committed->commit_cpu_s = thread_cpu_seconds() - cpu_start;
+    }
+    finish(step, std::move(committed));
   }
 
-  Status commit(std::int64_t step) {
+  Result<CommitInfo> commit(std::int64_t step) {
     SH_ASSIGN_OR_RETURN(auto metadata, gather_reports(step, reports_, options_.world_size));
     metadata.trainer_state = trainer_state_;
     // A failed commit removes what it must itself: after the rename the step stays in place.
     commit_ran_ = true;
-    return store_.commit(step, metadata).status();
+    SH_ASSIGN_OR_RETURN(CommitReport written, store_.commit(step, metadata));
+    CommitInfo info;
+    info.step = step;
+    info.files = written.files;
+    info.bytes = written.bytes;
+    // Each phase of the slowest rank, so that a slow save explains itself.
+    for (const auto& r : reports_) info.phases.take_max(r.phases);
+    return info;
   }
 
-  /// @param commit_s seconds the commit took (metadata, renames, tracker), when it ran.
-  /// @param commit_cpu_s the CPU seconds of this thread in them: on a busy machine commit_s
-  ///        also counts the time it waited for a core.
-  void finish(std::int64_t step, Status outcome, double commit_s = 0, double commit_cpu_s = 0) {
-    const std::string& where = store_.root();
+  void finish(std::int64_t step, Result<CommitInfo> outcome) {
     if (outcome.is_ok()) {
-      // Each phase of the slowest rank, so that a slow save explains itself.
-      SavePhases phases;
-      for (const auto& r : reports_) phases.take_max(r.phases);
+      const CommitInfo& c = *outcome;
       logger()->info("committed checkpoint step {} in '{}' (copy_s {:.3f} hash_s {:.3f} write_s {:.3f} fsync_s {:.3f} "
                      "upload_s {:.3f} commit_s {:.3f} commit_cpu_s {:.3f})",
-                     step, where, phases.copy_s, phases.hash_s, phases.write_s, phases.fsync_s, phases.upload_s,
-                     commit_s, commit_cpu_s);
-      last_phases_.emplace(step, encode_phases(phases, commit_s, commit_cpu_s));
-    } else {
-      if (Status removed = commit_ran_ ? Status::ok() : store_.abort(step); !removed.is_ok()) {
-        logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
-                       removed.message());
-      }
-      outcome = outcome.with_context("checkpoint step " + std::to_string(step) + " not committed");
-      logger()->error("{}", outcome.message());
+                     step, store_.root(), c.phases.copy_s, c.phases.hash_s, c.phases.write_s, c.phases.fsync_s,
+                     c.phases.upload_s, c.commit_s, c.commit_cpu_s);
+    } else if (Status removed = commit_ran_ ? Status::ok() : store_.abort(step); !removed.is_ok()) {
+      logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
+                     removed.message());
     }
-    outcomes_[step] = outcome;
     open_step_.reset();
     reports_.clear();
+    if (!outcome.is_ok()) {
+      record_failure(step, outcome.status());
+      return;
+    }
+    outcomes_.insert_or_assign(step, outcome);
+    answer_waiters(step);
+  }
+
+  void record_failure(std::int64_t step, const Status& why) {
+    const Status outcome = why.with_context("checkpoint step " + std::to_string(step) + " not committed");
+    logger()->error("{}", outcome.message());
+    outcomes_.insert_or_assign(step, Result<CommitInfo>(outcome));
+    answer_waiters(step);
+  }
+
+  void answer_waiters(std::int64_t step) {
+    const Result<CommitInfo>& outcome = outcomes_.at(step);
     for (auto& promise : waiters_[step]) {
       if (outcome.is_ok()) {
-        promise.deliver(caf::unit);
+        promise.deliver(*outcome);
       } else {
-        promise.deliver(to_caf_error(outcome));
+        promise.deliver(to_caf_error(outcome.status()));
       }
     }
     waiters_.erase(step);
@@ -159,21 +293,25 @@ class CheckpointCoordinator : public caf::event_based_actor {
 
   CoordinatorOptions options_;
   CheckpointStore store_;
+  /// Each rank's last full local plan, for the plans that refer to it by signature.
+  std::vector<std::optional<LocalPlan>> known_;
+  std::optional<GlobalPlan> last_plan_;
+  std::optional<Forming> forming_;
+  std::optional<std::int64_t> open_step_;
   /// The open step's trainer_state.json, as written.
   std::optional<FileMeta> trainer_state_;
   /// The store's commit of the open step ran (and cleaned up after itself if it failed).
   bool commit_ran_ = false;
-  std::optional<std::int64_t> open_step_;
-  /// The phases of the last committed step, as JSON text.
-  std::optional<std::pair<std::int64_t, std::string>> last_phases_;
   std::vector<RankSaveReport> reports_;
-  std::map<std::int64_t, Status> outcomes_;
-  std::map<std::int64_t, std::vector<caf::response_promise>> waiters_;
+  std::map<std::int64_t, Result<CommitInfo>> outcomes_;
+  std::map<std::int64_t, std::vector<caf::typed_response_promise<CommitInfo>>> waiters_;
+  /// Ranks reported down, with why.
+  std::map<int, std::string> dead_;
 };
 
 }  // namespace
 
-caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options) {
+coordinator_actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options) {
   return system.spawn<CheckpointCoordinator, caf::detached>(std::move(options));
 }
 

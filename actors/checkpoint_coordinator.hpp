@@ -1,9 +1,11 @@
 #pragma once
 
 #include <caf/fwd.hpp>
+#include <chrono>
 #include <memory>
 #include <string>
 
+#include "stagehand/actors/protocol.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
@@ -11,29 +13,36 @@ namespace stagehand {
 struct CoordinatorOptions {
   /// trainer.ckpt_path: a local folder or an object-store URL.
   std::string destination;
+  /// Ranks of the job, in all processes.
   int world_size = 1;
   /// What the checkpoint root is on (default_file_system(): local paths and object stores
   /// reached by the AWS environment variables).
   std::shared_ptr<FileSystem> file_system = default_file_system();
+  /// How long the local plans of one step may take to come in, from the first one: a rank that
+  /// does not plan the step by then (it stalled, or skipped the save) fails it on every rank.
+  std::chrono::milliseconds plan_timeout = std::chrono::minutes(10);
 };
 
-/// Spawns the coordinator that commits checkpoints: it prepares `global_step_N.tmp`, gathers
-/// the report every rank's strategy pushes when its write ends, and commits the moment the last
-/// one arrives (metadata, rename, tracker), or aborts when any rank failed.
+/// Spawns the coordinator of a job's checkpoints (coordinator_actor, actors/protocol.hpp). It
+/// drives each save through its steps:
+/// 1. Plan: every rank sends its local plan; once all of them are in it makes the global plan
+///    (make_global_plan: ranks agree on the step and on every tensor, the blocks tile each
+///    tensor, replicas are written once and the writers balanced), reusing the last one while
+///    no rank's structure changed. Only then does it prepare the step's folder (and write the
+///    trainer state), and answer every rank with where to write and what. A bad plan, a rank
+///    that plans another step, or one that does not plan within `plan_timeout`, fails the save
+///    on every rank before any file exists, naming the rank.
+/// 2. Commit: it gathers the report every rank pushes when its write ends, and commits the
+///    moment the last one arrives (metadata, rename, tracker, through the CheckpointStore), or
+///    aborts when any rank failed (removing what the step left).
+/// Waiters (await_atom) get the CommitInfo or the reason. A rank reported down (rank_down_atom)
+/// fails what is open and every later save: the world is broken.
 ///
-/// Protocol:
-/// - (begin_atom, step, trainer_state_json) -> string policy_dir: prepares the step's folder and
-///   writes trainer_state.json into it; an error while an earlier step is still open.
-/// - (rank_saved_atom, encoded report): from the strategies.
-/// - (await_atom, step) -> void: answers once that step committed, or with why it did not.
-/// - (abort_atom, step, reason): gives up the open step (nothing is committed).
-///
-/// The root is a CheckpointStore: on a file system without renames (an object store) begin
-/// refuses a step already committed (objects cannot be swapped atomically), the ranks write in
-/// place, and a failed step's objects are deleted again (what cannot be deleted now is cleaned
-/// at the next start).
+/// On a file system without renames (an object store) a step already committed is refused
+/// (objects cannot be swapped atomically), the ranks write in place, and a failed step's files
+/// are deleted again (what cannot be deleted now is cleaned at the next start).
 ///
 /// The actor is detached: commits and uploads block it, never a scheduler thread.
-caf::actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
+coordinator_actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
 
 }  // namespace stagehand

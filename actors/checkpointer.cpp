@@ -8,44 +8,104 @@
 #include <optional>
 
 #include "stagehand/actors/dispatch_client.hpp"
+#include "stagehand/actors/process_world.hpp"
+#include "stagehand/actors/worker.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/log.hpp"
-#include "stagehand/strategy/messages.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
 
+Result<CheckpointerOptions> CheckpointerOptions::from_environment(std::string root) {
+  SH_ASSIGN_OR_RETURN(LaunchInfo launch, read_launch_info({}, kControlPortVariable, kDefaultControlPort));
+  CheckpointerOptions options;
+  options.root = std::move(root);
+  options.rank = launch.rank;
+  options.world_size = launch.world_size;
+  options.local_ranks = launch.multi_process() ? 1 : 0;
+  options.master_addr = launch.master_addr;
+  options.port = launch.master_port;
+  return options;
+}
+
 /// The Checkpointer's state, shared with its PendingSaves (which may outlive it).
-struct PendingSave::Shared {
-  explicit Shared(CheckpointerOptions o) : options(std::move(o)) {}
+class PendingSave::Impl {
+ public:
+  explicit Impl(CheckpointerOptions o) : options(std::move(o)) {}
 
   std::mutex mutex;
   CheckpointerOptions options;
   /// The actor system keeps a reference to its config: both live as long as this.
   std::unique_ptr<caf::actor_system_config> config;
   std::unique_ptr<caf::actor_system> system;
-  std::unique_ptr<CheckpointCluster> cluster;
+  std::shared_ptr<FileSystem> fs;
+  std::unique_ptr<FileLock> lock;
+  coordinator_actor coordinator;
+  bool coordinator_here = false;
+  std::vector<worker_actor> workers;
+  /// Owned by the Workers, which live until close().
+  std::vector<Checkpointable*> ranks;
+  dispatch_actor dispatch;
+  std::unique_ptr<DispatchClient> client;
+  std::unique_ptr<WorldHost> host;
+  std::unique_ptr<WorldMember> member;
   /// Each rank's state as its strategy sees it: the caller's tensors (shared, not copied).
   std::vector<std::shared_ptr<StateDict>> live;
-  std::vector<ShardedTensorDesc> structure;
   std::optional<std::int64_t> pending;
   /// How each async save ended, for its PendingSave.
   std::map<std::int64_t, Status> outcomes;
+  bool started = false;
+  /// Why the first call could not start the actors or join the job: every later call says so.
+  std::optional<Status> start_error;
   bool closed = false;
+
+  int ranks_here() const { return options.ranks_here(); }
+  bool spans_processes() const { return ranks_here() < options.world_size; }
+
+  Status check_options() const {
+    const CheckpointerOptions& o = options;
+    if (o.root.empty()) return {ErrorCode::invalid_argument, "CheckpointerOptions::root is empty"};
+    if (o.world_size < 1 || o.local_ranks < 0 || o.rank < 0 || o.rank + ranks_here() > o.world_size) {
+      return {ErrorCode::invalid_argument,
+              "CheckpointerOptions: ranks " + std::to_string(o.rank) + ".." + std::to_string(o.rank + ranks_here() - 1) +
+                  " (rank, local_ranks) do not lie in a world of " + std::to_string(o.world_size) +
+                  " (world_size) ranks"};
+    }
+    if (spans_processes() && (o.port < 1 || o.port > 65535)) {
+      return {ErrorCode::invalid_argument, "CheckpointerOptions::port " + std::to_string(o.port) + " is not a TCP port"};
+    }
+    return Status::ok();
+  }
 
   /// Starts the actors for `states` at the first call; later, checks they have the same ranks
   /// and structure, and hands them to the strategies.
   Status bind(const std::vector<StateDict>& states) {
     if (closed) return {ErrorCode::aborted, "the Checkpointer is closed"};
-    if (static_cast<int>(states.size()) != options.world_size) {
-      return {ErrorCode::invalid_argument, "the Checkpointer saves " + std::to_string(options.world_size) +
-                                               " rank(s) (CheckpointerOptions::world_size) but got " +
+    if (start_error) return *start_error;
+    if (static_cast<int>(states.size()) != ranks_here()) {
+      return {ErrorCode::invalid_argument, "the Checkpointer saves " + std::to_string(ranks_here()) +
+                                               " rank(s) in this process (CheckpointerOptions::world_size, "
+                                               "local_ranks) but got " +
                                                std::to_string(states.size()) + " state(s)"};
     }
-    for (std::size_t r = 0; r < states.size(); ++r) SH_RETURN_IF_ERROR(states[r].validate().with_context("rank " + std::to_string(r)));
-    if (!cluster) return start(states);
+    for (std::size_t r = 0; r < states.size(); ++r) {
+      SH_RETURN_IF_ERROR(states[r].validate().with_context("rank " + std::to_string(options.rank + r)));
+    }
+    if (!started) {
+      started = true;
+      Status st = start(states);
+      if (!st.is_ok()) {
+        start_error = st.with_context("the Checkpointer could not start");
+        stop();
+        return *start_error;
+      }
+      return Status::ok();
+    }
     for (std::size_t r = 0; r < states.size(); ++r) {
       if (states[r].descriptors() != live[r]->descriptors()) {
         return {ErrorCode::invalid_argument,
-                "rank " + std::to_string(r) +
+                "rank " + std::to_string(options.rank + r) +
                     "'s state has other tensors or shapes than at this Checkpointer's first call; one "
                     "Checkpointer serves one structure (make a new one for another)"};
       }
@@ -55,111 +115,196 @@ struct PendingSave::Shared {
   }
 
   Status start(const std::vector<StateDict>& states) {
-    if (options.root.empty()) return {ErrorCode::invalid_argument, "CheckpointerOptions::root is empty"};
+    SH_RETURN_IF_ERROR(check_options());
     config = std::make_unique<caf::actor_system_config>();
     register_stagehand_errors(*config);
+    if (spans_processes()) register_wire_types(*config);
     system = std::make_unique<caf::actor_system>(*config);
-    std::vector<std::unique_ptr<Checkpointable>> ranks;
-    for (const auto& state : states) {
-      live.push_back(std::make_shared<StateDict>(state));
-      ranks.push_back(checkpointable_state(live.back()));
-    }
-    CheckpointClusterOptions cluster_options;
     ObjectStoreOptions store = ObjectStoreOptions::from_environment();
     store.spool_dir = options.local_work_dir;
-    auto fs = default_file_system(store);
-    cluster_options.coordinator.destination = options.root;
-    cluster_options.coordinator.file_system = fs;
-    cluster_options.strategy.file_system = fs;
-    cluster_options.strategy.thread_count = options.thread_count;
-    cluster_options.strategy.load_thread_count = options.load_thread_count;
-    cluster_options.strategy.staging_buckets = options.staging_buckets;
-    // Async underneath whenever it can be: a sync save is then an async one finalized at once.
-    cluster_options.strategy.async_save = options.staging_buckets == 0;
-    cluster_options.timeout = options.timeout;
-    auto spawned = CheckpointCluster::spawn(*system, std::move(ranks), cluster_options);
-    if (!spawned.is_ok()) {
-      live.clear();
-      system.reset();
-      config.reset();
-      return spawned.status();
+    fs = default_file_system(store);
+    coordinator_here = options.rank == 0;
+    if (coordinator_here) {
+      // One lock for the whole job, taken where rank 0 is; the leftovers of a killed run go now.
+      const CheckpointStore root(fs, options.root);
+      SH_ASSIGN_OR_RETURN(lock, root.lock());
+      SH_RETURN_IF_ERROR(root.clean_interrupted().status());
+      coordinator = spawn_checkpoint_coordinator(*system, {options.root, options.world_size, fs, options.timeout});
     }
-    cluster = std::move(*spawned);
+    StrategyOptions strategy;
+    strategy.thread_count = options.thread_count;
+    strategy.load_thread_count = options.load_thread_count;
+    strategy.staging_buckets = options.staging_buckets;
+    strategy.file_system = fs;
+    for (std::size_t r = 0; r < states.size(); ++r) {
+      live.push_back(std::make_shared<StateDict>(states[r]));
+      auto owner = checkpointable_state(live.back());
+      ranks.push_back(owner.get());
+      strategy.rank = options.rank + static_cast<int>(r);
+      auto worker = spawn_worker(*system, std::move(owner), strategy, coordinator, options.timeout);
+      if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(strategy.rank));
+      workers.push_back(*worker);
+    }
+    if (spans_processes()) SH_RETURN_IF_ERROR(join_world());
+    dispatch = spawn_worker_dispatch(*system, workers, coordinator,
+                                     {options.timeout, "CheckpointerOptions::timeout", options.rank});
+    // The dispatch bounds each of its waits; a call is a few of them.
+    client = std::make_unique<DispatchClient>(*system, dispatch, options.timeout * 6);
+    return Status::ok();
+  }
+
+  Status join_world() {
+    LaunchInfo launch;
+    launch.rank = options.rank;
+    launch.world_size = options.world_size;
+    launch.master_addr = options.master_addr;
+    launch.master_port = options.port;
+    launch.join_timeout = options.join_timeout;
+    if (coordinator_here) {
+      SH_ASSIGN_OR_RETURN(host, WorldHost::open(*system, launch));
+      return host->gather(workers, caf::actor{}, coordinator).status().with_context("starting the job");
+    }
+    member = std::make_unique<WorldMember>(*system, launch);
+    SH_ASSIGN_OR_RETURN(JoinedWorld joined, member->join(workers));
+    coordinator = std::move(joined.coordinator);
+    for (auto& w : workers) caf::anon_send(w, report_to_atom::value, coordinator);
     return Status::ok();
   }
 
   /// Finishes the pending async save; records and returns its outcome.
   Status finalize() {
-    if (!cluster) return Status::ok();
-    Status st = cluster->client().finalize();
-    if (pending) {
-      outcomes[*pending] = st;
-      pending.reset();
-    }
+    if (!client || !pending) return Status::ok();
+    const std::int64_t step = *pending;
+    pending.reset();
+    Status st = client->finalize().status();
+    outcomes[step] = st;
     return st;
   }
 
-  Result<SaveTiming> save(std::int64_t step, const std::vector<StateDict>& states, bool async) {
-    if (async && options.staging_buckets != 0) {
-      return Status{ErrorCode::invalid_argument,
-                    "async_save needs CheckpointerOptions::staging_buckets 0 (all buckets staged at once)"};
-    }
+  Result<PendingSave> save(std::int64_t step, const std::vector<StateDict>& states, bool async,
+                           const std::shared_ptr<Impl>& self) {
     SH_RETURN_IF_ERROR(finalize());
     SH_RETURN_IF_ERROR(bind(states));
-    SH_ASSIGN_OR_RETURN(SaveTiming timing, cluster->client().save(step));
-    if (!timing.async) return timing;
-    pending = step;
-    if (!async) SH_RETURN_IF_ERROR(finalize());
-    return timing;
+    SH_ASSIGN_OR_RETURN(SaveResult saved, client->save(step, async));
+    if (saved.async) {
+      pending = step;
+    } else {
+      outcomes[step] = Status::ok();
+    }
+    return PendingSave(self, step, saved.stall_s);
   }
 
   Status load(std::vector<StateDict>& states, const std::string& path) {
     SH_RETURN_IF_ERROR(finalize());
     SH_RETURN_IF_ERROR(bind(states));
-    SH_RETURN_IF_ERROR(cluster->client().load(path));
+    // Resolved once for the process, not once per rank.
+    SH_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(*fs, path));
+    SH_RETURN_IF_ERROR(client->load(dir).status());
     // Tensors were filled in place (shared storage); small objects come back by value.
     for (std::size_t r = 0; r < states.size(); ++r) states[r].objects = live[r]->objects;
     return Status::ok();
   }
 
+  bool staged() const {
+    for (const Checkpointable* rank : ranks) {
+      if (!rank->fence_open()) return false;
+    }
+    return true;
+  }
+
   void close() {
     if (closed) return;
     closed = true;
-    if (!cluster) return;
+    if (!system) return;
     const std::optional<std::int64_t> step = pending;
     Status st = finalize();
     if (!st.is_ok()) {
       logger()->error("Checkpointer closing: {}{}", step ? "step " + std::to_string(*step) + " was not committed: " : "",
                       st.message());
     }
-    (void)cluster->shutdown();
-    cluster.reset();
+    if (member) member->leave();
+    if (host) {
+      // The coordinator stays until every other process is done with it.
+      if (Status left = host->await_leaves(options.timeout); !left.is_ok()) {
+        logger()->warn("Checkpointer closing: {}", left.message());
+      }
+    }
+    stop();
+  }
+
+  /// Stops every actor of this process (waiting at most `timeout`) and lets go of the system.
+  void stop() {
+    if (!system) return;
+    {
+      // Scoped: every handle must be gone before the system is, which waits for their actors.
+      std::vector<caf::actor> actors;
+      if (dispatch) actors.push_back(caf::actor_cast<caf::actor>(dispatch));
+      for (const auto& w : workers) actors.push_back(caf::actor_cast<caf::actor>(w));
+      if (coordinator_here && coordinator) actors.push_back(caf::actor_cast<caf::actor>(coordinator));
+      if (!stop_actors(*system, actors, options.timeout)) {
+        logger()->error("Checkpointer closing: not every actor stopped within the time limit");
+      }
+    }
+    if (host) host->shutdown(0);
+    client.reset();
+    dispatch = nullptr;
+    workers.clear();
+    coordinator = nullptr;
+    ranks.clear();
+    host.reset();
+    member.reset();
+    system.reset();
+    config.reset();
+    lock.reset();
   }
 };
 
 Status PendingSave::wait() {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  if (shared_->pending == step_) (void)shared_->finalize();
-  auto outcome = shared_->outcomes.find(step_);
-  if (outcome == shared_->outcomes.end()) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->pending == step_) (void)impl_->finalize();
+  auto outcome = impl_->outcomes.find(step_);
+  if (outcome == impl_->outcomes.end()) {
     return {ErrorCode::internal, "no outcome for step " + std::to_string(step_)};
   }
   return outcome->second;
 }
 
+bool PendingSave::done() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->outcomes.count(step_) != 0) return true;
+  if (impl_->pending != step_ || !impl_->system || !impl_->coordinator) return true;
+  caf::scoped_actor self{*impl_->system};
+  bool known = false;
+  self->request(impl_->coordinator, std::chrono::seconds(10), poll_atom::value, step_)
+      .receive([&](bool outcome) { known = outcome; }, [&](caf::error&) { known = true; });
+  return known;
+}
+
+bool PendingSave::staged() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->staged();
+}
+
+double PendingSave::wait_staged() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (!impl_->client) return 0;
+  auto waited = impl_->client->fence();
+  return waited.is_ok() ? *waited : 0;
+}
+
 Checkpointer::Checkpointer(CheckpointerOptions options)
-    : shared_(std::make_shared<PendingSave::Shared>(std::move(options))) {}
+    : impl_(std::make_shared<PendingSave::Impl>(std::move(options))) {}
 
 Checkpointer::~Checkpointer() {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  shared_->close();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->close();
 }
 
 Status Checkpointer::save(std::int64_t step, const StateDict& state) { return save(step, std::vector<StateDict>{state}); }
 
 Status Checkpointer::save(std::int64_t step, const std::vector<StateDict>& states) {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  return shared_->save(step, states, false).status();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->save(step, states, false, impl_).status();
 }
 
 Result<PendingSave> Checkpointer::async_save(std::int64_t step, const StateDict& state) {
@@ -167,10 +312,14 @@ Result<PendingSave> Checkpointer::async_save(std::int64_t step, const StateDict&
 }
 
 Result<PendingSave> Checkpointer::async_save(std::int64_t step, const std::vector<StateDict>& states) {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  SH_ASSIGN_OR_RETURN(SaveTiming timing, shared_->save(step, states, true));
-  if (!timing.async) shared_->outcomes[step] = Status::ok();  // an object store: saved synchronously
-  return PendingSave(shared_, step, timing.stall_s);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->save(step, states, true, impl_);
+}
+
+Result<double> Checkpointer::fence() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (!impl_->client) return 0.0;
+  return impl_->client->fence();
 }
 
 Status Checkpointer::load(StateDict& state, const std::string& path) {
@@ -181,13 +330,13 @@ Status Checkpointer::load(StateDict& state, const std::string& path) {
 }
 
 Status Checkpointer::load(std::vector<StateDict>& states, const std::string& path) {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  return shared_->load(states, path);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->load(states, path);
 }
 
 Status Checkpointer::finalize() {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  return shared_->finalize();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->finalize();
 }
 
 }  // namespace stagehand

@@ -1,9 +1,9 @@
 #pragma once
 
 // The common case in one object, without CAF in sight: save, async save and load of the state
-// dicts of one process's ranks. Underneath it runs the same actors and protocol as everything
-// else (a CheckpointCluster: coordinator, one Worker and MegatronStrategy per rank, the
-// WorkerDispatch driving every save).
+// dicts of this process's ranks, collectively with every other process of the job. Underneath
+// it runs the same actors and protocol as everything else (a coordinator on rank 0's process,
+// one Worker and MegatronStrategy per rank, a WorkerDispatch in each process).
 
 #include <chrono>
 #include <cstdint>
@@ -11,83 +11,140 @@
 #include <string>
 #include <vector>
 
+#include "stagehand/actors/launch.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
 struct CheckpointerOptions {
-  /// Where checkpoints go: a local folder, or `s3://bucket/prefix` / `gs://bucket/prefix` (the
-  /// AWS_* environment variables say how to reach it; saves there are sync).
+  /// Where checkpoints go: a local folder (shared by every host of the job), or
+  /// `s3://bucket/prefix` / `gs://bucket/prefix` (the AWS_* environment variables say how to
+  /// reach it; saves there are sync).
   std::string root;
-  /// Ranks this process saves, one StateDict each.
+
+  // -- the job --
+
+  /// The first rank this process holds.
+  int rank = 0;
+  /// Ranks of the whole job, in all processes.
   int world_size = 1;
+  /// Ranks this process holds, one StateDict each per call (ranks rank, rank + 1, ...); 0: all
+  /// of `world_size` (one process).
+  int local_ranks = 0;
+  /// Where the process holding rank 0 listens for the others when the job spans processes: its
+  /// host and Stagehand's own control port (STAGEHAND_PORT; never MASTER_PORT, which the
+  /// trainer's torch.distributed or NCCL uses).
+  std::string master_addr = "127.0.0.1";
+  int port = kDefaultControlPort;
+  /// How long the processes have to find each other at their first call.
+  std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
+
+  // -- saving and loading --
+
   /// Bucket files and writer threads per rank (megatron_config.ckpt_save_thread_count).
   int thread_count = 2;
   /// Threads reading a checkpoint at once per rank in a load (megatron_config.ckpt_load_thread_count).
   int load_thread_count = 4;
-  /// Buckets staged at a time by a sync save (ckpt_save_staging_buckets); 0 stages all at once.
-  /// Must be 0 for async_save.
+  /// Buckets staged at a time (ckpt_save_staging_buckets): host memory stays near this many
+  /// buckets; 0 stages all at once. With async_save, the save returns once these are staged and
+  /// stages the rest as slots free up (PendingSave::staged says when the state may change).
   int staging_buckets = 0;
-  /// Where object-store saves are written before upload (megatron_config.local_work_dir).
+  /// Where files bound for an object store are written before their upload
+  /// (megatron_config.local_work_dir).
   std::string local_work_dir = "/tmp/stagehand-work";
-  /// Limit of every wait on the actors underneath.
+  /// Limit of every wait: for the other ranks to begin the same save, for each rank's write,
+  /// for the commit.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+
+  /// The options of one process of a job launched one process per rank (torchrun,
+  /// scripts/launch-local.sh): `rank` and `world_size` from RANK and WORLD_SIZE, `master_addr`
+  /// from MASTER_ADDR, `port` from STAGEHAND_PORT (default kDefaultControlPort); without
+  /// WORLD_SIZE, one process. Errors name the variable.
+  static Result<CheckpointerOptions> from_environment(std::string root);
+
+  /// Ranks this process holds.
+  int ranks_here() const { return local_ranks > 0 ? local_ranks : world_size; }
 };
 
 class Checkpointer;
 
-/// An async save on its way: wait() returns once it is written on every rank and committed (or
-/// with why it did not commit). Waiting is optional: the next save, load, finalize() or the
-/// Checkpointer's destruction finishes it anyway.
+/// An async save on its way: staged() says when its tensors may be modified, wait() when it is
+/// written on every rank and committed (or why it did not commit). Waiting is optional: the
+/// next save, load, finalize() or the Checkpointer's destruction finishes it anyway.
 ///
 /// Thread-safety: as its Checkpointer.
 class PendingSave {
  public:
-  /// @return ok once step() is committed; otherwise why it was not.
+  /// @return ok once step() is committed on every rank; otherwise why it was not.
   Status wait();
+  /// Whether wait() would return at once (the commit or its failure is known).
+  bool done() const;
+  /// Whether the save no longer reads this process's tensors (every bucket is staged), so that
+  /// they may be modified; at once true unless staging_buckets > 0.
+  bool staged() const;
+  /// Blocks until staged(); the seconds waited.
+  double wait_staged();
   std::int64_t step() const { return step_; }
-  /// How long async_save blocked its caller (the copy of the state).
+  /// How long async_save blocked its caller (the copy of the first buckets).
   double stall_s() const { return stall_s_; }
 
  private:
   friend class Checkpointer;
-  struct Shared;
-  PendingSave(std::shared_ptr<Shared> shared, std::int64_t step, double stall_s)
-      : shared_(std::move(shared)), step_(step), stall_s_(stall_s) {}
-  std::shared_ptr<Shared> shared_;
+  class Impl;
+  PendingSave(std::shared_ptr<Impl> impl, std::int64_t step, double stall_s)
+      : impl_(std::move(impl)), step_(step), stall_s_(stall_s) {}
+  std::shared_ptr<Impl> impl_;
   std::int64_t step_;
   double stall_s_;
 };
 
-/// Saves and loads the StateDicts of this process's ranks: sync or async chosen per call, one
-/// rank's state or one per rank. Tensors are read and written where they are (Tensor::from_blob
-/// wraps your own memory), host or GPU.
+/// Saves and loads the StateDicts of this process's ranks, collectively with every process of
+/// the job: every rank calls save, async_save, load and finalize with the same step, and every
+/// rank gets the same outcome (committed, or not and why, naming the failing rank). Sync or
+/// async is chosen per call; tensors are read and written where they are (Tensor::from_blob
+/// wraps your own memory), host or GPU. A sync save from host memory writes straight from the
+/// tensors: no copy.
 ///
-/// The rule for async saves: the bytes of a tensor handed to async_save are copied before it
-/// returns; from then on you may modify it. A new save, a load or destruction first finishes the
-/// pending save.
+/// Before anything is written, the coordinator (in rank 0's process) makes the global plan from
+/// every rank's: ranks must agree on the step and on every tensor, the blocks must tile each
+/// tensor, replicated blocks are written once, by a balanced choice of their holders (or by the
+/// holder with replica id 0, when only one has it). A rank that died, stalled or skipped the
+/// save fails it on every rank within `timeout`, naming the rank; nothing is committed; once a
+/// rank died, every later call says the job is broken. The process holding rank 0 takes the
+/// root's lock for the job.
+///
+/// The rule for async saves: a tensor handed to async_save may be modified once staged() (with
+/// staging_buckets 0: once async_save returned). A new save, a load or destruction first
+/// finishes the pending save.
 ///
 /// Thread-safety: every method may be called from any thread; calls run one at a time.
 class Checkpointer {
  public:
-  /// Checks nothing and starts nothing yet: the actors start at the first call, when the state's
-  /// structure is known; a bad option is that call's error.
+  /// Checks nothing and starts nothing yet: the actors start (and the processes of the job find
+  /// each other) at the first call, when the state's structure is known; a bad option is that
+  /// call's error.
   explicit Checkpointer(CheckpointerOptions options);
-  /// finalize(), then stops the actors. A pending save that cannot commit is logged as an error
-  /// (call finalize() first to get it as a Status).
+  /// finalize(), then stops the actors; the process holding rank 0 first waits (at most
+  /// `timeout`) for the others to close theirs. A pending save that cannot commit is logged as
+  /// an error (call finalize() first to get it as a Status).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  /// Saves `step` and returns once it is committed (written, metadata, tracker).
-  /// @pre options.world_size == 1 (else pass one state per rank).
+  /// Saves `step` and returns once it is committed (written by every rank, metadata, tracker).
+  /// @pre this process holds one rank (else pass one state per rank).
   Status save(std::int64_t step, const StateDict& state);
   Status save(std::int64_t step, const std::vector<StateDict>& states);
 
-  /// Saves `step` in the background: returns after the state's bytes are copied.
+  /// Saves `step` in the background: returns once the first `staging_buckets` buckets (or all)
+  /// are copied.
   Result<PendingSave> async_save(std::int64_t step, const StateDict& state);
   Result<PendingSave> async_save(std::int64_t step, const std::vector<StateDict>& states);
+
+  /// Returns once no save reads this process's tensors any more (PendingSave::wait_staged).
+  /// @return the longest wait of any of its ranks, in seconds.
+  Result<double> fence();
 
   /// Fills `state` in place from `path`: a checkpoint root (the step its tracker names) or one
   /// `global_step_N` folder, saved with any sharding. Every chunk read is checked against its
@@ -103,7 +160,7 @@ class Checkpointer {
   Status finalize();
 
  private:
-  std::shared_ptr<PendingSave::Shared> shared_;
+  std::shared_ptr<PendingSave::Impl> impl_;
 };
 
 }  // namespace stagehand

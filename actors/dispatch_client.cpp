@@ -3,81 +3,69 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/worker.hpp"
-#include "stagehand/actors/worker_dispatch.hpp"
-#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/log.hpp"
 
 namespace stagehand {
 
 namespace {
 
-/// A save is at most six bounded waits of the dispatch (finalize: drain and await; begin; fan
-/// out; finalize again for a sync save), plus slack.
-constexpr int kWaitsPerCall = 8;
+/// A call is at most a few bounded waits of the dispatch (finalize: drain and await; plan and
+/// write; await the commit), plus slack.
+constexpr int kWaitsPerCall = 6;
+
+/// The reply to one request of `self` to `dispatch`, or the error.
+template <class T, class... Args>
+Result<T> call(caf::actor_system& system, const dispatch_actor& dispatch, std::chrono::milliseconds timeout,
+               Args&&... args) {
+  caf::scoped_actor self{system};
+  Result<T> out = Status{ErrorCode::internal, "no reply"};
+  self->request(dispatch, timeout, std::forward<Args>(args)...)
+      .receive([&](T& value) { out = std::move(value); },
+               [&](caf::error& err) {
+                 out = err == caf::sec::request_timeout
+                           ? Status{ErrorCode::timeout, "the dispatch did not answer within " +
+                                                            std::to_string(timeout.count() / 1000) + " s"}
+                           : from_caf_error(err);
+               });
+  return out;
+}
 
 }  // namespace
 
-DispatchClient::DispatchClient(caf::actor_system& system, caf::actor dispatch, std::chrono::milliseconds timeout)
+DispatchClient::DispatchClient(caf::actor_system& system, dispatch_actor dispatch, std::chrono::milliseconds timeout)
     : system_(system), dispatch_(std::move(dispatch)), timeout_(timeout) {}
 
-Result<SaveTiming> DispatchClient::save(std::int64_t step, const std::string& trainer_state_json) {
-  caf::scoped_actor self{system_};
-  SaveTiming timing;
-  Status st;
-  self->request(dispatch_, timeout_, save_atom::value, step, trainer_state_json)
-      .receive(
-          [&](double stall, bool async) {
-            timing.stall_s = stall;
-            timing.async = async;
-          },
-          [&](caf::error& err) { st = from_caf_error(err); });
-  if (!st.is_ok()) return st;
-  return timing;
+Result<SaveResult> DispatchClient::save(std::int64_t step, bool async, const std::string& trainer_state_json) {
+  return call<SaveResult>(system_, dispatch_, timeout_, save_atom::value, SaveCall{step, async, trainer_state_json});
 }
 
-Result<double> DispatchClient::fence() {
-  caf::scoped_actor self{system_};
-  double waited = 0;
-  Status st;
-  self->request(dispatch_, timeout_, fence_atom::value)
-      .receive([&](double seconds) { waited = seconds; }, [&](caf::error& err) { st = from_caf_error(err); });
-  if (!st.is_ok()) return st;
-  return waited;
+Result<double> DispatchClient::fence() { return call<double>(system_, dispatch_, timeout_, fence_atom::value); }
+
+Result<FinalizeResult> DispatchClient::finalize() {
+  return call<FinalizeResult>(system_, dispatch_, timeout_, finalize_atom::value);
 }
 
-Result<std::string> DispatchClient::save_phases(std::int64_t step) {
-  caf::scoped_actor self{system_};
-  std::string phases;
-  Status st;
-  self->request(dispatch_, timeout_, phases_atom::value, step)
-      .receive([&](std::string& text) { phases = std::move(text); }, [&](caf::error& err) { st = from_caf_error(err); });
-  if (!st.is_ok()) return st;
-  return phases;
+Result<LoadReport> DispatchClient::load(const std::string& path, const LoadScope& scope) {
+  return call<LoadReport>(system_, dispatch_, timeout_, load_atom::value, LoadCall{path, scope});
 }
 
-Status DispatchClient::finalize() {
+Result<StepMetrics> DispatchClient::train(TrainOrder order) {
+  return call<StepMetrics>(system_, dispatch_, timeout_, train_atom::value, std::move(order));
+}
+
+Result<double> DispatchClient::evaluate() { return call<double>(system_, dispatch_, timeout_, eval_atom::value); }
+
+Status DispatchClient::export_weights(std::int64_t version) {
   caf::scoped_actor self{system_};
   Status st;
-  self->request(dispatch_, timeout_, finalize_atom::value)
-      .receive([](bool) {}, [&](caf::error& err) { st = from_caf_error(err); });
+  self->request(dispatch_, timeout_, export_atom::value, version)
+      .receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
   return st;
 }
 
-Status DispatchClient::load(const std::string& path, LoadReport* timing, const LoadScope& scope) {
-  caf::scoped_actor self{system_};
-  Result<LoadReport> reply = LoadReport{};
-  self->request(dispatch_, timeout_, load_atom::value, path, encode_load_scope(scope))
-      .receive([&](double load_s, double read_s, double verify_s, double copy_s, std::uint64_t bytes,
-                   const std::string& notes) { reply = decode_load_reply(load_s, read_s, verify_s, copy_s, bytes, notes); },
-               [&](caf::error& err) { reply = from_caf_error(err); });
-  if (reply.is_ok() && timing != nullptr) *timing = std::move(*reply);
-  return reply.status();
-}
-
-CheckpointCluster::CheckpointCluster(caf::actor_system& system, caf::actor coordinator,
-                                     std::vector<caf::actor> workers, caf::actor dispatch,
+CheckpointCluster::CheckpointCluster(caf::actor_system& system, coordinator_actor coordinator,
+                                     std::vector<worker_actor> workers, dispatch_actor dispatch,
                                      std::chrono::milliseconds client_timeout)
     : system_(system),
       coordinator_(std::move(coordinator)),
@@ -89,12 +77,13 @@ Result<std::unique_ptr<CheckpointCluster>> CheckpointCluster::spawn(caf::actor_s
                                                                     CheckpointClusterOptions options) {
   if (ranks.empty()) return Status{ErrorCode::invalid_argument, "a checkpoint cluster needs at least one rank"};
   options.coordinator.world_size = static_cast<int>(ranks.size());
+  options.coordinator.plan_timeout = options.timeout;
   auto coordinator = spawn_checkpoint_coordinator(system, options.coordinator);
-  std::vector<caf::actor> workers;
+  std::vector<worker_actor> workers;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     StrategyOptions strategy = options.strategy;
     strategy.rank = static_cast<int>(r);
-    auto worker = spawn_worker(system, std::move(ranks[r]), std::move(strategy), coordinator);
+    auto worker = spawn_worker(system, std::move(ranks[r]), std::move(strategy), coordinator, options.timeout);
     if (!worker.is_ok()) {
       for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
@@ -102,11 +91,9 @@ Result<std::unique_ptr<CheckpointCluster>> CheckpointCluster::spawn(caf::actor_s
     }
     workers.push_back(*worker);
   }
-  auto dispatch =
-      spawn_worker_dispatch(system, workers, coordinator, {options.coordinator.destination, options.timeout});
-  return std::unique_ptr<CheckpointCluster>(
-      new CheckpointCluster(system, std::move(coordinator), std::move(workers), std::move(dispatch),
-                            options.timeout * kWaitsPerCall));
+  auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {options.timeout, options.timeout_setting, 0});
+  return std::unique_ptr<CheckpointCluster>(new CheckpointCluster(system, std::move(coordinator), std::move(workers),
+                                                                  std::move(dispatch), options.timeout * kWaitsPerCall));
 }
 
 CheckpointCluster::~CheckpointCluster() { (void)shutdown(); }
@@ -114,18 +101,30 @@ CheckpointCluster::~CheckpointCluster() { (void)shutdown(); }
 Status CheckpointCluster::shutdown() {
   if (shut_down_) return Status::ok();
   shut_down_ = true;
-  Status st = client_.finalize();
+  Status st = client_.finalize().status();
   if (!st.is_ok()) logger()->error("shutting down: the pending checkpoint save did not commit: {}", st.message());
-  caf::scoped_actor self{system_};
-  std::vector<caf::actor> all = workers_;
-  all.push_back(client_.dispatch());
-  all.push_back(coordinator_);
-  for (const auto& a : all) {
+  std::vector<caf::actor> all;
+  for (const auto& w : workers_) all.push_back(caf::actor_cast<caf::actor>(w));
+  all.push_back(caf::actor_cast<caf::actor>(client_.dispatch()));
+  all.push_back(caf::actor_cast<caf::actor>(coordinator_));
+  (void)stop_actors(system_, all, std::chrono::minutes(1));
+  return st;
+}
+
+bool stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actors, std::chrono::milliseconds limit) {
+  caf::scoped_actor self{system};
+  for (const auto& a : actors) {
     self->monitor(a);
     self->send_exit(a, caf::exit_reason::user_shutdown);
   }
-  for (std::size_t i = 0; i < all.size(); ++i) self->receive([](const caf::down_msg&) {});
-  return st;
+  std::size_t gone = 0;
+  bool in_time = true;
+  self->receive_for(gone, actors.size())(
+      [](const caf::down_msg&) {}, caf::after(limit) >> [&] {
+        in_time = false;
+        gone = actors.size();
+      });
+  return in_time;
 }
 
 }  // namespace stagehand

@@ -11,7 +11,14 @@ namespace stagehand {
 
 /// What every process of a multi-process world must agree on before any message crosses:
 /// bumped whenever a message between processes changes.
-inline constexpr const char* kWireVersion = "stagehand-wire/2";
+inline constexpr const char* kWireVersion = "stagehand-wire/3";
+
+/// The variable that sets the port of Stagehand's own control connections when it is embedded
+/// in a trainer of one process per rank (the Checkpointer): not MASTER_PORT, which the trainer's
+/// torch.distributed or NCCL rendezvous uses.
+inline constexpr const char* kControlPortVariable = "STAGEHAND_PORT";
+/// Its default.
+inline constexpr int kDefaultControlPort = 29577;
 
 /// Where this process sits in a launch of one process per rank, as cluster launchers describe it
 /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
@@ -41,7 +48,10 @@ struct LaunchFlags {
 
 /// The launch from `flags` and the environment. No WORLD_SIZE anywhere: one process (world size 1).
 /// Errors name the variable or flag: non-numbers, RANK outside [0, WORLD_SIZE), bad ports.
-Result<LaunchInfo> read_launch_info(const LaunchFlags& flags);
+/// @param port_variable where the port comes from: MASTER_PORT for stagehand-train, which is
+///        the trainer itself; kControlPortVariable for an embedded Checkpointer.
+Result<LaunchInfo> read_launch_info(const LaunchFlags& flags, const char* port_variable = "MASTER_PORT",
+                                    int default_port = 29500);
 
 /// Loads CAF's middleman and registers every type that crosses a process: call on the config of
 /// every process before its actor system is created.

@@ -45,6 +45,10 @@ class Checkpointable {
   /// @return the seconds waited.
   double fence() { return fence_ ? fence_->wait() : 0; }
 
+  /// Whether no checkpoint save reads the state (fence() would return at once); may be asked
+  /// from any thread.
+  bool fence_open() const { return !fence_ || fence_->is_open(); }
+
   /// Called by the Worker that holds this, with the fence of its strategy.
   void attach_fence(std::shared_ptr<StagingFence> fence) { fence_ = std::move(fence); }
 

@@ -3,38 +3,40 @@
 #include <caf/all.hpp>
 
 #include <exception>
+#include <optional>
 
-#include "stagehand/actors/messages.hpp"
-#include "stagehand/checkpoint/report_codec.hpp"
+#include "stagehand/checkpoint/planner.hpp"
 
 namespace stagehand {
 
 namespace {
 
-class Worker : public caf::event_based_actor {
+class Worker : public worker_actor::base {
  public:
-  Worker(caf::actor_config& cfg, std::unique_ptr<Checkpointable> owned, int rank, caf::actor coordinator)
-      : caf::event_based_actor(cfg),
+  Worker(caf::actor_config& cfg, std::unique_ptr<Checkpointable> owned, int rank, coordinator_actor coordinator,
+         std::chrono::milliseconds call_timeout)
+      : worker_actor::base(cfg),
         owned_(std::move(owned)),
         model_(dynamic_cast<Model*>(owned_.get())),
         rank_(rank),
-        coordinator_(std::move(coordinator)) {}
+        coordinator_(std::move(coordinator)),
+        timeout_(call_timeout) {}
 
-  caf::behavior make_behavior() override {
+  behavior_type make_behavior() override {
     return {
-        [this](attach_atom, caf::actor strategy) {
+        [this](attach_atom, strategy_actor& strategy) {
           strategy_ = std::move(strategy);
           link_to(strategy_);
         },
-        [this](train_atom, std::int64_t step, std::int32_t objective,
-               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double, double> {
+        [this](train_atom, const TrainOrder& order) -> caf::result<StepMetrics> {
           if (model_ == nullptr) return to_caf_error(no_model());
           // A model that does not fence right before its optimizer step is fenced here, before
           // the whole step.
           const double waited = model_->fences_itself() ? 0 : model_->fence();
-          auto metrics = model_->train_step(step, objective == 1 ? Objective::sft : Objective::rl, behaviour_actions);
+          auto metrics = model_->train_step(order.step, order.objective, order.behaviour_actions);
           if (!metrics.is_ok()) return to_caf_error(metrics.status());
-          return caf::result<double, double, double>(metrics->reward, metrics->loss, metrics->fence_wait_s + waited);
+          metrics->fence_wait_s += waited;
+          return *metrics;
         },
         [this](fence_atom) -> double { return owned_->fence(); },
         [this](export_atom, std::int64_t version) -> caf::result<void> {
@@ -49,60 +51,87 @@ class Worker : public caf::event_based_actor {
           if (!accuracy.is_ok()) return to_caf_error(accuracy.status());
           return *accuracy;
         },
-        [this](save_atom, std::int64_t step, const std::string& destination,
-               const std::string& policy_dir) -> caf::result<double, bool> {
-          auto rp = make_response_promise<double, bool>();
-          request(strategy_, caf::infinite, save_atom::value, step, destination, policy_dir)
-              .then([rp](double stall, bool async) mutable { rp.deliver(stall, async); },
-                    [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-          return rp;
-        },
+        [this](save_atom, const SaveCall& call) -> caf::result<SaveAck> { return save(call); },
         [this](finalize_atom) -> caf::result<bool> {
           auto rp = make_response_promise<bool>();
-          request(strategy_, caf::infinite, finalize_atom::value)
+          request(strategy_, timeout_, finalize_atom::value)
               .then([rp](bool drained) mutable { rp.deliver(drained); },
                     [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
           return rp;
         },
-        [this](load_atom, const std::string& checkpoint_dir, const std::string& scope_text)
-            -> caf::result<double, double, double, double, std::uint64_t, std::string> {
-          auto scope = decode_load_scope(scope_text);
-          if (!scope.is_ok()) return to_caf_error(scope.status());
-          auto rp = make_response_promise<double, double, double, double, std::uint64_t, std::string>();
-          request(strategy_, caf::infinite, load_atom::value, checkpoint_dir,
-                  encode_load_selection(owned_->load_selection(*scope)))
-              .then(
-                  [this, rp, checkpoint_dir, scope = *scope](double total_s, double read_s, double verify_s,
-                                                             double copy_s, std::uint64_t bytes,
-                                                             const std::string& notes) mutable {
-                    LoadReport report;
-                    Status st = decode_load_notes(notes, report);
-                    if (st.is_ok()) st = loaded(checkpoint_dir, scope, report);
-                    if (st.is_ok()) {
-                      rp.deliver(total_s, read_s, verify_s, copy_s, bytes, notes);
-                    } else {
-                      rp.deliver(to_caf_error(st));
-                    }
-                  },
-                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-          return rp;
-        },
-        [this](report_to_atom, caf::actor coordinator) {
+        [this](load_atom, const LoadCall& call) -> caf::result<LoadReport> { return load(call); },
+        [this](report_to_atom, coordinator_actor& coordinator) {
           coordinator_ = std::move(coordinator);
-          for (auto& report : unsent_) send(coordinator_, rank_saved_atom::value, report);
+          for (auto& report : unsent_) send(coordinator_, rank_saved_atom::value, std::move(report));
           unsent_.clear();
         },
-        [this](rank_saved_atom, const std::string& report) {
+        [this](rank_saved_atom, RankSaveReport& report) {
           if (coordinator_) {
-            send(coordinator_, rank_saved_atom::value, report);
+            send(coordinator_, rank_saved_atom::value, std::move(report));
           } else {
-            unsent_.push_back(report);
+            unsent_.push_back(std::move(report));
           }
         },
     };
   }
 
+  void on_exit() override {
+    // strategy_ is kept until the Worker is destroyed: dropping the last reference to an idle
+    // strategy here would destroy it on this thread (CAF runs its on_exit, which drains the
+    // background writes, here) while a late write notice runs its handler on its own thread. The
+    // strategy, linked, stops on its own thread and then releases the Worker it reports to.
+    coordinator_ = nullptr;
+  }
+
  private:
+  caf::result<SaveAck> save(const SaveCall& call) {
+    if (!coordinator_) {
+      return to_caf_error({ErrorCode::aborted, "rank " + std::to_string(rank_) + " does not know the coordinator yet"});
+    }
+    auto state = owned_->state();
+    if (Status valid = state->validate(); !valid.is_ok()) {
+      return to_caf_error(valid.with_context("rank " + std::to_string(rank_)));
+    }
+    LocalPlan plan;
+    plan.rank = rank_;
+    plan.step = call.step;
+    plan.objects = state->objects;
+    std::vector<ShardedTensorDesc> descs = state->descriptors();
+    plan.signature = structure_signature(descs);
+    plan.cached = sent_signature_ == plan.signature;
+    if (!plan.cached) plan.tensors = std::move(descs);
+    auto rp = make_response_promise<SaveAck>();
+    const bool full = !plan.cached;
+    const std::uint64_t signature = plan.signature;
+    request(coordinator_, timeout_, plan_atom::value, std::move(plan), call.trainer_state)
+        .then(
+            [this, rp, call, full, signature](WriteAssignment& assigned) mutable {
+              if (full) sent_signature_ = signature;
+              SaveOrder order{call.step, call.async, std::move(assigned.policy_dir), std::move(assigned.writes)};
+              request(strategy_, timeout_, save_atom::value, std::move(order))
+                  .then([rp](SaveAck ack) mutable { rp.deliver(ack); },
+                        [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+    return rp;
+  }
+
+  caf::result<LoadReport> load(const LoadCall& call) {
+    auto rp = make_response_promise<LoadReport>();
+    request(strategy_, timeout_, load_atom::value, LoadOrder{call.path, owned_->load_selection(call.scope)})
+        .then(
+            [this, rp, call](LoadReport& report) mutable {
+              Status st = loaded(call.path, call.scope, report);
+              if (st.is_ok()) {
+                rp.deliver(std::move(report));
+              } else {
+                rp.deliver(to_caf_error(st));
+              }
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+    return rp;
+  }
+
   /// The model's on_loaded(), whose exceptions (a user's model may throw) become the error: an
   /// exception out of a handler would kill the Worker.
   Status loaded(const std::string& checkpoint_dir, const LoadScope& scope, const LoadReport& report) {
@@ -122,10 +151,13 @@ class Worker : public caf::event_based_actor {
   /// owned_ when it is a Model, else null (training calls are then refused).
   Model* model_;
   int rank_;
-  caf::actor coordinator_;
-  caf::actor strategy_;
+  coordinator_actor coordinator_;
+  strategy_actor strategy_;
+  std::chrono::milliseconds timeout_;
+  /// The signature of the last structure the coordinator received in full from this rank.
+  std::optional<std::uint64_t> sent_signature_;
   /// Reports pushed before the coordinator was known (a Worker in another process).
-  std::vector<std::string> unsent_;
+  std::vector<RankSaveReport> unsent_;
 };
 
 /// A Checkpointable that is nothing but its state.
@@ -144,8 +176,9 @@ std::unique_ptr<Checkpointable> checkpointable_state(std::shared_ptr<StateDict> 
   return std::make_unique<StateOnly>(std::move(state));
 }
 
-Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
-                                StrategyOptions strategy_options, caf::actor coordinator) {
+Result<worker_actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
+                                  StrategyOptions strategy_options, coordinator_actor coordinator,
+                                  std::chrono::milliseconds call_timeout) {
   if (!state_owner) return Status{ErrorCode::invalid_argument, "a Worker needs a model or checkpointable state"};
   auto state = state_owner->state();
   if (!state) return Status{ErrorCode::invalid_argument, "a Worker's checkpointable returned no state"};
@@ -155,7 +188,8 @@ Result<caf::actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Check
   auto fence = std::make_shared<StagingFence>();
   strategy_options.fence = fence;
   state_owner->attach_fence(fence);
-  auto worker = system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator));
+  auto worker =
+      system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator), call_timeout);
   auto strategy = spawn_megatron_strategy(system, std::move(strategy_options), state, worker);
   if (!strategy.is_ok()) {
     caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);

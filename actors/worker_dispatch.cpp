@@ -3,26 +3,31 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
-#include <array>
 #include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
-#include <tuple>
+#include <sstream>
 #include <vector>
 
-#include "stagehand/actors/messages.hpp"
-#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using Callback = std::function<void(Status)>;
+
 /// Adds one rank's load notes to `merged`: missing names of any rank, unused tensors of every
 /// rank (`first` for the first rank's notes). Lists stay sorted.
-void merge_load_notes(const LoadReport& rank, bool first, LoadReport& merged) {
+void merge_load_report(const LoadReport& rank, bool first, LoadReport& merged) {
+  merged.total_s = std::max(merged.total_s, rank.total_s);
+  merged.read_s = std::max(merged.read_s, rank.read_s);
+  merged.verify_s = std::max(merged.verify_s, rank.verify_s);
+  merged.copy_s = std::max(merged.copy_s, rank.copy_s);
+  merged.bytes += rank.bytes;
   auto unite = [](std::vector<std::string>& into, const std::vector<std::string>& more) {
     std::vector<std::string> out;
     std::set_union(into.begin(), into.end(), more.begin(), more.end(), std::back_inserter(out));
@@ -40,289 +45,351 @@ void merge_load_notes(const LoadReport& rank, bool first, LoadReport& merged) {
   }
 }
 
-using Clock = std::chrono::steady_clock;
-using Callback = std::function<void(Status)>;
+template <class T>
+void answer(caf::typed_response_promise<T>& rp, const Status& st, T value) {
+  if (st.is_ok()) {
+    rp.deliver(std::move(value));
+  } else {
+    rp.deliver(to_caf_error(st));
+  }
+}
 
-class WorkerDispatch : public caf::event_based_actor {
+class WorkerDispatch : public dispatch_actor::base {
  public:
-  WorkerDispatch(caf::actor_config& cfg, std::vector<caf::actor> workers, caf::actor coordinator,
+  WorkerDispatch(caf::actor_config& cfg, std::vector<worker_actor> workers, coordinator_actor coordinator,
                  DispatchOptions options)
-      : caf::event_based_actor(cfg),
+      : dispatch_actor::base(cfg),
         workers_(std::move(workers)),
         coordinator_(std::move(coordinator)),
         options_(std::move(options)) {}
 
-  caf::behavior make_behavior() override {
+  behavior_type make_behavior() override {
     for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
       monitor(workers_[rank]);
-      rank_of_[workers_[rank].address()] = static_cast<int>(rank);
+      rank_of_[workers_[rank].address()] = options_.first_rank + static_cast<int>(rank);
     }
-    set_down_handler([this](const caf::down_msg& down) { on_worker_down(down); });
+    monitor(coordinator_);
+    set_down_handler([this](const caf::down_msg& down) { on_down(down); });
     return {
-        [this](train_atom, std::int64_t step, std::int32_t objective,
-               const std::vector<std::int32_t>& behaviour_actions) -> caf::result<double, double, double> {
-          auto rp = make_response_promise<double, double, double>();
-          // Rank 0's reward and loss (global figures), the longest fence wait of any rank.
-          auto metrics = std::make_shared<std::array<double, 3>>();
-          fan_out<double, double, double>(
-              caf::make_message(train_atom::value, step, objective, behaviour_actions),
-              [metrics](int rank, double reward, double loss, double fence_wait) {
-                if (rank == 0) std::tie((*metrics)[0], (*metrics)[1]) = std::tie(reward, loss);
-                (*metrics)[2] = std::max((*metrics)[2], fence_wait);
+        [this](train_atom, const TrainOrder& order) -> caf::result<StepMetrics> {
+          auto rp = make_response_promise<StepMetrics>();
+          auto metrics = std::make_shared<StepMetrics>();
+          fan_out<StepMetrics>(
+              "training step " + std::to_string(order.step),
+              [this, order](std::size_t r) { return request(workers_[r], options_.timeout, train_atom::value, order); },
+              [metrics, options_first_rank = options_.first_rank](int rank, StepMetrics& m) {
+                // The first rank's reward and loss (global figures), the longest fence wait.
+                if (rank == options_first_rank) std::tie(metrics->reward, metrics->loss) = std::tie(m.reward, m.loss);
+                metrics->fence_wait_s = std::max(metrics->fence_wait_s, m.fence_wait_s);
               },
-              [rp, metrics](Status st) mutable {
-                if (st.is_ok()) {
-                  rp.deliver((*metrics)[0], (*metrics)[1], (*metrics)[2]);
-                } else {
-                  rp.deliver(to_caf_error(st));
-                }
-              });
+              [rp, metrics](Status st) mutable { answer(rp, st, *metrics); });
           return rp;
         },
-        [this](phases_atom atom, std::int64_t step) { return delegate(coordinator_, atom, step); },
         [this](fence_atom) -> caf::result<double> {
           auto rp = make_response_promise<double>();
           auto longest = std::make_shared<double>(0);
           fan_out<double>(
-              caf::make_message(fence_atom::value),
+              "the fence", [this](std::size_t r) { return request(workers_[r], options_.timeout, fence_atom::value); },
               [longest](int, double waited) { *longest = std::max(*longest, waited); },
-              [rp, longest](Status st) mutable {
-                if (st.is_ok()) {
-                  rp.deliver(*longest);
-                } else {
-                  rp.deliver(to_caf_error(st));
-                }
-              });
+              [rp, longest](Status st) mutable { answer(rp, st, *longest); });
           return rp;
         },
         [this](eval_atom) -> caf::result<double> {
           auto rp = make_response_promise<double>();
           auto accuracy = std::make_shared<double>(0);
           fan_out<double>(
-              caf::make_message(eval_atom::value), [accuracy](int rank, double a) { if (rank == 0) *accuracy = a; },
-              [rp, accuracy](Status st) mutable {
+              "the evaluation",
+              [this](std::size_t r) { return request(workers_[r], options_.timeout, eval_atom::value); },
+              [accuracy, first = options_.first_rank](int rank, double a) {
+                if (rank == first) *accuracy = a;
+              },
+              [rp, accuracy](Status st) mutable { answer(rp, st, *accuracy); });
+          return rp;
+        },
+        [this](export_atom, std::int64_t version) -> caf::result<void> {
+          auto rp = make_response_promise<void>();
+          fan_out<>(
+              "the weight export of version " + std::to_string(version),
+              [this, version](std::size_t r) {
+                return request(workers_[r], options_.timeout, export_atom::value, version);
+              },
+              [](int) {},
+              [rp](Status st) mutable {
+                // A void promise is satisfied through its untyped self.
+                caf::response_promise& untyped = rp;
                 if (st.is_ok()) {
-                  rp.deliver(*accuracy);
+                  untyped.deliver(caf::unit);
                 } else {
-                  rp.deliver(to_caf_error(st));
+                  untyped.deliver(to_caf_error(st));
                 }
               });
           return rp;
         },
-        [this](export_atom, std::int64_t version) -> caf::result<void> {
-          auto rp = make_response_promise();
-          fan_out<>(caf::make_message(export_atom::value, version), [](int) {}, [rp](Status st) mutable {
-            if (st.is_ok()) {
-              rp.deliver(caf::unit);
-            } else {
-              rp.deliver(to_caf_error(st));
-            }
-          });
+        [this](save_atom, const SaveCall& call) -> caf::result<SaveResult> {
+          auto rp = make_response_promise<SaveResult>();
+          save(call, [rp](Status st, SaveResult result) mutable { answer(rp, st, result); });
           return rp;
         },
-        [this](save_atom, std::int64_t step, const std::string& trainer_state) -> caf::result<double, bool> {
-          auto rp = make_response_promise<double, bool>();
-          save(step, trainer_state, [rp](Status st, double stall, bool async) mutable {
-            if (st.is_ok()) {
-              rp.deliver(stall, async);
-            } else {
-              rp.deliver(to_caf_error(st));
-            }
-          });
+        [this](finalize_atom) -> caf::result<FinalizeResult> {
+          auto rp = make_response_promise<FinalizeResult>();
+          finalize([rp](Status st, FinalizeResult result) mutable { answer(rp, st, result); });
           return rp;
         },
-        [this](finalize_atom) -> caf::result<bool> {
-          auto rp = make_response_promise<bool>();
-          finalize([rp](Status st) mutable {
-            if (st.is_ok()) {
-              rp.deliver(true);
-            } else {
-              rp.deliver(to_caf_error(st));
-            }
-          });
-          return rp;
-        },
-        [this](load_atom, const std::string& checkpoint_dir, const std::string& scope)
-            -> caf::result<double, double, double, double, std::uint64_t, std::string> {
-          auto rp = make_response_promise<double, double, double, double, std::uint64_t, std::string>();
-          finalize([this, rp, checkpoint_dir, scope](Status st) mutable {
+        [this](load_atom, const LoadCall& call) -> caf::result<LoadReport> {
+          auto rp = make_response_promise<LoadReport>();
+          finalize([this, rp, call](Status st, FinalizeResult) mutable {
             if (!st.is_ok()) {
               rp.deliver(to_caf_error(st));
               return;
             }
-            // The slowest rank's times, every rank's bytes and missing names, and the tensors no
-            // rank used (a rank of a pipeline-parallel model holds only some of them).
             auto merged = std::make_shared<LoadReport>();
-            auto notes_ok = std::make_shared<Status>();
             auto first = std::make_shared<bool>(true);
-            fan_out<double, double, double, double, std::uint64_t, std::string>(
-                caf::make_message(load_atom::value, checkpoint_dir, scope),
-                [merged, notes_ok, first](int, double total_s, double read_s, double verify_s, double copy_s,
-                                          std::uint64_t b, const std::string& notes) {
-                  merged->total_s = std::max(merged->total_s, total_s);
-                  merged->read_s = std::max(merged->read_s, read_s);
-                  merged->verify_s = std::max(merged->verify_s, verify_s);
-                  merged->copy_s = std::max(merged->copy_s, copy_s);
-                  merged->bytes += b;
-                  LoadReport rank;
-                  if (Status decoded = decode_load_notes(notes, rank); !decoded.is_ok()) *notes_ok = decoded;
-                  merge_load_notes(rank, *first, *merged);
+            fan_out<LoadReport>(
+                "the load of '" + call.path + "'",
+                [this, call](std::size_t r) { return request(workers_[r], options_.timeout, load_atom::value, call); },
+                [merged, first](int, LoadReport& report) {
+                  merge_load_report(report, *first, *merged);
                   *first = false;
                 },
-                [rp, merged, notes_ok](Status loaded) mutable {
-                  if (loaded.is_ok()) loaded = *notes_ok;
-                  if (loaded.is_ok()) {
-                    const LoadReport& m = *merged;
-                    rp.deliver(m.total_s, m.read_s, m.verify_s, m.copy_s, m.bytes, encode_load_notes(m));
-                  } else {
-                    rp.deliver(to_caf_error(loaded));
-                  }
-                });
+                [rp, merged](Status loaded) mutable { answer(rp, loaded, *merged); });
           });
           return rp;
         },
     };
   }
 
+  void on_exit() override {
+    // The handles go with the actor's end, not its destruction: nothing it held may keep a
+    // detached Worker or the coordinator (and so the actor system's shutdown) waiting.
+    workers_.clear();
+    coordinator_ = nullptr;
+    in_flight_.clear();
+  }
+
  private:
+  using FinalizeCallback = std::function<void(Status, FinalizeResult)>;
+
+  /// The replies of one call that are not all in.
   struct Gather {
     std::size_t remaining = 0;
-    bool failed = false;
+    bool done = false;
     Callback on_done;
+
+    void finish(Status st) {
+      if (done) return;
+      done = true;
+      on_done(std::move(st));
+    }
   };
 
-  /// Sends `msg` to every Worker at once; `each` sees every reply, `done` runs once with ok
-  /// after all replied, or with the first failure (named by rank) as soon as it happens.
-  template <class... Ts, class Each>
-  void fan_out(const caf::message& msg, Each each, Callback on_done) {
-    for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
-      auto dead = dead_.find(static_cast<int>(rank));
-      if (dead != dead_.end()) {
-        on_done({ErrorCode::aborted, "rank " + std::to_string(rank) + " is dead: " + dead->second});
-        return;
-      }
+  /// Why every call fails at once: the coordinator or a rank is gone.
+  std::optional<Status> broken() const {
+    if (coordinator_down_) return *coordinator_down_;
+    if (!dead_.empty()) {
+      return Status{ErrorCode::aborted,
+                    "rank " + std::to_string(dead_.begin()->first) + " is dead: " + dead_.begin()->second};
     }
+    return std::nullopt;
+  }
+
+  std::shared_ptr<Gather> track(std::size_t replies, Callback on_done) {
     auto gather = std::make_shared<Gather>();
-    gather->remaining = workers_.size();
-    gather->on_done = on_done;
+    gather->remaining = replies;
+    gather->on_done = std::move(on_done);
     std::erase_if(in_flight_, [](const std::weak_ptr<Gather>& g) { return g.expired(); });
     in_flight_.push_back(gather);
+    return gather;
+  }
+
+  /// The error of rank `rank`'s failed reply to `what`, naming the rank (and the limit, when it
+  /// passed).
+  Status rank_error(int rank, const std::string& what, const caf::error& err) const {
+    const std::string who = "rank " + std::to_string(rank);
+    if (coordinator_down_) return *coordinator_down_;
+    if (auto dead = dead_.find(rank); dead != dead_.end()) return {ErrorCode::aborted, who + " died: " + dead->second};
+    if (err == caf::sec::request_timeout) {
+      return {ErrorCode::timeout, who + " did not finish " + what + " within " + seconds(options_.timeout) + " (" +
+                                      options_.timeout_setting + ")"};
+    }
+    return from_caf_error(err).with_context(who);
+  }
+
+  static std::string seconds(std::chrono::milliseconds limit) {
+    std::ostringstream out;
+    out << static_cast<double>(limit.count()) / 1000.0 << " s";
+    return out.str();
+  }
+
+  /// Sends a request (made by `make` for each rank) to every Worker at once; `each` sees every
+  /// reply, `on_done` runs once with ok after all replied, or with the first failure (named by
+  /// rank) as soon as it happens.
+  template <class... Ts, class MakeRequest, class Each>
+  void fan_out(const std::string& what, MakeRequest make, Each each, Callback on_done) {
+    if (auto why = broken()) {
+      on_done(*why);
+      return;
+    }
+    auto gather = track(workers_.size(), std::move(on_done));
     for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
-      const int r = static_cast<int>(rank);
-      request(workers_[rank], options_.timeout, msg)
-          .then(
-              [gather, each, on_done, r](Ts... xs) {
-                if (gather->failed) return;
-                each(r, xs...);
-                if (--gather->remaining == 0) {
-                  gather->failed = true;  // done: a later death does not fail it again
-                  on_done(Status::ok());
-                }
-              },
-              [this, gather, on_done, r](caf::error& err) {
-                if (gather->failed) return;
-                gather->failed = true;
-                Status st = from_caf_error(err);
-                auto dead = dead_.find(r);
-                if (dead != dead_.end()) st = {ErrorCode::aborted, "rank " + std::to_string(r) + " died: " + dead->second};
-                on_done(st.with_context("rank " + std::to_string(r)));
-              });
+      const int r = options_.first_rank + static_cast<int>(rank);
+      make(rank).then(
+          [gather, each, r](Ts&... xs) mutable {
+            if (gather->done) return;
+            each(r, xs...);
+            if (--gather->remaining == 0) gather->finish(Status::ok());
+          },
+          [this, gather, r, what](caf::error& err) { gather->finish(rank_error(r, what, err)); });
     }
   }
 
-  void finalize(Callback on_done) {
-    fan_out<bool>(caf::make_message(finalize_atom::value), [](int, bool) {}, [this, on_done](Status drained) {
-      if (!pending_step_) {
-        on_done(drained);
-        return;
+  /// Waits at the coordinator for the commit of `step`.
+  void await_commit(std::int64_t step, std::function<void(Result<CommitInfo>)> on_done) {
+    if (coordinator_down_) {
+      on_done(*coordinator_down_);
+      return;
+    }
+    auto info = std::make_shared<CommitInfo>();
+    auto gather = track(1, [on_done, info](Status st) {
+      if (st.is_ok()) {
+        on_done(*info);
+      } else {
+        on_done(st);
       }
-      std::int64_t step = *pending_step_;
-      pending_step_.reset();
-      if (!drained.is_ok()) {
-        abort_step(step, drained, on_done);
-        return;
+    });
+    request(coordinator_, options_.timeout, await_atom::value, step)
+        .then(
+            [gather, info](CommitInfo& committed) {
+              *info = committed;
+              gather->finish(Status::ok());
+            },
+            [this, gather, step](caf::error& err) {
+              gather->finish(err == caf::sec::request_timeout
+                                 ? Status{ErrorCode::timeout, "the commit of step " + std::to_string(step) +
+                                                                  " did not finish within " + seconds(options_.timeout) +
+                                                                  " (" + options_.timeout_setting + ")"}
+                                 : from_caf_error(err));
+            });
+  }
+
+  /// Drains every rank and waits for the pending step's commit; nothing to do when no save is
+  /// pending (a failed background write was reported by it).
+  void finalize(FinalizeCallback on_done) {
+    if (!pending_step_) {
+      on_done(Status::ok(), {});
+      return;
+    }
+    const std::int64_t step = *pending_step_;
+    pending_step_.reset();
+    fan_out<bool>(
+        "the finalize of step " + std::to_string(step),
+        [this](std::size_t r) { return request(workers_[r], options_.timeout, finalize_atom::value); },
+        [](int, bool) {},
+        [this, step, on_done](Status drained) {
+          if (!drained.is_ok()) {
+            abort_step(step, drained, [on_done](Status st) { on_done(st, {}); });
+            return;
+          }
+          commit_of(step, on_done);
+        });
+  }
+
+  void commit_of(std::int64_t step, FinalizeCallback on_done) {
+    await_commit(step, [on_done](Result<CommitInfo> committed) {
+      if (committed.is_ok()) {
+        on_done(Status::ok(), FinalizeResult{true, *committed});
+      } else {
+        on_done(committed.status(), {});
       }
-      request(coordinator_, options_.timeout, await_atom::value, step)
-          .then([on_done]() { on_done(Status::ok()); }, [on_done](caf::error& err) { on_done(from_caf_error(err)); });
     });
   }
 
-  void save(std::int64_t step, const std::string& trainer_state, std::function<void(Status, double, bool)> on_done) {
-    auto start = Clock::now();
+  void save(const SaveCall& call, std::function<void(Status, SaveResult)> on_done) {
+    const auto start = Clock::now();
     auto elapsed = [start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-    finalize([=, this](Status prior) {
+    finalize([=, this](Status prior, FinalizeResult) {
       if (!prior.is_ok()) {
-        on_done(prior.with_context("an earlier checkpoint save failed"), 0, false);
+        on_done(prior.with_context("an earlier checkpoint save failed"), {});
         return;
       }
-      request(coordinator_, options_.timeout, begin_atom::value, step, trainer_state)
-          .then(
-              [=, this](const std::string& policy_dir) {
-                pending_step_ = step;
-                auto async = std::make_shared<bool>(false);
-                fan_out<double, bool>(
-                    caf::make_message(save_atom::value, step, options_.destination, policy_dir),
-                    [async](int, double, bool a) { *async = a; },
-                    [=, this](Status saved) {
-                      if (!saved.is_ok()) {
-                        pending_step_.reset();
-                        abort_step(step, saved, [on_done](Status st) { on_done(st, 0, false); });
-                      } else if (*async) {
-                        on_done(Status::ok(), elapsed(), true);
-                      } else {
-                        finalize([=](Status committed) { on_done(committed, elapsed(), false); });
-                      }
-                    });
-              },
-              [on_done](caf::error& err) { on_done(from_caf_error(err), 0, false); });
+      pending_step_ = call.step;
+      auto async = std::make_shared<bool>(true);
+      fan_out<SaveAck>(
+          "the save of step " + std::to_string(call.step),
+          [this, call](std::size_t r) {
+            SaveCall one = call;
+            if (r != 0) one.trainer_state.clear();
+            return request(workers_[r], options_.timeout, save_atom::value, std::move(one));
+          },
+          [async](int, SaveAck& ack) { *async = *async && ack.async; },
+          [=, this](Status saved) {
+            if (!saved.is_ok()) {
+              pending_step_.reset();
+              abort_step(call.step, saved, [on_done](Status st) { on_done(st, {}); });
+              return;
+            }
+            if (*async) {
+              on_done(Status::ok(), SaveResult{elapsed(), true, false, {}});
+              return;
+            }
+            // Written on every rank: every report is on its way; the commit follows.
+            pending_step_.reset();
+            commit_of(call.step, [on_done, elapsed](Status committed, FinalizeResult f) {
+              on_done(committed, SaveResult{elapsed(), false, f.committed, f.commit});
+            });
+          });
     });
   }
 
   /// Gives up `step` at the coordinator and answers `on_done` with `why` once the coordinator
   /// has removed what the step left (its answer to the await follows the abort, in order).
   void abort_step(std::int64_t step, Status why, Callback on_done) {
+    if (coordinator_down_) {
+      on_done(why);
+      return;
+    }
     send(coordinator_, abort_atom::value, step, why.message());
-    request(coordinator_, options_.timeout, await_atom::value, step)
-        .then([on_done, why] { on_done(why); }, [on_done, why](caf::error&) { on_done(why); });
+    await_commit(step, [on_done, why](Result<CommitInfo>) { on_done(why); });
   }
 
-  void on_worker_down(const caf::down_msg& down) {
-    auto it = rank_of_.find(down.source);
-    if (it == rank_of_.end()) return;
-    std::string reason = down.reason == caf::exit_reason::remote_link_unreachable
-                             ? "its process exited or cannot be reached"
-                             : caf::to_string(down.reason);
-    dead_[it->second] = reason;
-    // Calls waiting on that rank fail now (a request to a Worker in a process that died may
+  void on_down(const caf::down_msg& down) {
+    const std::string reason = down.reason == caf::exit_reason::remote_link_unreachable
+                                   ? "its process exited or cannot be reached"
+                                   : caf::to_string(down.reason);
+    Status died;
+    if (down.source == coordinator_.address()) {
+      coordinator_down_ = Status{ErrorCode::aborted, "the checkpoint coordinator (rank 0) died: " + reason};
+      died = *coordinator_down_;
+    } else if (auto it = rank_of_.find(down.source); it != rank_of_.end()) {
+      dead_[it->second] = reason;
+      died = {ErrorCode::aborted, "rank " + std::to_string(it->second) + " died: " + reason};
+      if (pending_step_) send(coordinator_, abort_atom::value, *pending_step_, died.message() + " during the save");
+    } else {
+      return;
+    }
+    // Calls waiting on that rank fail now (a request to an actor in a process that died may
     // otherwise only end at its time limit).
-    const Status died{ErrorCode::aborted, "rank " + std::to_string(it->second) + " died: " + reason};
-    for (auto& weak : in_flight_) {
-      if (auto gather = weak.lock(); gather && !gather->failed) {
-        gather->failed = true;
-        gather->on_done(died);
-      }
-    }
-    in_flight_.clear();
-    if (pending_step_) {
-      send(coordinator_, abort_atom::value, *pending_step_,
-           "rank " + std::to_string(it->second) + " died during the save: " + reason);
+    // Taken out first: finishing a call may start another (an abort), which tracks its own.
+    auto waiting = std::exchange(in_flight_, {});
+    for (auto& weak : waiting) {
+      if (auto gather = weak.lock()) gather->finish(died);
     }
   }
 
-  std::vector<caf::actor> workers_;
-  caf::actor coordinator_;
+  std::vector<worker_actor> workers_;
+  coordinator_actor coordinator_;
   DispatchOptions options_;
   std::map<caf::actor_addr, int> rank_of_;
   std::map<int, std::string> dead_;
+  std::optional<Status> coordinator_down_;
   std::optional<std::int64_t> pending_step_;
-  /// Fan-outs whose replies are not all in.
+  /// Calls whose replies are not all in.
   std::vector<std::weak_ptr<Gather>> in_flight_;
 };
 
 }  // namespace
 
-caf::actor spawn_worker_dispatch(caf::actor_system& system, std::vector<caf::actor> workers, caf::actor coordinator,
-                                 DispatchOptions options) {
+dispatch_actor spawn_worker_dispatch(caf::actor_system& system, std::vector<worker_actor> workers,
+                                     coordinator_actor coordinator, DispatchOptions options) {
   return system.spawn<WorkerDispatch>(std::move(workers), std::move(coordinator), std::move(options));
 }
 

@@ -5,34 +5,47 @@
 #include <string>
 #include <vector>
 
+#include "stagehand/actors/protocol.hpp"
+
 namespace stagehand {
 
 struct DispatchOptions {
-  /// trainer.ckpt_path, passed to the strategies to decide sync or async.
-  std::string destination;
   /// Limit of every wait on a Worker or the coordinator.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// How that limit is set, for the message when it passes ("trainer.call_timeout_s").
+  std::string timeout_setting = "the call time limit";
+  /// The global rank of the first Worker (the others follow), for messages: the first of this
+  /// process's ranks in an SPMD job.
+  int first_rank = 0;
 };
 
-/// Spawns the WorkerDispatch: it fans every call out to all Workers and gathers the replies. One
-/// failing or dead rank fails the whole call with that rank and its reason; Workers are
-/// monitored, so a rank that died fails every later call at once, and aborts the checkpoint step
-/// being saved (nothing partial is ever committed).
+/// Spawns the WorkerDispatch (dispatch_actor, actors/protocol.hpp): it fans every call out to
+/// `workers` and gathers the replies. `workers` are every rank of a job driven from one place
+/// (stagehand-train's trainer), or the ranks of one process of an SPMD job (each process's
+/// Checkpointer has its own dispatch; the coordinator is shared).
+///
+/// One failing, stalled or dead rank fails the whole call with that rank and its reason in the
+/// error (a rank that does not answer within the limit is named with the limit and
+/// `timeout_setting`). Workers and the coordinator are monitored: a rank that died fails every
+/// later call at once and aborts the step being saved; a coordinator that died (rank 0's
+/// process) fails every call in flight and every later one, naming it. Nothing partial is ever
+/// committed.
 ///
 /// Protocol (errors as values):
-/// - (train_atom, step, objective, behaviour_actions) -> (reward, loss, fence_wait_s): reward and
-///   loss as rank 0 reports them (global figures), the longest wait of any rank at the fence.
-/// - (fence_atom) -> seconds: every rank's fence (see Checkpointable::fence), the longest wait.
-/// - (eval_atom) -> accuracy; (export_atom, version) -> void: weight sync for generators.
-/// - (save_atom, step, trainer_state_json) -> (stall_s, async): finalizes any pending save first,
-///   begins the step at the coordinator (which writes trainer_state.json), then saves on every
-///   rank; a sync save has committed when the reply comes.
-/// - (finalize_atom) -> bool: drains every rank and waits for the pending step's commit.
-/// - (load_atom, path, encoded LoadScope) -> (total_s, read_s, verify_s, copy_s, uint64 bytes,
-///   encoded load notes): finalizes, then loads on every rank; `path` is a checkpoint root (the
-///   step its tracker names), a `global_step_N` folder or a safetensors folder. Each time is the
-///   slowest rank's, the bytes every rank's, the notes every rank's names merged.
-caf::actor spawn_worker_dispatch(caf::actor_system& system, std::vector<caf::actor> workers,
-                                 caf::actor coordinator, DispatchOptions options);
+/// - (train_atom, TrainOrder) -> StepMetrics: reward and loss as the first Worker reports them
+///   (global figures), the longest wait of any rank at the fence.
+/// - (fence_atom) -> seconds: every rank's fence (Checkpointable::fence), the longest wait.
+/// - (eval_atom) -> accuracy; (export_atom, version): weight sync for generators.
+/// - (save_atom, SaveCall) -> SaveResult: finalizes a pending save first, then saves on every
+///   rank (the trainer state goes to the first Worker); a sync save has committed when the
+///   answer comes (SaveResult::commit says what it wrote), an async one commits when every
+///   rank's write ends.
+/// - (finalize_atom) -> FinalizeResult: drains every rank and waits for the pending step's
+///   commit; one finalize per save.
+/// - (load_atom, LoadCall) -> LoadReport: finalizes, then loads on every rank. Each time is the
+///   slowest rank's, the bytes every rank's, the missing names every rank's, the unused tensors
+///   those no rank used.
+dispatch_actor spawn_worker_dispatch(caf::actor_system& system, std::vector<worker_actor> workers,
+                                     coordinator_actor coordinator, DispatchOptions options);
 
 }  // namespace stagehand

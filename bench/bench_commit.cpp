@@ -13,7 +13,6 @@
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/gather.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/report_codec.hpp"
 #include "stagehand/core/priority.hpp"
 
 namespace stagehand::bench {
@@ -26,15 +25,15 @@ struct CommitArgs {
   int repeat = 5;
 };
 
-struct EncodedReports {
-  std::vector<std::string> reports;
+struct RankReports {
+  std::vector<RankSaveReport> reports;
   /// The highest rank that wrote a file, plus one.
   int world_size = 0;
 };
 
-/// Each rank's report as that rank's Worker encoded it, rebuilt from a committed checkpoint: a
+/// Each rank's report as that rank's strategy sent it, rebuilt from a committed checkpoint: a
 /// bucket for each of the rank's files (`__<rank>_<bucket>.safetensors`), its chunks in file order.
-Result<EncodedReports> reports_of(const CheckpointMetadata& m) {
+Result<RankReports> reports_of(const CheckpointMetadata& m) {
   std::map<int, RankSaveReport> ranks;
   std::map<std::string, BucketWriteResult*> buckets;
   for (const auto& [file, meta] : m.files) {
@@ -76,14 +75,14 @@ Result<EncodedReports> reports_of(const CheckpointMetadata& m) {
       buckets.at(c.file)->chunks.push_back(std::move(record));
     }
   }
-  EncodedReports encoded;
+  RankReports encoded;
   if (!ranks.empty()) encoded.world_size = ranks.rbegin()->first + 1;
   for (auto& [rank, r] : ranks) {
     for (auto& b : r.buckets) {
       std::sort(b.chunks.begin(), b.chunks.end(),
                 [](const ChunkRecord& x, const ChunkRecord& y) { return x.begin < y.begin; });
     }
-    encoded.reports.push_back(encode_report(r));
+    encoded.reports.push_back(std::move(r));
   }
   return encoded;
 }
@@ -125,17 +124,9 @@ int run_commit(const CommitArgs& args) {
     std::filesystem::remove_all(args.out, ec);
     auto policy = store.prepare(metadata->step);
     if (!policy.is_ok()) return fail(policy.status().to_string());
-    // The coordinator decodes each report as it arrives; the last one's decode is on the clock.
-    std::vector<RankSaveReport> reports;
-    reports.reserve(encoded->reports.size());
-    std::vector<double> decode_s;
-    for (const auto& text : encoded->reports) {
-      const auto start = Clock::now();
-      auto report = decode_report(text);
-      decode_s.push_back(seconds_since(start));
-      if (!report.is_ok()) return fail(report.status().to_string());
-      reports.push_back(std::move(*report));
-    }
+    // The reports as the coordinator holds them when the last one arrived (in one process they
+    // come as they are; across processes CAF has decoded each on arrival).
+    const std::vector<RankSaveReport>& reports = encoded->reports;
     const auto start = Clock::now();
     const double cpu_start = thread_cpu_seconds();
     auto gathered = gather_reports(metadata->step, reports, world);
@@ -149,7 +140,6 @@ int run_commit(const CommitArgs& args) {
     line["ranks"] = world;
     line["commit_s"] = commit_s;
     line["commit_cpu_s"] = commit_cpu_s;
-    line["median_decode_s"] = median(decode_s);
     line["metadata_bytes"] = written.is_ok() && *written ? (*written)->size() : 0;
     // The text the save's coordinator wrote from the reports the ranks sent (the same code): a
     // difference would be a report rebuilt wrong here or a commit that is not deterministic.
@@ -165,7 +155,7 @@ int run_commit(const CommitArgs& args) {
 BenchCommand add_commit_command(CLI::App& app) {
   auto args = std::make_shared<CommitArgs>();
   auto* command = app.add_subcommand(
-      "commit", "time the coordinator's commit (report decode, metadata.json, renames, tracker) at the rank count "
+      "commit", "time the coordinator's commit (gather, metadata.json, renames, tracker) at the rank count "
                 "of a checkpoint `save` wrote, from the reports its ranks sent");
   command->add_option("--from", args->from, "a checkpoint root or step folder that `stagehand-bench save` wrote")
       ->required();

@@ -219,9 +219,10 @@ int run_load(const LoadArgs& args) {
       staging_memory().reset_peak();
       staged_before = staging_memory().current();
       auto start = Clock::now();
-      Status loaded = client.load(*dir, &timing);
+      auto loaded = client.load(*dir);
       load_s = seconds_since(start);
-      if (!loaded.is_ok()) return fail("load failed: " + loaded.to_string());
+      if (!loaded.is_ok()) return fail("load failed: " + loaded.status().to_string());
+      timing = std::move(*loaded);
     }
     for (std::size_t r = 0; r < live.size(); ++r) {
       auto hashes = tensor_hashes(*live[r]);

@@ -246,26 +246,22 @@ int run_save(const SaveArgs& args) {
     const std::int64_t step = k + 1;
     auto counters = vmstat();
     auto start = Clock::now();
-    auto timing = client.save(step);
+    auto timing = client.save(step, args.async);
     // Training work after the save returned (forward and backward passes read the state), then
     // the fence before the optimizer step writes it.
     if (timing.is_ok() && args.compute_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(args.compute_s));
     auto fence_wait = timing.is_ok() ? client.fence() : Result<double>(timing.status());
-    Status committed = fence_wait.is_ok() ? client.finalize() : fence_wait.status();
+    auto finalized = fence_wait.is_ok() ? client.finalize() : Result<FinalizeResult>(fence_wait.status());
     double total = seconds_since(start);
     auto vm = vmstat_delta(counters, vmstat());
     remove_previous_step(store, step);
-    if (!committed.is_ok()) {
-      std::cerr << "stagehand-bench: save failed: " << committed.to_string() << "\n";
+    if (!finalized.is_ok()) {
+      std::cerr << "stagehand-bench: save failed: " << finalized.status().to_string() << "\n";
       return 1;
     }
-    auto metadata = read_checkpoint_metadata(*fs, store.step_dir(step));
-    if (!metadata.is_ok()) {
-      std::cerr << "stagehand-bench: " << metadata.status().to_string() << "\n";
-      return 1;
-    }
-    bytes = 0;
-    for (const auto& [name, file] : metadata->files) bytes += file.size;
+    // What the commit wrote: a sync save's came with its answer, an async one's with the finalize.
+    const CommitInfo& commit = timing->committed ? timing->commit : finalized->commit;
+    bytes = commit.bytes;
     stalls.push_back(timing->stall_s);
     fence_waits.push_back(*fence_wait);
     totals.push_back(total);
@@ -278,15 +274,13 @@ int run_save(const SaveArgs& args) {
     // The process's peak so far (with --baseline, its raw-write buffer too).
     line["peak_rss_bytes"] = bench::max_rss_bytes();
     line["vmstat"] = vm;
-    if (auto phases = client.save_phases(step); phases.is_ok()) {
-      auto parsed = nlohmann::json::parse(*phases, nullptr, false);
-      if (parsed.is_object()) {
-        // From the last rank's report to the tracker written.
-        if (parsed.contains("commit_s")) line["commit_s"] = parsed["commit_s"];
-        if (parsed.contains("commit_cpu_s")) line["commit_cpu_s"] = parsed["commit_cpu_s"];
-        line["phases"] = parsed;
-      }
-    }
+    // From the last rank's report to the tracker written, and the slowest rank's phases.
+    line["commit_s"] = commit.commit_s;
+    line["commit_cpu_s"] = commit.commit_cpu_s;
+    line["phases"] = {{"copy_s", commit.phases.copy_s},    {"hash_s", commit.phases.hash_s},
+                      {"write_s", commit.phases.write_s},  {"fsync_s", commit.phases.fsync_s},
+                      {"upload_s", commit.phases.upload_s}, {"commit_s", commit.commit_s},
+                      {"commit_cpu_s", commit.commit_cpu_s}};
     if (auto version = fs->stat_file(CheckpointLayout::policy_dir(store.step_dir(step)) + "/" + kMetadataFile);
         version.is_ok() && *version) {
       line["metadata_bytes"] = (*version)->size;

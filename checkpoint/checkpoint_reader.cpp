@@ -84,8 +84,11 @@ Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& c
 }
 
 Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& checkpoint_dir) {
-  SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_checkpoint_metadata(fs, checkpoint_dir));
-  return read_trainer_state_text(fs, checkpoint_dir, metadata);
+  // Through the process's shared index: the load that follows a resume reads it from there.
+  SH_ASSIGN_OR_RETURN(auto index, shared_metadata_index(fs, metadata_path(checkpoint_dir), [&] {
+                        return read_checkpoint_metadata(fs, checkpoint_dir);
+                      }));
+  return read_trainer_state_text(fs, checkpoint_dir, index->metadata());
 }
 
 Result<ParsedSafetensors> read_safetensors_header(ReadableFile& file, const std::string& path) {

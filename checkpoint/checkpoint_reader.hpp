@@ -44,7 +44,7 @@ Result<CheckpointMetadata> read_checkpoint_metadata_part(
 /// corruption otherwise.
 Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& checkpoint_dir,
                                             const CheckpointMetadata& metadata);
-/// The same, reading the metadata first.
+/// The same, reading the metadata first (once per process: shared_metadata_index).
 Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& checkpoint_dir);
 
 /// The safetensors header of an opened file, which `path` names in errors.

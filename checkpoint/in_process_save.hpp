@@ -10,8 +10,10 @@
 
 namespace stagehand {
 
-/// The synchronous in-process save of several ranks: prepares `global_step_N.tmp`, runs every
-/// rank's engine at once, gathers one report per rank and commits only when all succeeded.
+/// The synchronous in-process save of several ranks: makes the global plan of their states as
+/// the coordinator does (make_global_plan: replicas written once, writers balanced), prepares
+/// `global_step_N.tmp`, runs every rank's engine at once on its assigned blocks, gathers one
+/// report per rank and commits only when all succeeded.
 /// A seam for the checkpoint layer's own tests: programs save through the WorkerDispatch (see
 /// actors/dispatch_client.hpp), which drives the same engines through the strategies.
 /// @pre engines.size() == states.size(); engine i has rank i.

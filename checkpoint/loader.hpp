@@ -110,6 +110,25 @@ struct LoadReport {
   std::vector<std::string> unused_tensors;
 };
 
+// -- for CAF's serialization: scopes, selections and reports travel between actors --
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoadOptions& x) {
+  return f(x.thread_count, x.buffer_bytes, x.max_read_bytes, x.skip, x.sources, x.optional_objects, x.strict,
+           x.refuse_unused, x.list_unused, x.convert_dtypes);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoadScope& x) {
+  return f(x.optimizer, x.rng, x.strict);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoadReport& x) {
+  return f(x.total_s, x.read_s, x.verify_s, x.copy_s, x.bytes, x.reads, x.chunks, x.direct_chunks,
+           x.buffer_peak_bytes, x.thread_count, x.missing_tensors, x.missing_objects, x.unused_tensors);
+}
+
 /// Fills every tensor of `state` from the checkpoint (replicas included), and every object that
 /// `state` names (a rank's own objects, not the other ranks').
 /// Only the byte ranges of chunks that overlap each local block are read (ranged GETs from an

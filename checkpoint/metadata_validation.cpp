@@ -30,10 +30,9 @@ bool blocks_overlap(const ChunkMeta& a, const ChunkMeta& b) {
   return true;
 }
 
-/// Proves that the chunks of `t` tile its global shape.
-/// @pre every chunk has the global rank and lies inside the global shape, whose byte size fits
-///      an int64 (so do the element counts of it and of every chunk).
-/// @return the first reason they do not; nullopt when they do.
+
+}  // namespace
+
 std::optional<std::string> tiling_error(const TensorMeta& t) {
   std::vector<const ChunkMeta*> chunks;
   for (const auto& c : t.chunks)
@@ -87,8 +86,6 @@ std::optional<std::string> tiling_error(const TensorMeta& t) {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 Status validate_metadata(const CheckpointMetadata& m, const std::string& source) {
   auto bad = [&](const std::string& why) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "stagehand/checkpoint/metadata.hpp"
@@ -16,6 +17,13 @@ namespace stagehand {
 /// dtype x shape bytes, and that the chunks tile the global shape: no element in two chunks,
 /// none in no chunk. Errors are corruption naming `source`, the tensor and the chunk.
 Status validate_metadata(const CheckpointMetadata& metadata, const std::string& source);
+
+/// Whether the chunks of `t` tile its global shape: no two share an element (nor an offset) and
+/// together they hold every element. The reason they do not, naming the chunks; nullopt when
+/// they do.
+/// @pre every chunk has the global rank and lies inside the global shape, whose byte size fits
+///      an int64 (so do the element counts of it and of every chunk).
+std::optional<std::string> tiling_error(const TensorMeta& t);
 
 /// Checks that the header of the data file at `path` holds `chunk` of `tensor` (a `dtype`
 /// tensor) as metadata.json records it: an entry under its chunk key with the same dtype, shape

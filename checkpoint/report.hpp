@@ -66,6 +66,28 @@ struct RankSaveReport {
   }
 };
 
+// -- for CAF's serialization: reports travel from every rank to the coordinator --
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChunkRecord& x) {
+  return f(x.desc, x.begin, x.end, x.xxh3);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SavePhases& x) {
+  return f(x.copy_s, x.hash_s, x.write_s, x.fsync_s, x.upload_s);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, BucketWriteResult& x) {
+  return f(x.bucket, x.file, x.size, x.xxh3, x.chunks, x.status, x.phases);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankSaveReport& x) {
+  return f(x.rank, x.step, x.buckets, x.objects, x.status, x.phases);
+}
+
 inline void SavePhases::take_max(const SavePhases& other) {
   copy_s = std::max(copy_s, other.copy_s);
   hash_s = std::max(hash_s, other.hash_s);

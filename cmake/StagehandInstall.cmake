@@ -15,7 +15,9 @@ foreach(_layer IN LISTS STAGEHAND_LAYERS)
     # Internal to their layer's .cpp files.
     PATTERN "s3_request.hpp" EXCLUDE
     PATTERN "json_fields.hpp" EXCLUDE
-    PATTERN "block_bytes.hpp" EXCLUDE)
+    PATTERN "block_bytes.hpp" EXCLUDE
+    PATTERN "posix_io.hpp" EXCLUDE
+    PATTERN "trainer_base.hpp" EXCLUDE)
 endforeach()
 
 set(_stagehand_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/Stagehand)

@@ -48,6 +48,12 @@ class Shape {
   }
   friend bool operator<(const Shape& a, const Shape& b);
 
+  /// For CAF's serialization (shapes travel in save plans and reports).
+  template <class Inspector>
+  friend typename Inspector::result_type inspect(Inspector& f, Shape& x) {
+    return f(x.dims_, x.rank_);
+  }
+
  private:
   std::array<std::int64_t, kMaxRank> dims_{};
   std::size_t rank_ = 0;

@@ -39,6 +39,12 @@ struct ShardedTensorDesc {
   friend bool operator==(const ShardedTensorDesc&, const ShardedTensorDesc&) = default;
 };
 
+/// For CAF's serialization (descriptors travel in save plans and reports).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardedTensorDesc& x) {
+  return f(x.name, x.dtype, x.global_shape, x.global_offset, x.local_shape, x.replica_id);
+}
+
 /// A descriptor and the local data it describes.
 struct ShardedTensor {
   ShardedTensorDesc desc;

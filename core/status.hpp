@@ -61,7 +61,6 @@ class [[nodiscard]] Status {
   // -- properties --
 
   bool is_ok() const { return code_ == ErrorCode::ok; }
-  explicit operator bool() const { return is_ok(); }
   ErrorCode code() const { return code_; }
   const std::string& message() const { return message_; }
   int sys_errno() const { return errno_; }
@@ -74,6 +73,12 @@ class [[nodiscard]] Status {
 
   /// "code: message".
   std::string to_string() const;
+
+  /// For CAF's serialization: a Status travels between processes in reports and replies.
+  template <class Inspector>
+  friend typename Inspector::result_type inspect(Inspector& f, Status& x) {
+    return f(x.code_, x.message_, x.errno_);
+  }
 
  private:
   ErrorCode code_ = ErrorCode::ok;
@@ -91,7 +96,6 @@ class [[nodiscard]] Result {
   Result(Status status) : state_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const { return std::holds_alternative<T>(state_); }
-  explicit operator bool() const { return is_ok(); }
 
   /// @pre is_ok()
   T& value() & { return std::get<T>(state_); }

@@ -75,20 +75,11 @@ int main(int argc, char** argv) {
   }
   auto& cluster = *spawned;
   DispatchClient& ckpt = cluster->client();
-  caf::scoped_actor self{system};
   auto sum = [&] {
-    double value = 0;
-    self->request(cluster->dispatch(), std::chrono::minutes(1), eval_atom::value)
-        .receive([&](double v) { value = v; }, [](caf::error&) {});
-    return value;
+    auto value = ckpt.evaluate();
+    return value.is_ok() ? *value : 0.0;
   };
-  auto train = [&](std::int64_t step) {
-    Status st;
-    self->request(cluster->dispatch(), std::chrono::minutes(1), train_atom::value, step, std::int32_t{0},
-                  std::vector<std::int32_t>{})
-        .receive([](double, double, double) {}, [&](caf::error& err) { st = from_caf_error(err); });
-    return st;
-  };
+  auto train = [&](std::int64_t step) { return ckpt.train({step, Objective::rl, {}}).status(); };
   int code = 0;
   auto check = [&](const char* what, Status st) {
     std::printf("%-32s %s\n", what, st.is_ok() ? "ok" : st.to_string().c_str());
@@ -96,12 +87,12 @@ int main(int argc, char** argv) {
   };
   check("train step 1", train(1));
   double saved = sum();
-  auto timing = ckpt.save(1, "{\"step\": 1}");
+  auto timing = ckpt.save(1, /*async=*/true, "{\"step\": 1}");
   if (timing.is_ok()) std::printf("save step 1 returned after %.4fs (async %d)\n", timing->stall_s, timing->async);
   check("save step 1", timing.status());
-  check("finalize", ckpt.finalize());
+  check("finalize", ckpt.finalize().status());
   check("train step 2", train(2));
-  check("load step 1", ckpt.load(root + "/global_step_1"));
+  check("load step 1", ckpt.load(root + "/global_step_1").status());
   double restored = sum();
   std::printf("rank 0 weight sum: saved %.1f, after load %.1f\n", saved, restored);
   if (saved != restored) code = 1;

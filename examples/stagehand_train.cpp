@@ -62,12 +62,13 @@ StrategyOptions strategy_options(const Config& c, int rank, const std::shared_pt
 }
 
 /// Rank `rank`'s Worker with its model on `groups`.
-Result<caf::actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
-                              RankGroups groups, std::shared_ptr<WeightStore> weights,
-                              const std::shared_ptr<FileSystem>& fs, caf::actor coordinator) {
+Result<worker_actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
+                                RankGroups groups, std::shared_ptr<WeightStore> weights,
+                                const std::shared_ptr<FileSystem>& fs, coordinator_actor coordinator) {
   auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), std::move(weights));
   if (!model.is_ok()) return model.status().with_context("rank " + std::to_string(rank));
-  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, fs), std::move(coordinator));
+  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, fs), std::move(coordinator),
+                             std::chrono::seconds(c.trainer.call_timeout_s));
   if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(rank));
   return worker;
 }
@@ -97,11 +98,11 @@ void report_stop(const TrainerSummary& summary, const std::string& ckpt_path) {
 /// Runs the trainer on `workers` until it ends, then finalizes every pending save.
 /// @param on_trainer_failed called when the trainer failed, before the teardown finalize.
 int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
-                const std::vector<caf::actor>& workers, caf::actor coordinator, std::shared_ptr<WeightStore> weights,
+                const std::vector<worker_actor>& workers, coordinator_actor coordinator, std::shared_ptr<WeightStore> weights,
                 const std::shared_ptr<FileSystem>& fs, const std::string& metrics_out, bool quiet, const std::string& where,
                 const std::function<void()>& on_trainer_failed) {
   const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
-  auto dispatch = spawn_worker_dispatch(system, workers, std::move(coordinator), {c.trainer.ckpt_path, timeout});
+  auto dispatch = spawn_worker_dispatch(system, workers, std::move(coordinator), {timeout, "trainer.call_timeout_s"});
   auto summary = std::make_shared<TrainerSummary>();
   if (!quiet) {
     // Saves to an object store are sync whatever async_dist_ckpt_save says (MegatronStrategy).
@@ -135,7 +136,7 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
     if (code != 0) on_trainer_failed();
     // Teardown: every pending save is finished, whatever ckpt_interval was.
     self->request(dispatch, timeout, finalize_atom::value)
-        .receive([](bool) {},
+        .receive([](const FinalizeResult&) {},
                  [&](caf::error& err) {
                    fail("finalizing at teardown: " + from_caf_error(err).message());
                    code = 1;
@@ -171,8 +172,9 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
                                             c.model.hidden);
   }
   const auto fs = config_file_system(c);
-  auto coordinator = spawn_checkpoint_coordinator(system, {c.trainer.ckpt_path, layout.world_size(), fs});
-  std::vector<caf::actor> workers;
+  auto coordinator = spawn_checkpoint_coordinator(
+      system, {c.trainer.ckpt_path, layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
+  std::vector<worker_actor> workers;
   auto stop_all = [&] {
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
@@ -208,13 +210,14 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   if (rank == 0) {
     auto host = WorldHost::open(system, launch);
     if (!host.is_ok()) return fail(host.status().message());
-    auto coordinator = spawn_checkpoint_coordinator(system, {c.trainer.ckpt_path, layout.world_size(), fs});
+    auto coordinator = spawn_checkpoint_coordinator(
+      system, {c.trainer.ckpt_path, layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
     auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, fs, coordinator);
     if (!worker0.is_ok()) {
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
       return fail(worker0.status().message());
     }
-    auto world = (*host)->gather(*worker0, collectives.host_rendezvous(), coordinator);
+    auto world = (*host)->gather({*worker0}, collectives.host_rendezvous(), coordinator);
     int code = 0;
     if (!world.is_ok()) {
       code = fail("starting the world of " + std::to_string(launch.world_size) + " processes: " +
@@ -231,10 +234,10 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   }
-  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), fs, caf::actor{});
+  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), fs, coordinator_actor{});
   if (!worker.is_ok()) return fail(worker.status().message());
   WorldMember member(system, launch);
-  auto joined = member.join(*worker);
+  auto joined = member.join({*worker});
   int code = 0;
   if (!joined.is_ok()) {
     code = fail("rank " + std::to_string(rank) + ": " + joined.status().message());

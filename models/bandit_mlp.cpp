@@ -5,7 +5,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/models/bandit_task.hpp"
 
@@ -122,7 +121,6 @@ Status BanditMlp::build_state() {
 
   state_ = std::make_shared<StateDict>();
   const int dp_size = layout_.data_parallel;
-  const auto writers = replica_writers();
   for (std::size_t pi = 0; pi < params_.size(); ++pi) {
     Param& p = *params_[pi];
     p.n = static_cast<std::size_t>(p.local_shape.numel());
@@ -153,78 +151,21 @@ Status BanditMlp::build_state() {
     std::fill_n(p.exp_avg_sq.host_data<float>(), p.hi - p.lo, 0.0f);
 
     // Model weights: replicas on data-parallel ranks (and tensor-parallel ranks when not split),
-    // written by the replica that replica_writers() chose.
-    state_->add(p.name, p.weight, p.global_shape, p.global_offset, writers.at(p.name));
+    // each with replica id 0: the save's global plan has one of them write it, balancing what
+    // every rank writes.
+    state_->add(p.name, p.weight, p.global_shape, p.global_offset);
     // Optimizer state: the parameter's global shape, each rank its rows of its block, so that
     // the checkpoint does not depend on the tensor- or data-parallel size.
     Shape opt_offset = p.global_offset;
     opt_offset[0] += row_lo;
-    auto opt_replica = [&](const std::string& name) { return p.tensor_split ? 0 : writers.at(name); };
     for (auto& [name, tensor] : {std::pair{"optimizer.main." + p.name, p.main},
                                  std::pair{"optimizer.exp_avg." + p.name, p.exp_avg},
                                  std::pair{"optimizer.exp_avg_sq." + p.name, p.exp_avg_sq}}) {
-      state_->add(name, tensor, p.global_shape, opt_offset, opt_replica(name));
+      state_->add(name, tensor, p.global_shape, opt_offset);
     }
   }
   refresh_objects();
   return Status::ok();
-}
-
-std::map<std::string, std::int32_t> BanditMlp::replica_writers() const {
-  // Every chunk that several ranks hold, as every rank sees it: a split weight's block on the
-  // data-parallel ranks of its tensor index; an unsplit weight on all ranks; an unsplit
-  // parameter's optimizer slice on the tensor-parallel ranks of its data index. What each rank
-  // holds alone (a split parameter's optimizer slice) it writes anyway.
-  const int world = layout_.world_size();
-  std::vector<std::uint64_t> base(static_cast<std::size_t>(world), 0);
-  std::vector<ReplicatedChunk> chunks;
-  std::vector<std::string> mine;  // my chunk's name, per chunk ("" when I do not hold it)
-  auto holders_where = [&](auto&& keep) {
-    std::vector<int> ranks;
-    for (int r = 0; r < world; ++r) {
-      if (keep(r)) ranks.push_back(r);
-    }
-    return ranks;
-  };
-  for (const auto& p : params_) {
-    const auto n = static_cast<std::uint64_t>(p->local_shape.numel());
-    const auto cols = n / static_cast<std::uint64_t>(p->local_shape[0]);
-    auto slice = [&](int d) {
-      const auto [lo, hi] = optimizer_rows(p->local_shape[0], d, layout_.data_parallel);
-      return cols * static_cast<std::uint64_t>(hi - lo);
-    };
-    static constexpr const char* kMoments[] = {"optimizer.main.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
-    if (p->tensor_split) {
-      for (int t = 0; t < layout_.tensor_parallel; ++t) {
-        chunks.push_back({p->name + "@" + std::to_string(t), 2 * n,
-                          holders_where([&](int r) { return layout_.tensor_index(r) == t; })});
-        mine.push_back(t == tp_ ? p->name : "");
-      }
-      // Three f32 slices, main weights and the Adam moments.
-      for (int r = 0; r < world; ++r) base[static_cast<std::size_t>(r)] += 3 * 4 * slice(layout_.data_index(r));
-    } else {
-      chunks.push_back({p->name, 2 * n, holders_where([](int) { return true; })});
-      mine.push_back(p->name);
-      for (int d = 0; d < layout_.data_parallel; ++d) {
-        for (const char* moment : kMoments) {
-          chunks.push_back({moment + p->name + "@" + std::to_string(d), 4 * slice(d),
-                            holders_where([&](int r) { return layout_.data_index(r) == d; })});
-          mine.push_back(d == dp_ ? moment + p->name : "");
-        }
-      }
-    }
-  }
-  const auto writers = balance_writers(chunks, base);
-  std::map<std::string, std::int32_t> replica;
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    if (mine[i].empty()) continue;
-    // 0 for the writer; the other holders count on from it.
-    const auto& holders = chunks[i].holders;
-    const auto at = [&](int r) { return std::find(holders.begin(), holders.end(), r) - holders.begin(); };
-    const auto size = static_cast<std::ptrdiff_t>(holders.size());
-    replica[mine[i]] = static_cast<std::int32_t>((at(rank_) - at(writers[i]) + size) % size);
-  }
-  return replica;
 }
 
 void BanditMlp::refresh_objects() {

@@ -56,10 +56,6 @@ class BanditMlp final : public Model {
   BanditMlp(const ModelConfig& config, std::uint64_t seed, const ParallelLayout& layout, int rank,
             RankGroups groups);
   Status build_state();
-  /// The replica id of each replicated chunk this rank holds, by tensor name (an unsplit
-  /// parameter's weights and optimizer slices): 0 where this rank writes it, chosen by
-  /// balance_writers() so that every rank writes about its share.
-  std::map<std::string, std::int32_t> replica_writers() const;
   Status forward(const std::vector<float>& x, std::size_t n, Activations& a);
   Status backward(const std::vector<float>& x, std::size_t n, const Activations& a, const std::vector<float>& dlogits);
   Status adam_update();

@@ -7,6 +7,7 @@
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
 #include "stagehand/storage/default_file_system.hpp"
+#include "stagehand/strategy/protocol.hpp"
 
 namespace stagehand {
 
@@ -16,7 +17,8 @@ struct StrategyOptions {
   int thread_count = 2;
   /// megatron_config.ckpt_save_staging_buckets.
   int staging_buckets = 0;
-  /// megatron_config.async_dist_ckpt_save.
+  /// Whether async saves are expected (megatron_config.async_dist_ckpt_save): their staging
+  /// buffers are then allocated at spawn. Each SaveOrder says whether it is async.
   bool async_save = false;
   /// megatron_config.ckpt_writer_low_priority: writer threads at lowered CPU and I/O priority.
   bool low_priority_writers = true;
@@ -41,32 +43,30 @@ struct StrategyOptions {
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
 /// AsyncCallsQueue (writer threads and host staging buffers created here, at spawn, for the
-/// state's current structure; reused by every save; kept until the actor exits). `state` is the rank's live state; tensor bytes never travel in
-/// messages. When a rank's write ends, the strategy pushes the encoded RankSaveReport to
-/// `listener` at once as (rank_saved_atom, string).
+/// state's current structure; reused by every save; kept until the actor exits). `state` is the
+/// rank's live state; tensor bytes never travel in messages. When a rank's write ends, the
+/// strategy pushes its RankSaveReport to `listener` at once.
 ///
-/// Protocol (all replies are errors as values, never exceptions):
-/// - (save_atom, step, destination, policy_dir) -> (double stall_s, bool async): first waits for a
-///   pending save; with async on (and a local destination), stages (the first
-///   `staging_buckets` buckets, or all when 0) and returns while the write, and the staging of
-///   the other buckets, run in the background; `fence` stays closed until every bucket is
-///   staged. Otherwise writes and returns. A destination whose writes are uploads (an object
-///   store: FileSystemCapabilities::uploads) turns an async save into a sync one, with one
-///   warning (from rank 0, the first time): each file is uploaded when it is synced, and the rank
-///   reports only then.
+/// Protocol (strategy_actor, strategy/protocol.hpp; every reply a value or an error):
+/// - (save_atom, SaveOrder) -> SaveAck: first waits for a pending save; saves the blocks the
+///   order names (the global plan's). Async stages (the first `staging_buckets` buckets, or all
+///   when 0) and returns while the write, and the staging of the other buckets, run in the
+///   background; `fence` stays closed until every bucket is staged. Otherwise writes and
+///   returns. A destination whose writes are uploads (an object store:
+///   FileSystemCapabilities::uploads) turns an async save into a sync one, with one warning
+///   (from rank 0, the first time): each file is uploaded when it is synced.
 /// - (finalize_atom) -> bool: drains the queue, pushes the outcome; an error kept from a
 ///   background write is returned (once) here, or by the next save or load.
-/// - (load_atom, path) -> (double total_s, double read_s, double verify_s, double copy_s,
-///   uint64 bytes) (the LoadReport's figures): drains first, then loads into the live state on
-///   `load_thread_count` threads; `path` is a checkpoint root (the step its tracker names) or a
-///   `global_step_N` folder. After a failed load the state's tensors are unspecified
+/// - (load_atom, LoadOrder) -> LoadReport: drains first, then loads into the live state on
+///   `load_thread_count` threads; the folder is a checkpoint root (the step its tracker names)
+///   or a `global_step_N` folder. After a failed load the state's tensors are unspecified
 ///   (load_checkpoint).
-/// - (stats_atom) -> (uint64 staging bytes, int32 pending writes, int64 saves started).
+/// - (stats_atom) -> StrategyStats.
 /// On exit, a pending write is finished and pushed before the actor goes away.
 ///
 /// The actor is detached (its own thread): draining blocks it, never a scheduler thread.
 /// @return an error naming the bad option.
-Result<caf::actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
-                                           std::shared_ptr<StateDict> state, caf::actor listener);
+Result<strategy_actor> spawn_megatron_strategy(caf::actor_system& system, StrategyOptions options,
+                                               std::shared_ptr<StateDict> state, report_listener_actor listener);
 
 }  // namespace stagehand

@@ -7,20 +7,14 @@
 
 namespace stagehand {
 
-// -- atoms between a MegatronStrategy and its Worker (at most 10 characters each) --
+// -- atoms of the checkpoint protocols (at most 10 characters each); the typed interfaces that
+// use them say what each carries: strategy/protocol.hpp, actors/protocol.hpp --
 
-/// save_atom, step, destination, policy_dir -> (stall seconds, bool async)
 using save_atom = caf::atom_constant<caf::atom("save")>;
-/// finalize_atom -> bool (true when a pending save was drained)
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
-/// load_atom, checkpoint_dir, encoded load selection (encode_load_selection)
-///   -> (total_s, read_s, verify_s, copy_s, uint64 bytes, encoded load notes (encode_load_notes))
 using load_atom = caf::atom_constant<caf::atom("load")>;
-/// Internal to a strategy: its queue finished a background write.
 using write_done_atom = caf::atom_constant<caf::atom("writedone")>;
-/// rank_saved_atom, encoded RankSaveReport: pushed upward when a rank's write ended.
 using rank_saved_atom = caf::atom_constant<caf::atom("ranksaved")>;
-/// stats_atom -> (staging bytes, pending writes, saves)
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 
 /// The CAF error category of Stagehand's errors.

@@ -28,6 +28,21 @@ struct ClusterOptions {
   bool per_save = false;
 };
 
+/// The DispatchClient of a test cluster, saving as the cluster was made to (sync or async) and
+/// answering with plain Statuses where the tests need no more.
+struct ClusterClient {
+  DispatchClient* client = nullptr;
+  bool async = false;
+
+  Result<SaveResult> save(std::int64_t step, const std::string& trainer_state = "") {
+    return client->save(step, async, trainer_state);
+  }
+  Status finalize() { return client->finalize().status(); }
+  Result<double> fence() { return client->fence(); }
+  Status load(const std::string& path) { return client->load(path).status(); }
+  ClusterClient* operator->() { return this; }
+};
+
 /// One Worker (with its MegatronStrategy) per rank of a synthetic state, a coordinator and a
 /// WorkerDispatch, all in this process, driven through the dispatch's blocking client: the same
 /// path stagehand-train takes. Shut down on destruction.
@@ -35,7 +50,7 @@ struct StrategyCluster {
   caf::actor_system system{system_config()};
   std::vector<std::shared_ptr<StateDict>> states;
   std::unique_ptr<CheckpointCluster> cluster;
-  DispatchClient* client = nullptr;
+  ClusterClient client;
 
   StrategyCluster(const std::string& destination, const ClusterOptions& o) {
     std::vector<std::unique_ptr<Checkpointable>> ranks;
@@ -59,7 +74,7 @@ struct StrategyCluster {
     auto spawned = CheckpointCluster::spawn(system, std::move(ranks), options);
     BOOST_REQUIRE_MESSAGE(spawned.is_ok(), spawned.status().to_string());
     cluster = std::move(*spawned);
-    client = &cluster->client();
+    client = ClusterClient{&cluster->client(), o.async};
   }
   ~StrategyCluster() { (void)cluster->shutdown(); }
 };

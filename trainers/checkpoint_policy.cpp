@@ -61,6 +61,23 @@ Status CheckpointPolicy::check_fresh_start() const {
               from_path + overwrite};
 }
 
+Status CheckpointPolicy::check_resume(std::int64_t step) const {
+  if (config_.overwrite_checkpoints) return Status::ok();
+  SH_ASSIGN_OR_RETURN(auto steps, store_.committed_steps());
+  std::vector<std::int64_t> later;
+  for (auto s : steps) {
+    if (s > step) later.push_back(s);
+  }
+  if (later.empty()) return Status::ok();
+  std::string held = "global_step_" + std::to_string(later.front());
+  if (later.size() > 1) held += " ... global_step_" + std::to_string(later.back()) + ", " + std::to_string(later.size()) + " in all";
+  return {ErrorCode::already_exists,
+          "trainer.ckpt_path '" + config_.ckpt_path + "' holds committed checkpoints of steps after " +
+              std::to_string(step) + ", the step resumed (" + held +
+              "): the run's saves would replace them. Resume the newest (trainer.resume_mode: latest), give the "
+              "run another trainer.ckpt_path, or set trainer.overwrite_checkpoints: true to replace them anyway"};
+}
+
 Result<std::unique_ptr<FileLock>> CheckpointPolicy::lock_destination() const {
   auto lock = store_.lock();
   if (!lock.is_ok()) return lock.status().with_context("trainer");

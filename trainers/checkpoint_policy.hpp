@@ -36,6 +36,11 @@ class CheckpointPolicy {
   /// `overwrite_checkpoints` allows it. The error names the steps, the tracker and the settings.
   Status check_fresh_start() const;
 
+  /// Refuses to resume at `step` into a ckpt_path that holds committed checkpoints of later
+  /// steps (a from_path resume from elsewhere, say), which the run's saves would replace, unless
+  /// `overwrite_checkpoints` allows it. The error names the steps and the settings.
+  Status check_resume(std::int64_t step) const;
+
   /// The step the tracker names; none when there is no tracker.
   Result<std::optional<std::int64_t>> tracked_step() const { return store_.tracker(); }
 

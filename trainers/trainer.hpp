@@ -8,6 +8,7 @@
 #include <string>
 
 #include "stagehand/storage/file_system.hpp"
+#include "stagehand/actors/protocol.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/models/weight_store.hpp"
@@ -60,7 +61,7 @@ struct TrainerSummary {
 /// most `fully_async.max_staleness_steps` behind; SftTrainer: supervised) as an actor that drives `dispatch`: resume, train, save on the
 /// checkpoint policy, finalize at the end. It fills `*summary` and exits.
 /// @return an error for a kind that cannot be run.
-Result<caf::actor> spawn_trainer(caf::actor_system& system, caf::actor dispatch, TrainerOptions options,
+Result<caf::actor> spawn_trainer(caf::actor_system& system, dispatch_actor dispatch, TrainerOptions options,
                                  std::shared_ptr<TrainerSummary> summary);
 
 }  // namespace stagehand

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
@@ -38,11 +39,12 @@ ModelConfig small_model() {
 struct World {
   caf::actor_system system{test::system_config()};
   ParallelLayout layout{2, 2};
-  std::vector<caf::actor> workers;
-  caf::actor coordinator;
-  caf::actor dispatch;
+  std::vector<worker_actor> workers;
+  coordinator_actor coordinator;
+  dispatch_actor dispatch;
+  bool async;
 
-  World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async) {
+  World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async_saves) : async(async_saves) {
     coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), local_file_system()});
     auto groups = make_host_groups(layout);
     for (int rank = 0; rank < layout.world_size(); ++rank) {
@@ -51,11 +53,11 @@ struct World {
       StrategyOptions options;
       options.rank = rank;
       options.thread_count = 2;
-      options.async_save = async;
+      options.async_save = async_saves;
       options.file_system = storage;
       workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator));
     }
-    dispatch = spawn_worker_dispatch(system, workers, coordinator, {root, std::chrono::seconds(60)});
+    dispatch = spawn_worker_dispatch(system, workers, coordinator, {std::chrono::seconds(60)});
   }
 
   ~World() {
@@ -64,30 +66,11 @@ struct World {
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
   }
 
-  Status train(std::int64_t step) {
-    caf::scoped_actor self{system};
-    Status st;
-    self->request(dispatch, std::chrono::seconds(60), train_atom::value, step, std::int32_t{0},
-                  std::vector<std::int32_t>{})
-        .receive([](double, double, double) {}, [&](caf::error& e) { st = from_caf_error(e); });
-    return st;
-  }
+  DispatchClient client() { return DispatchClient(system, dispatch, std::chrono::seconds(60)); }
 
-  Status save(std::int64_t step) {
-    caf::scoped_actor self{system};
-    Status st;
-    self->request(dispatch, std::chrono::seconds(60), save_atom::value, step, std::string("{\"step\": 1}"))
-        .receive([](double, bool) {}, [&](caf::error& e) { st = from_caf_error(e); });
-    return st;
-  }
-
-  Status finalize() {
-    caf::scoped_actor self{system};
-    Status st;
-    self->request(dispatch, std::chrono::seconds(60), finalize_atom::value)
-        .receive([](bool) {}, [&](caf::error& e) { st = from_caf_error(e); });
-    return st;
-  }
+  Status train(std::int64_t step) { return client().train({step, Objective::rl, {}}).status(); }
+  Status save(std::int64_t step) { return client().save(step, async, "{\"step\": 1}").status(); }
+  Status finalize() { return client().finalize().status(); }
 };
 
 }  // namespace

@@ -40,7 +40,7 @@ struct Cluster : test::StrategyCluster {
       : test::StrategyCluster(destination, {spec, async, 4, nullptr, work_dir, false, store}) {}
 
   /// Saves `step` with a trainer state, as the trainers do.
-  Result<SaveTiming> save(std::int64_t step) {
+  Result<SaveResult> save(std::int64_t step) {
     return client->save(step, "{\"step\": " + std::to_string(step) + "}\n");
   }
 };
@@ -97,7 +97,7 @@ BOOST_AUTO_TEST_CASE(an_async_request_to_s3_saves_synchronously_uploads_and_comm
   logger()->sinks().pop_back();
   std::string text = log.str();
   std::size_t warnings = 0;
-  for (auto p = text.find("is an object store"); p != std::string::npos; p = text.find("is an object store", p + 1)) {
+  for (auto p = text.find("is in an object store"); p != std::string::npos; p = text.find("is in an object store", p + 1)) {
     ++warnings;
   }
   BOOST_TEST(warnings == 1u, text);

@@ -7,6 +7,7 @@
 
 #include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/export.hpp"
+#include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
@@ -168,18 +169,26 @@ BOOST_AUTO_TEST_CASE(replicated_weights_are_written_by_one_replica_each_spread_o
       Models world(layout);
       // Who writes each chunk (name and offset), and how many bytes each rank writes; and the
       // same if the first replica (data index 0, tensor index 0) wrote every replicated chunk.
+      // The save's global plan chooses the writers (the model gives every replica id 0).
       std::map<std::string, int> writers;
       std::map<std::string, int> holders;
       std::vector<double> written(world.ranks.size(), 0);
       std::vector<double> first_replica(world.ranks.size(), 0);
       double largest_replicated = 0;
+      std::vector<LocalPlan> locals;
       for (std::size_t r = 0; r < world.ranks.size(); ++r) {
-        for (const auto& t : world.ranks[r]->state()->tensors) {
-          ++holders[t.desc.chunk_key()];
-          if (t.desc.replica_id == 0) {
-            ++writers[t.desc.chunk_key()];
-            written[r] += static_cast<double>(t.desc.nbytes());
-          }
+        locals.push_back({static_cast<int>(r), 1, 0, false, world.ranks[r]->state()->descriptors(), {}});
+      }
+      std::vector<const LocalPlan*> plans;
+      for (const auto& p : locals) plans.push_back(&p);
+      auto global = make_global_plan(plans);
+      BOOST_REQUIRE_MESSAGE(global.is_ok(), global.status().to_string());
+      for (std::size_t r = 0; r < world.ranks.size(); ++r) {
+        for (const auto& t : world.ranks[r]->state()->tensors) ++holders[t.desc.chunk_key()];
+        for (std::uint32_t i : global->writes[r]) {
+          const ShardedTensorDesc& d = locals[r].tensors[i];
+          ++writers[d.chunk_key()];
+          written[r] += static_cast<double>(d.nbytes());
         }
       }
       for (std::size_t r = 0; r < world.ranks.size(); ++r) {

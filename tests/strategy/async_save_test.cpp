@@ -170,25 +170,31 @@ BOOST_AUTO_TEST_CASE(a_save_sent_straight_to_a_busy_strategy_drains_first) {
   };
   caf::actor_system system{test::system_config()};
   auto state = std::make_shared<StateDict>(*make_synthetic_state({1, 1u << 20, 8, 3}, 0, Device::host()));
-  auto strategy = *spawn_megatron_strategy(system, {0, 2, 0, true, true, storage}, state, caf::actor{});
+  StrategyOptions options;
+  options.thread_count = 2;
+  options.async_save = true;
+  options.file_system = storage;
+  auto strategy = *spawn_megatron_strategy(system, options, state, report_listener_actor{});
+  std::vector<std::uint32_t> every(state->tensors.size());
+  for (std::uint32_t i = 0; i < every.size(); ++i) every[i] = i;
   fs::create_directories(dir / "s1");
   fs::create_directories(dir / "s2");
   caf::scoped_actor self{system};
   bool async = false;
-  self->request(strategy, std::chrono::seconds(60), save_atom::value, std::int64_t{1}, dir.path(), dir / "s1")
-      .receive([&](double, bool a) { async = a; }, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
+  self->request(strategy, std::chrono::seconds(60), save_atom::value, SaveOrder{1, true, dir / "s1", every})
+      .receive([&](const SaveAck& ack) { async = ack.async; }, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
   BOOST_TEST(async);
   std::int32_t pending = -1;
   self->request(strategy, std::chrono::seconds(60), stats_atom::value)
-      .receive([&](std::uint64_t, std::int32_t p, std::int64_t) { pending = p; }, [&](caf::error&) {});
+      .receive([&](const StrategyStats& stats) { pending = stats.pending_writes; }, [&](caf::error&) {});
   BOOST_TEST(pending == 1);
-  self->request(strategy, std::chrono::seconds(60), save_atom::value, std::int64_t{2}, dir.path(), dir / "s2")
-      .receive([&](double, bool) {}, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
+  self->request(strategy, std::chrono::seconds(60), save_atom::value, SaveOrder{2, true, dir / "s2", every})
+      .receive([&](const SaveAck&) {}, [&](caf::error& e) { BOOST_FAIL(caf::to_string(e)); });
   // Step 1's background write ended before step 2 was staged: nothing was pending in between.
   self->request(strategy, std::chrono::seconds(60), stats_atom::value)
-      .receive([&](std::uint64_t, std::int32_t p, std::int64_t saves) {
-        BOOST_TEST(p <= 1);
-        BOOST_TEST(saves == 2);
+      .receive([&](const StrategyStats& stats) {
+        BOOST_TEST(stats.pending_writes <= 1);
+        BOOST_TEST(stats.saves == 2);
       }, [&](caf::error&) {});
   BOOST_TEST(open_writes_of_step1.load() == 2);
   self->request(strategy, std::chrono::seconds(60), finalize_atom::value).receive([](bool) {}, [](caf::error&) {});

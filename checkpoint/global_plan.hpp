@@ -1,0 +1,64 @@
+#pragma once
+
+// The first two steps of a save, in the shape of DCP's: every rank makes a local plan of what
+// it holds, and the coordinator makes the global plan from all of them before any byte is
+// written: it checks that the ranks agree, deduplicates replicas and chooses who writes what.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/status.hpp"
+
+namespace stagehand {
+
+/// What one rank holds for one save: its blocks (with the replica ids its owner gave them) and
+/// its small objects.
+struct LocalPlan {
+  int rank = 0;
+  std::int64_t step = 0;
+  /// structure_signature() of `tensors`: while it does not change, the global plan is reused.
+  std::uint64_t signature = 0;
+  /// `tensors` left out: they are the same as in this rank's last plan with this signature
+  /// (the coordinator keeps it), so that an unchanged structure does not travel at every save.
+  bool cached = false;
+  std::vector<ShardedTensorDesc> tensors;
+  std::map<std::string, std::string> objects;
+};
+
+/// For CAF's serialization: local plans travel from every rank to the coordinator.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LocalPlan& x) {
+  return f(x.rank, x.step, x.signature, x.cached, x.tensors, x.objects);
+}
+
+/// Which of its blocks each rank writes, by index into its local plan's tensors, ascending.
+struct GlobalPlan {
+  std::vector<std::vector<std::uint32_t>> writes;
+  /// The signature of every rank's local plan, by rank: the plan holds while they do not change.
+  std::vector<std::uint64_t> signatures;
+};
+
+/// Makes the global plan of one save from every rank's local plan (`plans[r]` is rank r's).
+///
+/// Checks, each failure naming the tensor, object or rank: every rank planned the same step;
+/// every block is valid (validate()); a tensor has one dtype and global shape on every rank;
+/// the distinct blocks of a tensor tile its global shape (none overlap, together they hold
+/// every element); an object has one value on every rank; names and values are UTF-8.
+///
+/// Blocks that several ranks hold (the same tensor, offsets and shape) are replicas, written
+/// once. Its writer is the holder with replica id 0 when there is one; among several holders
+/// with replica id 0 (replicas the owner did not rank) the writer is chosen by
+/// balance_writers(), so that every rank writes about its share; a block no holder has with
+/// replica id 0 is an error.
+/// @pre plans.size() == world size, plans[r].rank == r.
+Result<GlobalPlan> make_global_plan(const std::vector<const LocalPlan*>& plans);
+
+/// A copy of `state` in which the blocks `writes` names (by index) have replica id 0 and every
+/// other block replica id 1: what a rank's SaveEngine writes for the global plan. Tensor data is
+/// shared, not copied.
+StateDict apply_writes(const StateDict& state, const std::vector<std::uint32_t>& writes);
+
+}  // namespace stagehand

@@ -1,0 +1,136 @@
+#pragma once
+// Internal to trainers/: the loop and checkpoint policy every trainer shares. Its parts are in
+// trainer_loop.cpp (the loop, steps, metrics), trainer_resume.cpp (resume and init_from) and
+// trainer_saves.cpp (saves, commits, retention, exports); the trainers themselves choose the
+// objective and, for the fully-async one, where samples come from. Not installed.
+
+#include <caf/blocking_actor.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stagehand/actors/dispatch_client.hpp"
+#include "stagehand/checkpoint/trainer_state.hpp"
+#include "stagehand/trainers/background_export.hpp"
+#include "stagehand/trainers/checkpoint_policy.hpp"
+#include "stagehand/trainers/trainer.hpp"
+
+namespace stagehand {
+
+/// The loop and checkpoint policy shared by the trainers; subclasses choose the objective.
+///
+/// Thread-safety: an actor; everything runs on its own thread.
+class TrainerBase : public caf::blocking_actor {
+ public:
+  TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, TrainerOptions options,
+              std::shared_ptr<TrainerSummary> summary);
+
+  void act() override;
+
+ protected:
+  using Clock = std::chrono::steady_clock;
+
+  virtual Objective objective() const = 0;
+  virtual const char* name() const = 0;
+
+  // -- hooks for trainers whose samples come from elsewhere --
+
+  /// After resume (or at a fresh start, `state` null), before the first step; `state_file` is
+  /// where `state` was read, for errors.
+  virtual Status on_start(std::int64_t, const TrainerState*, const std::string&) { return Status::ok(); }
+  /// The behaviour actions of step `step`'s batch; empty: sampled on-policy by the Workers.
+  virtual Result<std::vector<std::int32_t>> batch_actions(std::int64_t) { return std::vector<std::int32_t>{}; }
+  /// After step `step` trained.
+  virtual Status after_step(std::int64_t) { return Status::ok(); }
+  /// Adds to the trainer state saved with the checkpoint of `step`.
+  virtual Status fill_state(std::int64_t, TrainerState&) { return Status::ok(); }
+  /// Adds to the metrics line of `step`.
+  virtual void fill_metrics(std::int64_t, nlohmann::json&) {}
+  /// Last call, after the final finalize.
+  virtual void on_stop() {}
+
+  const TrainerOptions& options() const { return options_; }
+  DispatchClient& client() { return client_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// One warning line on stderr, whatever --quiet says.
+  template <class... Ts>
+  void warn(const char* format, Ts... args) {
+    std::fprintf(stderr, "stagehand-train: warning: ");
+    std::fprintf(stderr, format, args...);
+    std::fflush(stderr);
+  }
+
+  /// One progress line on stdout, unless --quiet.
+  template <class... Ts>
+  void say(const char* format, Ts... args) {
+    if (options_.progress) {
+      std::printf(format, args...);
+      std::fflush(stdout);
+    }
+  }
+
+ private:
+  /// The save the trainer waits to see committed.
+  struct PendingCommit {
+    std::int64_t step;
+    double stall_s;
+    bool async;
+    Clock::time_point started;
+    /// Waits at the fence for this save's background staging, summed over the steps after it.
+    double fence_wait_s;
+  };
+
+  // -- the loop (trainer_loop.cpp) --
+
+  /// run(), with any exception that code underneath lets out turned into the trainer's error: an
+  /// exception leaving act() would end the actor with the summary still saying ok.
+  Status run_catching();
+  Status run();
+  /// Trains from `step` + 1 to the last step (or a stop); the last step trained.
+  Result<std::int64_t> train_steps(std::int64_t step);
+  void write_metrics(const nlohmann::json& line);
+
+  // -- where training starts (trainer_resume.cpp) --
+
+  /// Resumes from `dir`, or starts afresh (init_from when set) without one.
+  /// @return the step training continues after.
+  Result<std::int64_t> start_from(const std::optional<std::string>& dir);
+  /// A fresh run's start from another checkpoint's weights (trainer.init_from).
+  Status init_from(const std::string& path);
+  /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what
+  /// was missing or unused (each said in one warning line).
+  Result<LoadReport> load_everywhere(const std::string& dir, const LoadScope& scope, const char* what);
+  static std::string describe_layout(const TrainerState& state);
+
+  // -- saves (trainer_saves.cpp) --
+
+  /// Saves `step` (after the pending save committed), with its trainer state.
+  Status save(std::int64_t step);
+  /// Waits for the pending save (if any) to commit, then records it and applies retention.
+  Status finalize();
+  /// The metrics line, exports and retention of a commit.
+  Status on_committed(const CommitInfo& commit);
+  /// Says how the exports that ended went: a line and a metrics line each.
+  void report_exports();
+
+  TrainerOptions options_;
+  std::shared_ptr<TrainerSummary> summary_;
+  std::shared_ptr<FileSystem> fs_;
+  CheckpointPolicy policy_;
+  std::chrono::milliseconds timeout_;
+  DispatchClient client_;
+  std::ofstream metrics_;
+  std::optional<PendingCommit> pending_;
+  /// trainer.export_interval's exports; null when it is 0.
+  std::unique_ptr<BackgroundExports> exports_;
+  std::string last_save_ = "none";
+};
+
+}  // namespace stagehand

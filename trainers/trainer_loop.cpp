@@ -1,0 +1,132 @@
+// The loop every trainer runs: start (resume or fresh), train, evaluate, save on the policy,
+// finalize at the end.
+#include <caf/all.hpp>
+
+#include <cerrno>
+#include <exception>
+
+#include "stagehand/trainers/trainer_base.hpp"
+
+namespace stagehand {
+
+TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, TrainerOptions options,
+                         std::shared_ptr<TrainerSummary> summary)
+    : caf::blocking_actor(cfg),
+      options_(std::move(options)),
+      summary_(std::move(summary)),
+      fs_(options_.file_system),
+      policy_(options_.config.trainer, fs_),
+      timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)),
+      // The dispatch bounds each of its waits by the call limit; a call is a few of them.
+      client_(system(), std::move(dispatch), timeout_ * 6) {}
+
+void TrainerBase::act() {
+  summary_->status = run_catching();
+  on_stop();
+  if (!summary_->status.is_ok()) {
+    if (summary_->stopped_by_signal) {
+      if (auto tracked = policy_.tracked_step(); tracked.is_ok()) summary_->tracked_step = *tracked;
+    }
+    std::fprintf(stderr, "stagehand-train: %s\n", summary_->status.message().c_str());
+  }
+}
+
+Status TrainerBase::run_catching() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    return {ErrorCode::internal, std::string("the ") + name() + " trainer stopped on an exception: " + e.what()};
+  }
+}
+
+Status TrainerBase::run() {
+  const auto& t = options_.config.trainer;
+  if (!options_.metrics_out.empty()) {
+    metrics_.open(options_.metrics_out, std::ios::trunc);
+    if (!metrics_) return Status::from_errno(errno, "cannot write --metrics-out '" + options_.metrics_out + "'");
+  }
+  SH_RETURN_IF_ERROR(policy_.check_destination());
+  // Before anything is cleaned: another run's .tmp folder is its save in flight.
+  SH_ASSIGN_OR_RETURN(summary_->root_lock, policy_.lock_destination());
+  SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
+  if (!resume) {
+    SH_RETURN_IF_ERROR(policy_.check_fresh_start());
+    if (t.resume_mode == ResumeMode::latest) {
+      say("resume_mode latest: nothing to resume in '%s' (no tracker); starting from step 1\n", t.ckpt_path.c_str());
+    }
+  }
+  SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
+  if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, fs_);
+  SH_ASSIGN_OR_RETURN(std::int64_t step, start_from(resume));
+  summary_->first_step = step + 1;
+  summary_->last_step = step;
+  SH_ASSIGN_OR_RETURN(step, train_steps(step));
+  // End of training: every save is finished before the trainer reports done, and so is every
+  // export, unless a signal asked to stop (then the export running now ends with the trainer,
+  // and the queued ones are dropped).
+  SH_RETURN_IF_ERROR(finalize());
+  if (exports_ && !summary_->stopped_by_signal) {
+    exports_->wait_idle();
+    report_exports();
+  }
+  return Status::ok();
+}
+
+Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
+  const auto& t = options_.config.trainer;
+  const auto started = Clock::now();
+  std::int64_t saved_step = step;
+  while (step < t.total_steps) {
+    if (options_.stop_requested && options_.stop_requested->load()) {
+      summary_->stopped_by_signal = true;
+      break;
+    }
+    ++step;
+    auto actions = batch_actions(step);
+    if (!actions.is_ok()) return actions.status().with_context("step " + std::to_string(step));
+    auto metrics = client_.train({step, objective(), std::move(*actions)});
+    if (!metrics.is_ok()) return metrics.status().with_context("step " + std::to_string(step));
+    summary_->total_fence_wait_s += metrics->fence_wait_s;
+    if (pending_) pending_->fence_wait_s += metrics->fence_wait_s;
+    SH_RETURN_IF_ERROR(after_step(step));
+    auto accuracy = client_.evaluate();
+    if (!accuracy.is_ok()) return accuracy.status().with_context("evaluation at step " + std::to_string(step));
+    summary_->last_step = step;
+    summary_->last_accuracy = *accuracy;
+    report_exports();
+    const double rate = double(step - summary_->first_step + 1) /
+                        std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
+    const bool rl = objective() == Objective::rl;
+    nlohmann::json line{{"type", "step"},
+                        {"step", step},
+                        {"accuracy", *accuracy},
+                        {rl ? "reward" : "loss", rl ? metrics->reward : metrics->loss},
+                        {"fence_wait_s", metrics->fence_wait_s}};
+    fill_metrics(step, line);
+    write_metrics(line);
+    if (policy_.should_save(step)) {
+      SH_RETURN_IF_ERROR(save(step));
+      saved_step = step;
+    }
+    if (step % 10 == 0 || step == t.total_steps) {
+      say("step %lld/%lld %s %.4f acc %.3f %.1f steps/s | last save: %s\n", static_cast<long long>(step),
+          static_cast<long long>(t.total_steps), rl ? "reward" : "loss", rl ? metrics->reward : metrics->loss,
+          *accuracy, rate, last_save_.c_str());
+    }
+  }
+  if (summary_->stopped_by_signal && step > 0) {
+    // Set before saving, so that a failed save is reported with its step.
+    summary_->signal_save_step = step;
+    if (saved_step != step) {
+      say("stop requested: saving step %lld before exiting\n", static_cast<long long>(step));
+      SH_RETURN_IF_ERROR(save(step));
+    }
+  }
+  return step;
+}
+
+void TrainerBase::write_metrics(const nlohmann::json& line) {
+  if (metrics_.is_open()) metrics_ << line.dump() << "\n" << std::flush;
+}
+
+}  // namespace stagehand

@@ -1,0 +1,106 @@
+// Where training starts: the resumed checkpoint (trainer.resume_mode), or trainer.init_from's
+// weights, or nothing.
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/trainers/trainer_base.hpp"
+
+namespace stagehand {
+
+Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& dir) {
+  const auto& t = options_.config.trainer;
+  if (!dir) {
+    if (!t.init_from.empty()) SH_RETURN_IF_ERROR(init_from(t.init_from));
+    SH_RETURN_IF_ERROR(on_start(0, nullptr, ""));
+    return std::int64_t{0};
+  }
+  SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*fs_, *dir));
+  const std::string state_file = *dir + "/" + kTrainerStateFile;
+  if (state.kind.empty()) return Status{ErrorCode::corruption, "'" + state_file + "': field 'kind' is missing"};
+  if (state.kind != name()) {
+    return Status{ErrorCode::invalid_argument,
+                  "checkpoint '" + *dir + "' was written by the " + state.kind + " trainer, not " + name() +
+                      ": it cannot be resumed by this one. To start a " + name() +
+                      " run from its weights, set trainer.init_from: '" + *dir + "' with trainer.resume_mode: none"};
+  }
+  if (state.step > t.total_steps) {
+    return Status{ErrorCode::invalid_argument, "checkpoint '" + *dir + "' is at step " + std::to_string(state.step) +
+                                                   ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
+  }
+  SH_RETURN_IF_ERROR(policy_.check_resume(state.step));
+  const LoadScope scope{t.load_optimizer.value_or(true), t.load_rng.value_or(true), t.load_strict};
+  SH_ASSIGN_OR_RETURN(LoadReport load, load_everywhere(*dir, scope, "resume"));
+  say("resumed from %s at step %lld, saved %s (load %.3f s, %llu bytes; slowest rank's thread-seconds: read "
+      "%.3f, verify %.3f, copy %.3f)\n",
+      dir->c_str(), static_cast<long long>(state.step), describe_layout(state).c_str(), load.total_s,
+      static_cast<unsigned long long>(load.bytes), load.read_s, load.verify_s, load.copy_s);
+  SH_RETURN_IF_ERROR(on_start(state.step, &state, state_file));
+  return state.step;
+}
+
+Status TrainerBase::init_from(const std::string& path) {
+  const auto& t = options_.config.trainer;
+  const LoadScope scope{t.load_optimizer.value_or(false), t.load_rng.value_or(false), t.load_strict};
+  auto dir = resolve_checkpoint(*fs_, path);
+  if (!dir.is_ok()) return dir.status().with_context("trainer.init_from");
+  std::string source = "a safetensors folder";
+  SH_ASSIGN_OR_RETURN(bool safetensors, is_safetensors_folder(*fs_, *dir));
+  if (!safetensors) {
+    auto state = read_trainer_state(*fs_, *dir);
+    source = state.is_ok() ? "the " + state->kind + " trainer's step " + std::to_string(state->step) + ", saved " +
+                                 describe_layout(*state)
+                           : "a checkpoint without a trainer state";
+  }
+  SH_ASSIGN_OR_RETURN(LoadReport load, load_everywhere(*dir, scope, "trainer.init_from"));
+  say("initialized from %s (%s): weights%s%s (load %.3f s, %llu bytes); training starts at step 1\n", dir->c_str(),
+      source.c_str(), scope.optimizer ? ", optimizer state" : ", a fresh optimizer", scope.rng ? ", RNG" : "",
+      load.total_s, static_cast<unsigned long long>(load.bytes));
+  return Status::ok();
+}
+
+Result<LoadReport> TrainerBase::load_everywhere(const std::string& dir, const LoadScope& scope, const char* what) {
+  auto reply = client_.load(dir, scope);
+  if (!reply.is_ok()) {
+    return reply.status().with_context(std::string(what) + (scope.strict ? "" : " (trainer.load_strict: false)"));
+  }
+  LoadReport load = std::move(*reply);
+  auto names = [](const std::vector<std::string>& list) {
+    std::string out;
+    for (std::size_t i = 0; i < list.size() && i < 8; ++i) out += (i ? ", " : "") + list[i];
+    if (list.size() > 8) out += " and " + std::to_string(list.size() - 8) + " more";
+    return out;
+  };
+  if (!load.missing_tensors.empty()) {
+    warn("%s: %zu tensor(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
+         load.missing_tensors.size(), dir.c_str(), names(load.missing_tensors).c_str());
+  }
+  if (!load.unused_tensors.empty() && scope.strict) {
+    return Status{ErrorCode::invalid_argument,
+                  std::string(what) + ": '" + dir + "' holds " + std::to_string(load.unused_tensors.size()) +
+                      " tensor(s) the model does not have: " + names(load.unused_tensors) +
+                      " (trainer.load_strict: false loads without them)"};
+  }
+  if (!load.unused_tensors.empty() && !scope.strict) {
+    warn("%s: %zu tensor(s) of '%s' that the model does not have were ignored (trainer.load_strict: false): %s\n",
+         what, load.unused_tensors.size(), dir.c_str(), names(load.unused_tensors).c_str());
+  }
+  std::vector<std::string> rng;
+  std::vector<std::string> objects;
+  for (const auto& name : load.missing_objects) (name.starts_with("rng.") ? rng : objects).push_back(name);
+  if (!objects.empty()) {
+    warn("%s: %zu object(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
+         objects.size(), dir.c_str(), names(objects).c_str());
+  }
+  if (!rng.empty() && scope.rng) {
+    warn("%s: '%s' has no RNG state for %s (saved by fewer ranks): re-derived from trainer.seed, the step "
+         "and the rank\n",
+         what, dir.c_str(), names(rng).c_str());
+  }
+  return load;
+}
+
+std::string TrainerBase::describe_layout(const TrainerState& state) {
+  if (!state.layout) return "with an unrecorded layout";
+  return "with tensor_parallel " + std::to_string(state.layout->tensor_parallel) + " x data_parallel " +
+         std::to_string(state.layout->data_parallel);
+}
+
+}  // namespace stagehand
