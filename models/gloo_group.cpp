@@ -1,0 +1,306 @@
+#include "stagehand/models/gloo_group.hpp"
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+#include "stagehand/models/gloo_process.hpp"
+#include "stagehand/models/rendezvous.hpp"
+
+namespace stagehand {
+
+namespace {
+
+using gloo::transport::UnboundBuffer;
+
+std::chrono::milliseconds left_until(GlooGroup::Clock::time_point deadline) {
+  return std::max(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - GlooGroup::Clock::now()));
+}
+
+/// Gloo's view of the rendezvous store. Gloo reports a failed rendezvous by exception; so does
+/// this store (caught where the group connects).
+class ActorStore final : public gloo::rendezvous::Store {
+ public:
+  ActorStore(RendezvousClient client, const GlooProcess& process)
+      : client_(std::move(client)), process_(process) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status st = client_.set(key, std::string(data.begin(), data.end()),
+                            GlooGroup::Clock::now() + process_.limit());
+    if (!st.is_ok())
+      throw std::runtime_error("publishing '" + key + "' at rank 0: " + st.message());
+  }
+
+  std::vector<char> get(const std::string& key) override { return fetch(key, process_.limit()); }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, process_.limit()); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    for (const auto& key : keys)
+      fetch(key, timeout);
+  }
+
+ private:
+  std::vector<char> fetch(const std::string& key, std::chrono::milliseconds timeout) {
+    auto value = client_.get(key, GlooGroup::Clock::now() + timeout);
+    if (!value.is_ok()) {
+      throw std::runtime_error("'" + key + "' was not published at rank 0 within " +
+                               std::to_string(timeout.count() / 1000) + " s (" +
+                               value.status().message() + ")");
+    }
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  RendezvousClient client_;
+  const GlooProcess& process_;
+};
+
+}  // namespace
+
+GlooGroup::GlooGroup(std::shared_ptr<GlooProcess> process, std::string name, std::vector<int> ranks,
+                     int member)
+    : process_(std::move(process)),
+      name_(std::move(name)),
+      ranks_(std::move(ranks)),
+      member_(member),
+      heads_(ranks_.size()),
+      parts_(ranks_.size()),
+      large_(ranks_.size()) {}
+
+GlooGroup::~GlooGroup() {
+  for (auto& buffers : inbox_) {
+    for (auto& buffer : buffers) {
+      if (buffer) process_->untrack(buffer.get());
+    }
+  }
+}
+
+// -- Collective --
+
+Status GlooGroup::all_reduce_sum(int, float* data, std::size_t count) {
+  if (ranks_.size() == 1) return Status::ok();
+  SH_RETURN_IF_ERROR(exchange({0, count}, data));
+  for (std::size_t m = 0; m < ranks_.size(); ++m) {
+    if (static_cast<int>(m) != member_ && heads_[m].count != count) {
+      return Status{ErrorCode::internal, "all-reduce of the " + describe() + ": rank " +
+                                             std::to_string(ranks_[m]) + " sent " +
+                                             std::to_string(heads_[m].count) + " floats, not " +
+                                             std::to_string(count)};
+    }
+  }
+  // Member order from 0.0f, as HostGroup adds: the same bits whichever group carries the sum.
+  sum_.assign(count, 0.0f);
+  for (std::size_t m = 0; m < ranks_.size(); ++m) {
+    const float* part = static_cast<int>(m) == member_ ? data : parts_[m];
+    for (std::size_t i = 0; i < count; ++i)
+      sum_[i] += part[i];
+  }
+  std::copy(sum_.begin(), sum_.end(), data);
+  return Status::ok();
+}
+
+Status GlooGroup::all_gather(int, float* full, std::size_t full_count, std::size_t offset,
+                             std::size_t count) {
+  if (ranks_.size() == 1) return Status::ok();
+  // Each member's region is its own to choose: it travels in front of its floats.
+  SH_RETURN_IF_ERROR(exchange({offset, count}, full + offset));
+  for (std::size_t m = 0; m < ranks_.size(); ++m) {
+    if (static_cast<int>(m) == member_) continue;
+    const Head& head = heads_[m];
+    if (head.offset > full_count || head.count > full_count - head.offset) {
+      return Status{ErrorCode::internal,
+                    "all-gather of the " + describe() + ": rank " + std::to_string(ranks_[m]) +
+                        " sent a region outside the " + std::to_string(full_count) + " floats"};
+    }
+    std::copy_n(parts_[m], head.count, full + head.offset);
+  }
+  return Status::ok();
+}
+
+// -- the wire protocol --
+
+Status GlooGroup::exchange(Head mine, const float* payload) {
+  SH_RETURN_IF_ERROR(connect());
+  const auto deadline = Clock::now() + process_->limit();
+  const std::uint64_t seq = seq_++;
+  const std::size_t parity = seq % 2;
+  const bool inline_floats = fits(mine.count);
+  outbox_.resize(kHeadFloats + (inline_floats ? mine.count : 0));
+  std::memcpy(outbox_.data(), &mine, sizeof(Head));
+  if (inline_floats) std::copy_n(payload, mine.count, outbox_.data() + kHeadFloats);
+  std::vector<std::unique_ptr<UnboundBuffer>> transfers;  // sends, then receives of large floats
+  // A transfer the stop can abort; none (the collective fails) once the process is stopped.
+  auto tracked = [&](std::unique_ptr<UnboundBuffer> buffer) -> UnboundBuffer* {
+    transfers.push_back(std::move(buffer));
+    return process_->track(transfers.back().get()) ? transfers.back().get() : nullptr;
+  };
+  Status st = Status::ok();
+  int current = -1;  // the member whose transfer is being posted or waited for
+  try {
+    std::vector<std::pair<int, UnboundBuffer*>> sends;
+    for (current = 0; current < size() && st.is_ok(); ++current) {
+      if (current == member_) continue;
+      auto* head =
+          tracked(context_->createUnboundBuffer(outbox_.data(), outbox_.size() * sizeof(float)));
+      auto* floats = head == nullptr || inline_floats
+                         ? nullptr
+                         : tracked(context_->createUnboundBuffer(const_cast<float*>(payload),
+                                                                 mine.count * sizeof(float)));
+      if (head == nullptr || (!inline_floats && floats == nullptr)) {
+        st = process_->stopped_status();
+        break;
+      }
+      head->send(current, slot_of(seq));
+      sends.emplace_back(current, head);
+      if (floats != nullptr) {
+        floats->send(current, slot_of(seq) + 1);
+        sends.emplace_back(current, floats);
+      }
+    }
+    std::vector<std::pair<int, UnboundBuffer*>> large;
+    for (current = 0; current < size() && st.is_ok(); ++current) {
+      if (current == member_) continue;
+      const auto m = static_cast<std::size_t>(current);
+      if (!inbox_[m][parity]->waitRecv(nullptr, left_until(deadline))) {
+        st = process_->stopped_status();
+        break;
+      }
+      const float* message = inbox_memory(m, parity);
+      std::memcpy(&heads_[m], message, sizeof(Head));
+      if (fits(heads_[m].count)) {
+        parts_[m] = message + kHeadFloats;
+        continue;
+      }
+      large_[m].resize(heads_[m].count);
+      auto* floats = tracked(
+          context_->createUnboundBuffer(large_[m].data(), large_[m].size() * sizeof(float)));
+      if (floats == nullptr) {
+        st = process_->stopped_status();
+        break;
+      }
+      floats->recv(current, slot_of(seq) + 1);
+      large.emplace_back(current, floats);
+      parts_[m] = large_[m].data();
+    }
+    for (auto& [m, buffer] : large) {
+      current = m;
+      if (st.is_ok() && !buffer->waitRecv(nullptr, left_until(deadline)))
+        st = process_->stopped_status();
+    }
+    for (auto& [m, buffer] : sends) {
+      current = m;
+      if (st.is_ok() && !buffer->waitSend(nullptr, left_until(deadline)))
+        st = process_->stopped_status();
+    }
+    if (st.is_ok()) post_inbox(seq + 1, current);
+  } catch (const std::exception& e) {
+    st = failure_with(current, e.what());
+  }
+  for (auto& transfer : transfers)
+    process_->untrack(transfer.get());
+  if (!st.is_ok()) give_up(st);
+  return st;
+}
+
+Status GlooGroup::connect() {
+  if (context_) return Status::ok();
+  auto context = std::make_shared<gloo::rendezvous::Context>(member_, size());
+  context->setTimeout(process_->limit());
+  auto connected = [&]() -> Status {
+    SH_ASSIGN_OR_RETURN(caf::actor store,
+                        process_->await_rendezvous(Clock::now() + process_->limit()));
+    SH_ASSIGN_OR_RETURN(auto device, process_->device());
+    try {
+      ActorStore actor_store(RendezvousClient(process_->system(), std::move(store)), *process_);
+      gloo::rendezvous::PrefixStore prefixed(name_, actor_store);
+      context->connectFullMesh(prefixed, device);
+    } catch (const std::exception& e) {
+      return Status{ErrorCode::io_error, std::string("gloo: ") + e.what()};
+    }
+    return Status::ok();
+  }();
+  if (!connected.is_ok()) {
+    Status st = connected.with_context("connecting the " + describe() + " over Gloo");
+    give_up(st);
+    return st;
+  }
+  context_ = std::move(context);
+  inbox_memory_.assign(ranks_.size() * 2 * kRoomFloats, 0.0f);
+  inbox_.resize(ranks_.size());
+  int current = -1;
+  try {
+    for (int m = 0; m < size(); ++m) {
+      if (m == member_) continue;
+      for (std::size_t parity = 0; parity < 2; ++parity) {
+        auto& inbox = inbox_[static_cast<std::size_t>(m)][parity];
+        inbox = context_->createUnboundBuffer(inbox_memory(static_cast<std::size_t>(m), parity),
+                                              kRoomFloats * sizeof(float));
+        if (!process_->track(inbox.get())) {
+          Status st = process_->stopped_status();
+          give_up(st);
+          return st;
+        }
+      }
+    }
+    post_inbox(0, current);
+  } catch (const std::exception& e) {
+    Status st = failure_with(current, e.what());
+    give_up(st);
+    return st;
+  }
+  return Status::ok();
+}
+
+void GlooGroup::post_inbox(std::uint64_t seq, int& current) {
+  for (current = 0; current < size(); ++current) {
+    if (current == member_) continue;
+    inbox_[static_cast<std::size_t>(current)][seq % 2]->recv(current, slot_of(seq), 0,
+                                                             kRoomFloats * sizeof(float));
+  }
+}
+
+float* GlooGroup::inbox_memory(std::size_t member, std::size_t parity) {
+  return inbox_memory_.data() + (member * 2 + parity) * kRoomFloats;
+}
+
+// -- failures --
+
+Status GlooGroup::failure_with(int member, const std::string& what) const {
+  const std::string who = member >= 0 && member < size()
+                              ? "rank " + std::to_string(ranks_[static_cast<std::size_t>(member)])
+                              : "a member";
+  if (what.find("Timed out") != std::string::npos) {
+    return {ErrorCode::timeout, "collective of the " + describe() + ": " + who +
+                                    " did not take part within " + process_->limit_text("call") +
+                                    " (gloo: " + what + ")"};
+  }
+  return {ErrorCode::aborted, "collective of the " + describe() + ": " + who +
+                                  " died or dropped out (its connection closed; gloo: " + what +
+                                  ")"};
+}
+
+void GlooGroup::give_up(const Status& why) {
+  process_->stop(why.message());
+  if (context_) context_->closeConnections();
+}
+
+std::string GlooGroup::describe() const {
+  std::string out = name_ + " group (ranks";
+  for (int r : ranks_)
+    out += " " + std::to_string(r);
+  return out + ")";
+}
+
+}  // namespace stagehand
