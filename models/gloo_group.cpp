@@ -1,20 +1,15 @@
 #include "stagehand/models/gloo_group.hpp"
 
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
-
-#include <caf/all.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <stdexcept>
 #include <utility>
 
+#include "stagehand/models/gloo_mesh.hpp"
 #include "stagehand/models/gloo_process.hpp"
-#include "stagehand/models/rendezvous.hpp"
 
 namespace stagehand {
 
@@ -27,45 +22,6 @@ std::chrono::milliseconds left_until(GlooGroup::Clock::time_point deadline) {
       std::chrono::milliseconds(1),
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - GlooGroup::Clock::now()));
 }
-
-/// Gloo's view of the rendezvous store. Gloo reports a failed rendezvous by exception; so does
-/// this store (caught where the group connects).
-class ActorStore final : public gloo::rendezvous::Store {
- public:
-  ActorStore(RendezvousClient client, const GlooProcess& process)
-      : client_(std::move(client)), process_(process) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    Status st = client_.set(key, std::string(data.begin(), data.end()),
-                            GlooGroup::Clock::now() + process_.limit());
-    if (!st.is_ok())
-      throw std::runtime_error("publishing '" + key + "' at rank 0: " + st.message());
-  }
-
-  std::vector<char> get(const std::string& key) override { return fetch(key, process_.limit()); }
-
-  void wait(const std::vector<std::string>& keys) override { wait(keys, process_.limit()); }
-
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    for (const auto& key : keys)
-      fetch(key, timeout);
-  }
-
- private:
-  std::vector<char> fetch(const std::string& key, std::chrono::milliseconds timeout) {
-    auto value = client_.get(key, GlooGroup::Clock::now() + timeout);
-    if (!value.is_ok()) {
-      throw std::runtime_error("'" + key + "' was not published at rank 0 within " +
-                               std::to_string(timeout.count() / 1000) + " s (" +
-                               value.status().message() + ")");
-    }
-    return std::vector<char>(value->begin(), value->end());
-  }
-
-  RendezvousClient client_;
-  const GlooProcess& process_;
-};
 
 }  // namespace
 
@@ -216,27 +172,14 @@ Status GlooGroup::exchange(Head mine, const float* payload) {
 
 Status GlooGroup::connect() {
   if (context_) return Status::ok();
-  auto context = std::make_shared<gloo::rendezvous::Context>(member_, size());
-  context->setTimeout(process_->limit());
-  auto connected = [&]() -> Status {
-    SH_ASSIGN_OR_RETURN(caf::actor store,
-                        process_->await_rendezvous(Clock::now() + process_->limit()));
-    SH_ASSIGN_OR_RETURN(auto device, process_->device());
-    try {
-      ActorStore actor_store(RendezvousClient(process_->system(), std::move(store)), *process_);
-      gloo::rendezvous::PrefixStore prefixed(name_, actor_store);
-      context->connectFullMesh(prefixed, device);
-    } catch (const std::exception& e) {
-      return Status{ErrorCode::io_error, std::string("gloo: ") + e.what()};
-    }
-    return Status::ok();
-  }();
+  auto connected =
+      connect_gloo_mesh(*process_, name_, ranks_, member_, Clock::now() + process_->limit());
   if (!connected.is_ok()) {
-    Status st = connected.with_context("connecting the " + describe() + " over Gloo");
+    Status st = connected.status().with_context("connecting the " + describe() + " over Gloo");
     give_up(st);
     return st;
   }
-  context_ = std::move(context);
+  context_ = std::move(*connected);
   inbox_memory_.assign(ranks_.size() * 2 * kRoomFloats, 0.0f);
   inbox_.resize(ranks_.size());
   int current = -1;

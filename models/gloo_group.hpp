@@ -23,7 +23,7 @@ namespace stagehand {
 class GlooProcess;
 
 /// One tensor- or data-parallel group whose members are ranks in separate processes, over a Gloo
-/// context of its own, connected (a full mesh, through rank 0's rendezvous) at the group's first
+/// context of its own, connected (a full mesh, connect_gloo_mesh()) at the group's first
 /// collective. The floats travel between the members directly; CAF carries only the rendezvous.
 ///
 /// Reproducibility: a reduction is an all-gather of every member's whole buffer followed by a sum
@@ -84,8 +84,7 @@ class GlooGroup final : public Collective {
   /// Sends `mine` and its floats at `payload` to every other member, and leaves each other member
   /// m's head in heads_[m] and its floats at parts_[m] (valid until the next collective).
   Status exchange(Head mine, const float* payload);
-  /// Connects the context at the group's first collective (every member reaches it), through
-  /// rank 0's rendezvous store.
+  /// Connects the context at the group's first collective (every member reaches it).
   Status connect();
   /// Posts the receive of collective `seq` from every other member; `current` names the member.
   void post_inbox(std::uint64_t seq, int& current);

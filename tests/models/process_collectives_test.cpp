@@ -1,6 +1,10 @@
 #define BOOST_TEST_MODULE process_collectives
 #include <boost/test/unit_test.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <atomic>
 #include <caf/all.hpp>
 
@@ -11,7 +15,10 @@
 #include <random>
 #include <thread>
 
+#include "stagehand/models/gloo_mesh.hpp"
+#include "stagehand/models/gloo_process.hpp"
 #include "stagehand/models/process_collectives.hpp"
+#include "stagehand/models/rendezvous.hpp"
 #include "stagehand/models/weight_store.hpp"
 
 using namespace stagehand;
@@ -28,15 +35,17 @@ struct GlooWorld {
   std::vector<std::unique_ptr<ProcessCollectives>> ranks;
   std::vector<RankGroups> groups;
 
-  GlooWorld(ParallelLayout l, std::chrono::milliseconds timeout) : layout(l) {
+  /// @param unannounced a rank never told where the rendezvous is (-1: none).
+  GlooWorld(ParallelLayout l, std::chrono::milliseconds timeout, int unannounced = -1) : layout(l) {
     std::signal(SIGPIPE, SIG_IGN);
     for (int r = 0; r < layout.world_size(); ++r) {
       ranks.push_back(std::make_unique<ProcessCollectives>(system, "127.0.0.1", timeout));
       groups.push_back(ranks.back()->groups(layout, r));
     }
     auto store = ranks[0]->host_rendezvous();
-    for (auto& rank : ranks)
-      rank->set_rendezvous(store);
+    for (int r = 0; r < layout.world_size(); ++r) {
+      if (r != unannounced) ranks[static_cast<std::size_t>(r)]->set_rendezvous(store);
+    }
   }
 
   /// Runs `body(rank)` on one thread per rank.
@@ -174,6 +183,97 @@ BOOST_AUTO_TEST_CASE(close_releases_a_waiting_collective_at_once) {
   BOOST_TEST((waited.code() == ErrorCode::aborted));
   BOOST_TEST(waited.message().find("rank 0 is done") != std::string::npos, waited.message());
   BOOST_TEST(seconds < 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(connecting_a_group_ends_within_the_limit_naming_the_rank_that_did_not_come) {
+  // Rank 3 never takes part, never learns where the rendezvous is, or comes after the limit with
+  // rank 2 coming in between: each wait alone (rank 2's address, then rank 3's) ends within the
+  // limit, the connect as a whole does not.
+  const auto limit = std::chrono::seconds(2);
+  enum class Late { never, unannounced, one_after_another };
+  for (Late late : {Late::never, Late::unannounced, Late::one_after_another}) {
+    BOOST_TEST_CONTEXT("case " << static_cast<int>(late)) {
+      GlooWorld world({1, 4}, limit, late == Late::unannounced ? 3 : -1);
+      std::vector<Status> first(4, Status::ok());
+      std::vector<double> seconds(4);
+      const auto start = Clock::now();
+      world.run([&](int r) {
+        const auto i = static_cast<std::size_t>(r);
+        if (late == Late::never && r == 3) return;
+        if (late == Late::one_after_another && r >= 2) {
+          std::this_thread::sleep_until(start + (r == 2 ? limit * 6 / 10 : limit * 13 / 10));
+        }
+        float x = 1.0f;
+        first[i] = world.groups[i].data->all_reduce_sum(r, &x, 1);
+        seconds[i] = std::chrono::duration<double>(Clock::now() - start).count();
+      });
+      for (std::size_t r : {0u, 1u}) {
+        BOOST_TEST((first[r].code() == ErrorCode::timeout), first[r].to_string());
+        BOOST_TEST(
+            first[r].message().find("rank 3 did not publish its address") != std::string::npos,
+            first[r].message());
+        BOOST_TEST(first[r].message().find("the connect limit of 2 s") != std::string::npos,
+                   first[r].message());
+        BOOST_TEST(seconds[r] < 2.0 + 1.0, seconds[r]);
+      }
+      if (late == Late::unannounced) {
+        BOOST_TEST(first[3].message().find("rank 3: rank 0's rendezvous was not announced within "
+                                           "the connect limit of 2 s") != std::string::npos,
+                   first[3].message());
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_member_that_publishes_but_never_connects_is_named_within_the_limit) {
+  // Member 3 publishes addresses on 127.0.0.2, where nothing listens, and never connects. Gloo
+  // has the lower address listen, so members 0 to 2 wait for member 3 to connect to them: that
+  // wait ends within the connect limit (Gloo's own would be five times a pair's timeout).
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  const auto limit = std::chrono::seconds(1);
+  const std::vector<int> ranks{10, 11, 12, 13};
+  auto store = spawn_rendezvous_store(system);
+  // A pair's address as Gloo sends it (gloo/transport/tcp/address.h): a sockaddr_storage and a
+  // sequence number. Should it change, the members refuse its size instead of waiting.
+  struct GlooAddress {
+    sockaddr_storage ss;
+    ssize_t seq;
+  };
+  GlooAddress nowhere{};
+  auto* in = reinterpret_cast<sockaddr_in*>(&nowhere.ss);
+  in->sin_family = AF_INET;
+  in->sin_port = htons(9);
+  BOOST_REQUIRE(::inet_pton(AF_INET, "127.0.0.2", &in->sin_addr) == 1);
+  std::string addresses;
+  for (int m = 0; m < 3; ++m)
+    addresses.append(reinterpret_cast<const char*>(&nowhere), sizeof(nowhere));
+  BOOST_REQUIRE(
+      RendezvousClient(system, store).set("mesh/3", addresses, Clock::now() + limit).is_ok());
+  std::vector<Status> connected(3, Status::ok());
+  std::vector<double> seconds(3);
+  std::vector<std::thread> members;
+  for (int m = 0; m < 3; ++m) {
+    members.emplace_back([&, m] {
+      GlooProcess process(system, "127.0.0.1", limit);
+      process.set_rendezvous(store);
+      const auto start = Clock::now();
+      connected[static_cast<std::size_t>(m)] =
+          connect_gloo_mesh(process, "mesh", ranks, m, start + limit).status();
+      seconds[static_cast<std::size_t>(m)] =
+          std::chrono::duration<double>(Clock::now() - start).count();
+    });
+  }
+  for (auto& member : members)
+    member.join();
+  for (std::size_t m = 0; m < 3; ++m) {
+    BOOST_TEST((connected[m].code() == ErrorCode::timeout), connected[m].to_string());
+    BOOST_TEST(connected[m].message().find("rank 13 did not connect within the connect limit of "
+                                           "1 s") != std::string::npos,
+               connected[m].message());
+    BOOST_TEST(seconds[m] < 1.0 + 1.0, seconds[m]);
+  }
+  caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
 }
 
 BOOST_AUTO_TEST_CASE(weights_published_across_a_gloo_group_equal_the_in_process_store) {
