@@ -36,17 +36,14 @@ GlooGroup::GlooGroup(std::shared_ptr<GlooProcess> process, std::string name, std
       large_(ranks_.size()) {}
 
 GlooGroup::~GlooGroup() {
-  for (auto& buffers : inbox_) {
-    for (auto& buffer : buffers) {
-      if (buffer) process_->untrack(buffer.get());
-    }
-  }
+  disconnect(false);
 }
 
 // -- Collective --
 
 Status GlooGroup::all_reduce_sum(int, float* data, std::size_t count) {
   if (ranks_.size() == 1) return Status::ok();
+  std::lock_guard<std::mutex> use(use_);
   SH_RETURN_IF_ERROR(exchange({0, count}, data));
   for (std::size_t m = 0; m < ranks_.size(); ++m) {
     if (static_cast<int>(m) != member_ && heads_[m].count != count) {
@@ -70,6 +67,7 @@ Status GlooGroup::all_reduce_sum(int, float* data, std::size_t count) {
 Status GlooGroup::all_gather(int, float* full, std::size_t full_count, std::size_t offset,
                              std::size_t count) {
   if (ranks_.size() == 1) return Status::ok();
+  std::lock_guard<std::mutex> use(use_);
   // Each member's region is its own to choose: it travels in front of its floats.
   SH_RETURN_IF_ERROR(exchange({offset, count}, full + offset));
   for (std::size_t m = 0; m < ranks_.size(); ++m) {
@@ -162,7 +160,7 @@ Status GlooGroup::exchange(Head mine, const float* payload) {
     }
     if (st.is_ok()) post_inbox(seq + 1, current);
   } catch (const std::exception& e) {
-    st = failure_with(current, e.what());
+    st = failure_with(current, e.what(), Phase::collective);
   }
   for (auto& transfer : transfers)
     process_->untrack(transfer.get());
@@ -171,7 +169,8 @@ Status GlooGroup::exchange(Head mine, const float* payload) {
 }
 
 Status GlooGroup::connect() {
-  if (context_) return Status::ok();
+  if (link_ == Link::connected) return Status::ok();
+  if (link_ == Link::closed) return process_->stopped_status();
   auto connected =
       connect_gloo_mesh(*process_, name_, ranks_, member_, Clock::now() + process_->limit());
   if (!connected.is_ok()) {
@@ -180,6 +179,7 @@ Status GlooGroup::connect() {
     return st;
   }
   context_ = std::move(*connected);
+  link_ = Link::connected;
   inbox_memory_.assign(ranks_.size() * 2 * kRoomFloats, 0.0f);
   inbox_.resize(ranks_.size());
   int current = -1;
@@ -199,7 +199,7 @@ Status GlooGroup::connect() {
     }
     post_inbox(0, current);
   } catch (const std::exception& e) {
-    Status st = failure_with(current, e.what());
+    Status st = failure_with(current, e.what(), Phase::collective);
     give_up(st);
     return st;
   }
@@ -218,25 +218,110 @@ float* GlooGroup::inbox_memory(std::size_t member, std::size_t parity) {
   return inbox_memory_.data() + (member * 2 + parity) * kRoomFloats;
 }
 
+// -- goodbye --
+
+Result<bool> GlooGroup::start_farewell() {
+  std::unique_lock<std::mutex> use(use_);
+  if (link_ != Link::connected) return false;
+  farewell_out_ = seq_;
+  farewell_in_.assign(ranks_.size(), 0);
+  farewell_sends_.resize(ranks_.size());
+  farewell_receives_.resize(ranks_.size());
+  int current = -1;
+  try {
+    for (current = 0; current < size(); ++current) {
+      if (current == member_) continue;
+      auto& receive = farewell_receives_[static_cast<std::size_t>(current)];
+      receive = context_->createUnboundBuffer(&farewell_in_[static_cast<std::size_t>(current)],
+                                              sizeof(std::uint64_t));
+      receive->recv(current, kFarewellSlot);
+    }
+    for (current = 0; current < size(); ++current) {
+      if (current == member_) continue;
+      auto& send = farewell_sends_[static_cast<std::size_t>(current)];
+      send = context_->createUnboundBuffer(&farewell_out_, sizeof(std::uint64_t));
+      send->send(current, kFarewellSlot);
+    }
+  } catch (const std::exception& e) {
+    Status st = failure_with(current, e.what(), Phase::goodbye);
+    disconnect(true);
+    return st;
+  }
+  farewell_lock_ = std::move(use);
+  return true;
+}
+
+Status GlooGroup::finish_farewell(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> use = std::move(farewell_lock_);
+  Status st = Status::ok();
+  int current = -1;
+  try {
+    for (current = 0; current < size() && st.is_ok(); ++current) {
+      if (current == member_) continue;
+      const auto m = static_cast<std::size_t>(current);
+      if (!farewell_receives_[m]->waitRecv(nullptr, left_until(deadline))) {
+        st = Status{ErrorCode::aborted, "closing the " + describe() + ": the goodbye of rank " +
+                                            std::to_string(ranks_[m]) + " was aborted"};
+      } else if (farewell_in_[m] != farewell_out_) {
+        st = Status{ErrorCode::internal,
+                    "closing the " + describe() + ": rank " + std::to_string(ranks_[m]) +
+                        " completed " + std::to_string(farewell_in_[m]) +
+                        " collectives of it, rank " +
+                        std::to_string(ranks_[static_cast<std::size_t>(member_)]) + " " +
+                        std::to_string(farewell_out_)};
+      }
+    }
+    for (current = 0; current < size() && st.is_ok(); ++current) {
+      if (current == member_) continue;
+      const auto m = static_cast<std::size_t>(current);
+      if (!farewell_sends_[m]->waitSend(nullptr, left_until(deadline))) {
+        st = Status{ErrorCode::aborted, "closing the " + describe() + ": the goodbye to rank " +
+                                            std::to_string(ranks_[m]) + " was aborted"};
+      }
+    }
+  } catch (const std::exception& e) {
+    st = failure_with(current, e.what(), Phase::goodbye);
+  }
+  disconnect(!st.is_ok());
+  return st;
+}
+
 // -- failures --
 
-Status GlooGroup::failure_with(int member, const std::string& what) const {
+Status GlooGroup::failure_with(int member, const std::string& what, Phase phase) const {
   const std::string who = member >= 0 && member < size()
                               ? "rank " + std::to_string(ranks_[static_cast<std::size_t>(member)])
                               : "a member";
+  const std::string doing =
+      (phase == Phase::collective ? "collective of the " : "closing the ") + describe();
   if (what.find("Timed out") != std::string::npos) {
-    return {ErrorCode::timeout, "collective of the " + describe() + ": " + who +
-                                    " did not take part within " + process_->limit_text("call") +
-                                    " (gloo: " + what + ")"};
+    const std::string late = phase == Phase::collective
+                                 ? " did not take part within " + process_->limit_text("call")
+                                 : " did not say goodbye within " + process_->limit_text("close") +
+                                       " (its last collective may still be running)";
+    return {ErrorCode::timeout, doing + ": " + who + late + " (gloo: " + what + ")"};
   }
-  return {ErrorCode::aborted, "collective of the " + describe() + ": " + who +
-                                  " died or dropped out (its connection closed; gloo: " + what +
-                                  ")"};
+  return {ErrorCode::aborted,
+          doing + ": " + who + " died or dropped out (its connection closed; gloo: " + what + ")"};
 }
 
 void GlooGroup::give_up(const Status& why) {
   process_->stop(why.message());
-  if (context_) context_->closeConnections();
+  disconnect(true);
+}
+
+void GlooGroup::disconnect(bool reset) {
+  for (auto& buffers : inbox_) {
+    for (auto& buffer : buffers) {
+      if (buffer) process_->untrack(buffer.get());
+    }
+  }
+  if (reset && context_) context_->closeConnections();
+  farewell_sends_.clear();
+  farewell_receives_.clear();
+  inbox_.clear();
+  context_.reset();
+  link_ = Link::closed;
 }
 
 std::string GlooGroup::describe() const {

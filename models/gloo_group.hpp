@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,18 @@ class GlooProcess;
 /// Failures: every wait of a collective ends within the call limit. A member whose process died
 /// fails the collective at once (its connection closes), a member that does not take part when the
 /// limit passes; both errors name the member's rank. A failed collective leaves the members out of
-/// step: it stops every collective of the process (GlooProcess::stop()) and closes this group's
+/// step: it stops every collective of the process (GlooProcess::stop()) and resets this group's
 /// connections, so that members still waiting on this one fail at once rather than at their limit.
 ///
-/// Thread-safety: each member's collectives from one thread at a time (Collective's contract).
+/// Goodbye (ProcessCollectives::close()): each member sends every other member the number of
+/// collectives it completed, into a slot of its own, and waits for theirs. A member says goodbye
+/// only once its last collective has returned, so when a member holds every goodbye no member is
+/// still reading one of its messages, and closing the connections resets no read. Nothing travels
+/// after a goodbye, so the connections then close without a reset.
+///
+/// Thread-safety: each member's collectives from one thread at a time (Collective's contract);
+/// start_farewell() then finish_farewell() from one other thread: a collective in flight on this
+/// group (released by the stop) ends before the goodbye starts, and none runs until it finished.
 class GlooGroup final : public Collective {
  public:
   using Clock = std::chrono::steady_clock;
@@ -64,6 +73,23 @@ class GlooGroup final : public Collective {
   Status all_gather(int member, float* full, std::size_t full_count, std::size_t offset,
                     std::size_t count) override;
 
+  // -- goodbye (ProcessCollectives::close()) --
+
+  /// Once no collective runs on this group, sends this member's goodbye to every other member and
+  /// posts the receives of theirs.
+  /// @pre the process is stopped (no collective starts any more).
+  /// @returns true when finish_farewell() must follow; false when there is no one to say goodbye
+  ///          to (never connected, one member, or out of step after a failed collective, whose
+  ///          error said why); an error naming a member whose connection closed.
+  Result<bool> start_farewell();
+  /// Waits until `deadline` for every other member's goodbye, then closes the connections: cleanly
+  /// when every goodbye came, with a reset otherwise.
+  /// @pre start_farewell() returned true.
+  /// @returns timeout naming the first member in member order that did not say goodbye in time
+  ///          (and the limit); aborted naming one that died; internal when a member completed
+  ///          another number of collectives.
+  Status finish_farewell(Clock::time_point deadline);
+
   /// "data-parallel 0 group (ranks 0 2)".
   std::string describe() const;
 
@@ -73,32 +99,45 @@ class GlooGroup final : public Collective {
     std::uint64_t offset;
     std::uint64_t count;
   };
+  enum class Link { unconnected, connected, closed };
+  enum class Phase { collective, goodbye };
 
   static constexpr std::size_t kHeadFloats = sizeof(Head) / sizeof(float);
   /// The room of each receive posted ahead.
   static constexpr std::size_t kRoomFloats = 16384;
+  /// Far above the slots of any collective.
+  static constexpr std::uint64_t kFarewellSlot = std::uint64_t{1} << 63;
 
   static bool fits(std::uint64_t count) { return count <= kRoomFloats - kHeadFloats; }
   static std::uint64_t slot_of(std::uint64_t seq) { return 2 * seq; }
 
   /// Sends `mine` and its floats at `payload` to every other member, and leaves each other member
   /// m's head in heads_[m] and its floats at parts_[m] (valid until the next collective).
+  /// @pre use_ is held.
   Status exchange(Head mine, const float* payload);
   /// Connects the context at the group's first collective (every member reaches it).
   Status connect();
   /// Posts the receive of collective `seq` from every other member; `current` names the member.
   void post_inbox(std::uint64_t seq, int& current);
   float* inbox_memory(std::size_t member, std::size_t parity);
-  Status failure_with(int member, const std::string& what) const;
-  /// Stops the process's collectives and closes this group's connections.
+  Status failure_with(int member, const std::string& what, Phase phase) const;
+  /// Stops the process's collectives and resets this group's connections.
   void give_up(const Status& why);
+  /// Lets go of the context and every transfer of it, resetting the connections first if `reset`.
+  void disconnect(bool reset);
 
   const std::shared_ptr<GlooProcess> process_;
   const std::string name_;
   const std::vector<int> ranks_;
   const int member_;
 
+  /// Held by a collective and by a goodbye from start to finish.
+  std::mutex use_;
+  std::unique_lock<std::mutex> farewell_lock_;
+
+  Link link_ = Link::unconnected;
   std::shared_ptr<gloo::Context> context_;
+  /// Collectives begun, and so (as none failed) completed.
   std::uint64_t seq_ = 0;
 
   std::vector<Head> heads_;
@@ -110,6 +149,11 @@ class GlooGroup final : public Collective {
   std::vector<float> inbox_memory_;
   std::vector<float> outbox_;
   std::vector<float> sum_;
+
+  std::uint64_t farewell_out_ = 0;
+  std::vector<std::uint64_t> farewell_in_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> farewell_sends_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> farewell_receives_;
 };
 
 }  // namespace stagehand

@@ -33,7 +33,8 @@ class GlooProcess {
 
   /// @param master_addr rank 0's host: the device listens on this host's address on the route to
   ///        it.
-  /// @param limit the limit of connecting a group and of one collective (trainer.call_timeout_s).
+  /// @param limit the limit of connecting a group, of one collective and of closing
+  ///        (trainer.call_timeout_s).
   GlooProcess(caf::actor_system& system, std::string master_addr, std::chrono::milliseconds limit);
 
   // -- properties --

@@ -14,7 +14,7 @@ ProcessCollectives::ProcessCollectives(caf::actor_system& system, std::string ma
       process_(std::make_shared<GlooProcess>(system, std::move(master_addr), timeout)) {}
 
 ProcessCollectives::~ProcessCollectives() {
-  close("shutting down");
+  abort("shutting down");
   if (store_) caf::anon_send_exit(store_, caf::exit_reason::user_shutdown);
 }
 
@@ -27,8 +27,42 @@ void ProcessCollectives::set_rendezvous(caf::actor store) {
   process_->set_rendezvous(std::move(store));
 }
 
-void ProcessCollectives::close(const std::string& reason) {
+void ProcessCollectives::abort(const std::string& reason) {
   process_->stop(reason);
+}
+
+Status ProcessCollectives::close(const std::string& reason) {
+  std::lock_guard<std::mutex> closing(close_mutex_);
+  const auto deadline = GlooGroup::Clock::now() + process_->limit();
+  process_->stop(reason);
+  std::vector<std::shared_ptr<GlooGroup>> groups;
+  {
+    std::lock_guard<std::mutex> lock(groups_mutex_);
+    for (auto& weak : groups_) {
+      if (auto group = weak.lock()) groups.push_back(std::move(group));
+    }
+  }
+  // Every group's goodbye goes out before any is awaited: a member still saying goodbye in one
+  // group then never keeps its peers in another waiting.
+  std::string failed;
+  std::vector<std::shared_ptr<GlooGroup>> saying_goodbye;
+  for (auto& group : groups) {
+    auto started = group->start_farewell();
+    if (!started.is_ok()) {
+      failed += (failed.empty() ? "" : "; ") + started.status().message();
+    } else if (*started) {
+      saying_goodbye.push_back(group);
+    }
+  }
+  ErrorCode code = ErrorCode::aborted;
+  for (auto& group : saying_goodbye) {
+    Status st = group->finish_farewell(deadline);
+    if (st.is_ok()) continue;
+    if (st.code() == ErrorCode::timeout) code = ErrorCode::timeout;
+    failed += (failed.empty() ? "" : "; ") + st.message();
+  }
+  if (failed.empty()) return Status::ok();
+  return Status{code, failed};
 }
 
 RankGroups ProcessCollectives::groups(const ParallelLayout& layout, int rank) {
@@ -40,12 +74,17 @@ RankGroups ProcessCollectives::groups(const ParallelLayout& layout, int rank) {
   std::vector<int> data_ranks;
   for (int d = 0; d < dp; ++d)
     data_ranks.push_back(d * tp + layout.tensor_index(rank));
-  return {std::make_shared<GlooGroup>(process_,
-                                      "tensor-parallel " + std::to_string(layout.data_index(rank)),
-                                      std::move(tensor_ranks), layout.tensor_index(rank)),
-          std::make_shared<GlooGroup>(process_,
-                                      "data-parallel " + std::to_string(layout.tensor_index(rank)),
-                                      std::move(data_ranks), layout.data_index(rank))};
+  auto tensor = std::make_shared<GlooGroup>(
+      process_, "tensor-parallel " + std::to_string(layout.data_index(rank)),
+      std::move(tensor_ranks), layout.tensor_index(rank));
+  auto data = std::make_shared<GlooGroup>(
+      process_, "data-parallel " + std::to_string(layout.tensor_index(rank)), std::move(data_ranks),
+      layout.data_index(rank));
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  std::erase_if(groups_, [](const std::weak_ptr<GlooGroup>& group) { return group.expired(); });
+  groups_.push_back(tensor);
+  groups_.push_back(data);
+  return {std::move(tensor), std::move(data)};
 }
 
 }  // namespace stagehand
