@@ -87,6 +87,11 @@ Status GlooGroup::all_gather(int, float* full, std::size_t full_count, std::size
 
 Status GlooGroup::exchange(Head mine, const float* payload) {
   SH_RETURN_IF_ERROR(connect());
+  if (lost_member_ >= 0) {
+    Status st = failure_with(lost_member_, lost_what_, Phase::collective);
+    give_up(st);
+    return st;
+  }
   const auto deadline = Clock::now() + process_->limit();
   const std::uint64_t seq = seq_++;
   const std::size_t parity = seq % 2;
@@ -158,14 +163,24 @@ Status GlooGroup::exchange(Head mine, const float* payload) {
       if (st.is_ok() && !buffer->waitSend(nullptr, left_until(deadline)))
         st = process_->stopped_status();
     }
-    if (st.is_ok()) post_inbox(seq + 1, current);
   } catch (const std::exception& e) {
     st = failure_with(current, e.what(), Phase::collective);
   }
   for (auto& transfer : transfers)
     process_->untrack(transfer.get());
-  if (!st.is_ok()) give_up(st);
-  return st;
+  if (!st.is_ok()) {
+    give_up(st);
+    return st;
+  }
+  // Every member's data is here: a member whose connection closed since fails the next
+  // collective, not this one.
+  try {
+    post_inbox(seq + 1, current);
+  } catch (const std::exception& e) {
+    lost_member_ = current;
+    lost_what_ = e.what();
+  }
+  return Status::ok();
 }
 
 Status GlooGroup::connect() {
@@ -223,6 +238,11 @@ float* GlooGroup::inbox_memory(std::size_t member, std::size_t parity) {
 Result<bool> GlooGroup::start_farewell() {
   std::unique_lock<std::mutex> use(use_);
   if (link_ != Link::connected) return false;
+  if (lost_member_ >= 0) {
+    Status st = failure_with(lost_member_, lost_what_, Phase::goodbye);
+    disconnect(true);
+    return st;
+  }
   farewell_out_ = seq_;
   farewell_in_.assign(ranks_.size(), 0);
   farewell_sends_.resize(ranks_.size());

@@ -44,6 +44,8 @@ class GlooProcess;
 /// limit passes; both errors name the member's rank. A failed collective leaves the members out of
 /// step: it stops every collective of the process (GlooProcess::stop()) and resets this group's
 /// connections, so that members still waiting on this one fail at once rather than at their limit.
+/// A collective that has every member's data succeeds even when a member's connection closes
+/// right after (its process ended): the next collective, or the goodbye, fails naming it.
 ///
 /// Goodbye (ProcessCollectives::close()): each member sends every other member the number of
 /// collectives it completed, into a slot of its own, and waits for theirs. A member says goodbye
@@ -139,6 +141,10 @@ class GlooGroup final : public Collective {
   std::shared_ptr<gloo::Context> context_;
   /// Collectives begun, and so (as none failed) completed.
   std::uint64_t seq_ = 0;
+  /// A member whose connection closed after the last collective had all its data: the next
+  /// collective fails with it (gloo's words in lost_what_).
+  int lost_member_ = -1;
+  std::string lost_what_;
 
   std::vector<Head> heads_;
   std::vector<const float*> parts_;
