@@ -24,7 +24,8 @@ namespace stagehand {
 caf::actor spawn_rendezvous_store(caf::actor_system& system);
 
 /// A blocking client of a rendezvous store, for threads that are not actors (a Gloo group
-/// connecting at its first collective). Every call returns by its deadline.
+/// connecting at its first collective). Every call ends at its deadline; an answer that comes
+/// later counts as none (timeout).
 ///
 /// Thread-safety: any thread may call any member; each call uses its own scoped actor.
 class RendezvousClient {

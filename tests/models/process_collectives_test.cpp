@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <random>
 #include <thread>
 
@@ -301,9 +302,9 @@ BOOST_AUTO_TEST_CASE(close_names_a_member_that_does_not_say_goodbye_within_the_l
 }
 
 BOOST_AUTO_TEST_CASE(connecting_a_group_ends_within_the_limit_naming_the_rank_that_did_not_come) {
-  // Rank 3 never takes part, never learns where the rendezvous is, or comes after the limit with
-  // rank 2 coming in between: each wait alone (rank 2's address, then rank 3's) ends within the
-  // limit, the connect as a whole does not.
+  // Rank 3 never takes part, never learns where the rendezvous is, or comes once ranks 0 and 1
+  // gave up, with rank 2 coming in between: then each wait alone (rank 2's address, then rank
+  // 3's) ends within the limit, the connect as a whole does not.
   const auto limit = std::chrono::seconds(2);
   enum class Late { never, unannounced, one_after_another };
   for (Late late : {Late::never, Late::unannounced, Late::one_after_another}) {
@@ -311,16 +312,23 @@ BOOST_AUTO_TEST_CASE(connecting_a_group_ends_within_the_limit_naming_the_rank_th
       GlooWorld world({1, 4}, limit, late == Late::unannounced ? 3 : -1);
       std::vector<Status> first(4, Status::ok());
       std::vector<double> seconds(4);
-      const auto start = Clock::now();
+      std::latch started(4);
+      std::atomic<int> gave_up{0};
       world.run([&](int r) {
         const auto i = static_cast<std::size_t>(r);
+        started.arrive_and_wait();
+        const auto start = Clock::now();
         if (late == Late::never && r == 3) return;
-        if (late == Late::one_after_another && r >= 2) {
-          std::this_thread::sleep_until(start + (r == 2 ? limit * 6 / 10 : limit * 13 / 10));
+        if (late == Late::one_after_another && r == 2)
+          std::this_thread::sleep_until(start + limit * 4 / 10);
+        if (late == Late::one_after_another && r == 3) {
+          while (gave_up.load() < 2 && Clock::now() < start + 3 * limit)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
         float x = 1.0f;
         first[i] = world.groups[i].data->all_reduce_sum(r, &x, 1);
         seconds[i] = std::chrono::duration<double>(Clock::now() - start).count();
+        if (r < 2) ++gave_up;
       });
       for (std::size_t r : {0u, 1u}) {
         BOOST_TEST((first[r].code() == ErrorCode::timeout), first[r].to_string());
