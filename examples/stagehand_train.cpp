@@ -226,10 +226,11 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
       collectives.set_rendezvous(collectives.host_rendezvous());
       code = run_trainer(system, c, layout, *world, coordinator, weights, fs, metrics_out, quiet,
                          "in " + std::to_string(launch.world_size) + " processes",
-                         [&] { collectives.close("the trainer failed"); });
+                         [&] { collectives.abort("the trainer failed"); });
     }
     (*host)->shutdown(code);
-    collectives.close("rank 0 is done");
+    if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
+      fail("rank 0: closing the collectives: " + closed.message());
     caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
@@ -253,7 +254,9 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
       fail("rank " + std::to_string(rank) + ": rank 0 ended with exit code " + std::to_string(code), code);
     }
   }
-  collectives.close("rank " + std::to_string(rank) + " is shutting down");
+  if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down");
+      !closed.is_ok())
+    fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }
