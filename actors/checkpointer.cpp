@@ -120,9 +120,13 @@ class PendingSave::Impl {
     register_stagehand_errors(*config);
     if (spans_processes()) register_wire_types(*config);
     system = std::make_unique<caf::actor_system>(*config);
-    ObjectStoreOptions store = ObjectStoreOptions::from_environment();
-    store.spool_dir = options.local_work_dir;
-    fs = default_file_system(store);
+    if (options.file_system) {
+      fs = options.file_system;
+    } else {
+      ObjectStoreOptions store = ObjectStoreOptions::from_environment();
+      store.spool_dir = options.local_work_dir;
+      fs = default_file_system(store);
+    }
     coordinator_here = options.rank == 0;
     if (coordinator_here) {
       // One lock for the whole job, taken where rank 0 is; the leftovers of a killed run go now.

@@ -17,6 +17,8 @@
 
 namespace stagehand {
 
+class FileSystem;
+
 struct CheckpointerOptions {
   /// Where checkpoints go: a local folder (shared by every host of the job), or
   /// `s3://bucket/prefix` / `gs://bucket/prefix` (the AWS_* environment variables say how to
@@ -53,6 +55,9 @@ struct CheckpointerOptions {
   /// Where files bound for an object store are written before their upload
   /// (megatron_config.local_work_dir).
   std::string local_work_dir = "/tmp/stagehand-work";
+  /// Where every file goes through; null: the default (local paths, and s3:// or gs:// through
+  /// the object store). A test's fault-injecting or slowed file system goes here.
+  std::shared_ptr<FileSystem> file_system = nullptr;
   /// Limit of every wait: for the other ranks to begin the same save, for each rank's write,
   /// for the commit.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -108,8 +113,8 @@ class PendingSave {
 ///
 /// Before anything is written, the coordinator (in rank 0's process) makes the global plan from
 /// every rank's: ranks must agree on the step and on every tensor, the blocks must tile each
-/// tensor, replicated blocks are written once, by a balanced choice of their holders (or by the
-/// holder with replica id 0, when only one has it). A rank that died, stalled or skipped the
+/// tensor, replicated blocks are written once, by a balanced choice among their holders (one of
+/// which must hold it with replica id 0). A rank that died, stalled or skipped the
 /// save fails it on every rank within `timeout`, naming the rank; nothing is committed; once a
 /// rank died, every later call says the job is broken. The process holding rank 0 takes the
 /// root's lock for the job.

@@ -120,22 +120,26 @@ Result<GlobalPlan> make_global_plan(const std::vector<const LocalPlan*>& plans) 
         return bad("tensor '" + name + "': no rank holds its block at " + offset.to_string() +
                    " with replica id 0 (ranks " + rank_list(block.replicas) + " hold replicas of it)");
       }
-      if (block.primary.size() == 1) {
+      if (block.primary.size() + block.replicas.size() == 1) {
         const auto [rank, index] = block.primary.front();
         out.writes[static_cast<std::size_t>(rank)].push_back(index);
         base[static_cast<std::size_t>(rank)] += block.bytes;
         continue;
       }
       ReplicatedChunk chunk{chunk_key(name, offset), block.bytes, {}};
+      // Every holder has the same bytes (a replica id > 0 marks a copy): any of them may write it.
       for (const auto& [rank, index] : block.primary) chunk.holders.push_back(rank);
+      for (const auto& [rank, index] : block.replicas) chunk.holders.push_back(rank);
       shared.push_back(std::move(chunk));
       shared_blocks.push_back(&block);
     }
   }
   const std::vector<int> writers = balance_writers(shared, std::move(base));
   for (std::size_t c = 0; c < shared.size(); ++c) {
-    for (const auto& [rank, index] : shared_blocks[c]->primary) {
-      if (rank == writers[c]) out.writes[static_cast<std::size_t>(rank)].push_back(index);
+    for (const auto* holders : {&shared_blocks[c]->primary, &shared_blocks[c]->replicas}) {
+      for (const auto& [rank, index] : *holders) {
+        if (rank == writers[c]) out.writes[static_cast<std::size_t>(rank)].push_back(index);
+      }
     }
   }
   for (auto& w : out.writes) std::sort(w.begin(), w.end());
@@ -149,6 +153,20 @@ StateDict apply_writes(const StateDict& state, const std::vector<std::uint32_t>&
     if (i < view.tensors.size()) view.tensors[i].desc.replica_id = 0;
   }
   return view;
+}
+
+Result<std::vector<StateDict>> planned_states(const std::vector<const StateDict*>& states, std::int64_t step) {
+  std::vector<LocalPlan> locals(states.size());
+  std::vector<const LocalPlan*> plans;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    SH_RETURN_IF_ERROR(states[i]->validate().with_context("rank " + std::to_string(i)));
+    locals[i] = LocalPlan{static_cast<int>(i), step, 0, false, states[i]->descriptors(), states[i]->objects};
+    plans.push_back(&locals[i]);
+  }
+  SH_ASSIGN_OR_RETURN(GlobalPlan global, make_global_plan(plans));
+  std::vector<StateDict> out;
+  for (std::size_t i = 0; i < states.size(); ++i) out.push_back(apply_writes(*states[i], global.writes[i]));
+  return out;
 }
 
 }  // namespace stagehand

@@ -49,10 +49,9 @@ struct GlobalPlan {
 /// every element); an object has one value on every rank; names and values are UTF-8.
 ///
 /// Blocks that several ranks hold (the same tensor, offsets and shape) are replicas, written
-/// once. Its writer is the holder with replica id 0 when there is one; among several holders
-/// with replica id 0 (replicas the owner did not rank) the writer is chosen by
-/// balance_writers(), so that every rank writes about its share; a block no holder has with
-/// replica id 0 is an error.
+/// once: some holder must have it with replica id 0 (else an error), and the writer is chosen
+/// among all its holders (the bytes of a replica are the same) by balance_writers(), largest
+/// blocks first, so that every rank writes about its share.
 /// @pre plans.size() == world size, plans[r].rank == r.
 Result<GlobalPlan> make_global_plan(const std::vector<const LocalPlan*>& plans);
 
@@ -60,5 +59,10 @@ Result<GlobalPlan> make_global_plan(const std::vector<const LocalPlan*>& plans);
 /// other block replica id 1: what a rank's SaveEngine writes for the global plan. Tensor data is
 /// shared, not copied.
 StateDict apply_writes(const StateDict& state, const std::vector<std::uint32_t>& writes);
+
+/// The global plan of `states` (rank r's is states[r], all in one process) applied to each:
+/// what each rank's SaveEngine writes. Errors as make_global_plan's, each state's validate()
+/// first.
+Result<std::vector<StateDict>> planned_states(const std::vector<const StateDict*>& states, std::int64_t step);
 
 }  // namespace stagehand

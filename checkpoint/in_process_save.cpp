@@ -15,20 +15,13 @@ Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string
     return Status{ErrorCode::invalid_argument, "one state per engine is needed"};
   }
   // The plan the coordinator would make: every rank's blocks, replicas written once.
-  std::vector<LocalPlan> locals(engines.size());
-  std::vector<const LocalPlan*> plans;
-  for (std::size_t i = 0; i < engines.size(); ++i) {
-    SH_RETURN_IF_ERROR(states[i]->validate().with_context("rank " + std::to_string(i)));
-    locals[i] = LocalPlan{static_cast<int>(i), step, 0, false, states[i]->descriptors(), states[i]->objects};
-    plans.push_back(&locals[i]);
-  }
-  SH_ASSIGN_OR_RETURN(GlobalPlan global, make_global_plan(plans));
+  SH_ASSIGN_OR_RETURN(std::vector<StateDict> planned, planned_states(states, step));
   const CheckpointStore store(local_file_system(), root);
   SH_ASSIGN_OR_RETURN(const std::string policy, store.prepare(step));
   std::vector<RankSaveReport> reports(engines.size());
   std::vector<std::thread> ranks;
   for (std::size_t i = 0; i < engines.size(); ++i) {
-    ranks.emplace_back([&, i] { reports[i] = engines[i]->save(apply_writes(*states[i], global.writes[i]), policy, step); });
+    ranks.emplace_back([&, i] { reports[i] = engines[i]->save(planned[i], policy, step); });
   }
   for (auto& t : ranks) t.join();
   auto metadata = gather_reports(step, reports, static_cast<int>(engines.size()));

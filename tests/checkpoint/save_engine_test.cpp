@@ -8,6 +8,7 @@
 #include "bench/synthetic_state.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/test_util.hpp"
@@ -164,11 +165,15 @@ static std::map<std::string, std::string> async_files(const SaveEngineOptions& o
   Ranks ranks(kSpec, options);
   auto tmp = *test::prepare_checkpoint_dir(dir.path(), 4);
   std::vector<RankSaveReport> reports;
+  std::vector<const StateDict*> states;
+  for (const auto& s : ranks.states) states.push_back(&s);
+  auto planned = planned_states(states, 4);  // the writers the coordinator assigns
+  BOOST_REQUIRE(planned.is_ok());
   for (std::size_t r = 0; r < ranks.states.size(); ++r) {
-    BOOST_REQUIRE(ranks.engines[r]->begin_async(ranks.states[r]).is_ok());
+    const StateDict& state = (*planned)[r];
+    BOOST_REQUIRE(ranks.engines[r]->begin_async(state).is_ok());
     int signalled = 0;
-    reports.push_back(
-        ranks.engines[r]->write_async(ranks.states[r], CheckpointLayout::policy_dir(tmp), 4, [&] { ++signalled; }));
+    reports.push_back(ranks.engines[r]->write_async(state, CheckpointLayout::policy_dir(tmp), 4, [&] { ++signalled; }));
     BOOST_TEST(signalled == 1);
     BOOST_REQUIRE_MESSAGE(reports.back().status.is_ok(), reports.back().status.to_string());
   }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/checkpoint_test_util.hpp"
+#include "tests/integration/rank_process.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -38,48 +39,7 @@ void expect_same_checkpoint(const std::string& a_dir, const std::string& b_dir) 
   for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs in " << b_dir);
 }
 
-/// One stagehand-train process of a world, started with the launcher's variables; its output
-/// goes to a file.
-struct RankProcess {
-  pid_t pid = -1;
-  std::string log;
-
-  RankProcess(int rank, int world_size, int port, const std::string& command, const std::string& log_path)
-      : log(log_path) {
-    // Everything the child needs is built before fork (allocating after fork is unsafe).
-    const std::string exec = "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
-                             " WORLD_SIZE=" + std::to_string(world_size) +
-                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " exec " + command;
-    pid = ::fork();
-    if (pid == 0) {
-      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execl("/bin/sh", "sh", "-c", exec.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  /// Waits at most `limit`; -1 when still running (then it is killed).
-  int wait_for(std::chrono::seconds limit) {
-    auto deadline = Clock::now() + limit;
-    int status = 0;
-    while (Clock::now() < deadline) {
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-  ~RankProcess() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  std::string output() const { return test::read_file(log); }
-};
+using test::RankProcess;
 
 }  // namespace
 
