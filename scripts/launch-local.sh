@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Starts N local processes of COMMAND, one per rank, as cluster launchers do: each gets RANK,
 # LOCAL_RANK, WORLD_SIZE=N, MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a free
-# port). Waits for all of them and exits with the worst exit code (128+signal for a killed one).
-# When one fails, the others get GRACE_S seconds (default 30) to stop on their own, then SIGTERM.
+# port), and STAGEHAND_PORT (default: another free port; the Checkpointer's control port). Waits
+# for all of them and exits with the worst exit code (128+signal for a killed one). When one
+# fails, the others get GRACE_S seconds (default 30) to stop on their own, then SIGTERM, and
+# KILL_S seconds (default 10) more before SIGKILL (a stopped or stuck rank ends too). SIGTERM or
+# SIGINT to the launcher goes to every rank.
 #
 #   scripts/launch-local.sh 4 build/bin/stagehand-train --config examples/configs/sync_rl.yaml
 set -uo pipefail
@@ -19,9 +22,19 @@ if [ -z "${MASTER_PORT:-}" ]; then
   MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 fi
 export MASTER_PORT
+if [ -z "${STAGEHAND_PORT:-}" ]; then
+  STAGEHAND_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+fi
+export STAGEHAND_PORT
 grace=${GRACE_S:-30}
+kill_after=${KILL_S:-10}
 
 pids=()
+forward() {
+  for pid in "${pids[@]}"; do kill -"$1" "$pid" 2>/dev/null; done
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
 for ((r = 0; r < n; r++)); do
   RANK=$r LOCAL_RANK=$r "$@" &
   pids+=($!)
@@ -43,10 +56,16 @@ while [ "$remaining" -gt 0 ]; do
       if [ "$code" -ne 0 ] && [ -z "$failed_at" ]; then failed_at=$(date +%s); fi
     fi
   done
-  if [ -n "$failed_at" ] && [ $(($(date +%s) - failed_at)) -ge "$grace" ]; then
-    for pid in "${pids[@]}"; do
-      [ -z "${done_pids[$pid]:-}" ] && kill -TERM "$pid" 2>/dev/null
-    done
+  if [ -n "$failed_at" ]; then
+    waited=$(($(date +%s) - failed_at))
+    signal=""
+    [ "$waited" -ge "$grace" ] && signal=TERM
+    [ "$waited" -ge $((grace + kill_after)) ] && signal=KILL
+    if [ -n "$signal" ]; then
+      for pid in "${pids[@]}"; do
+        [ -z "${done_pids[$pid]:-}" ] && kill -"$signal" "$pid" 2>/dev/null
+      done
+    fi
   fi
   [ "$remaining" -gt 0 ] && sleep 0.2
 done

@@ -185,3 +185,14 @@ BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
                ranks[0]->output());
   }
 }
+
+BOOST_AUTO_TEST_CASE(the_launcher_ends_a_stopped_rank_after_its_grace) {
+  // Rank 1 stops itself (SIGSTOP ignores SIGTERM); rank 0 fails: the launcher must SIGKILL rank 1
+  // after GRACE_S + KILL_S and exit with the worst code.
+  const auto start = Clock::now();
+  auto run = test::run_command("GRACE_S=1 KILL_S=1 timeout 60 " + kSource +
+                               "/scripts/launch-local.sh 2 sh -c 'if [ \"$RANK\" = 1 ]; then kill -STOP $$; sleep 100; fi; exit 3'");
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  BOOST_TEST(run.code == 137, run.output);
+  BOOST_TEST(seconds < 20.0);
+}
