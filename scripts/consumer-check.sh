@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds tests/consumer (an outside project) against Stagehand two ways and runs it each time:
-# find_package(Stagehand) after `cmake --install` of BUILD_DIR, and add_subdirectory of this source.
+# find_package(Stagehand) after `cmake --install` of BUILD_DIR, and add_subdirectory of this source;
+# runs its SPMD program in 4 processes, and builds tests/consumer/engine (Stagehand::checkpoint
+# alone) with CAF, Gloo, curl, pugixml and CUDA made unfindable.
 # Also checks that the add_subdirectory build built nothing of Stagehand's beyond what the consumer
 # links (no tests, no programs) and never looked for Boost.
 #
@@ -19,6 +21,15 @@ test -f "$work/prefix/lib/cmake/Stagehand/StagehandConfig.cmake"
 cmake -S tests/consumer -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/installed.log"
 cmake --build "$work/installed" -j"$(nproc)" > "$work/installed-build.log"
 "$work/installed/consumer" "$work/ckpt-installed"
+echo "== the SPMD consumer in 4 processes"
+GRACE_S=10 scripts/launch-local.sh 4 "$work/installed/consumer_spmd" "$work/ckpt-spmd"
+
+echo "== the engine alone (COMPONENTS checkpoint), with CAF, Gloo, curl, pugixml and CUDA unfindable"
+cmake -S tests/consumer/engine -B "$work/engine" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_CAF=ON -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_pugixml=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON > "$work/engine.log"
+cmake --build "$work/engine" -j"$(nproc)" > "$work/engine-build.log"
+"$work/engine/engine_consumer" "$work/ckpt-engine"
 
 echo "== consumer with add_subdirectory"
 launcher=()
@@ -26,6 +37,7 @@ if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=c
 cmake -S tests/consumer -B "$work/subdir" -DSTAGEHAND_SOURCE="$src" "${launcher[@]}" > "$work/subdir.log"
 cmake --build "$work/subdir" -j"$(nproc)" > "$work/subdir-build.log"
 "$work/subdir/consumer" "$work/ckpt-subdir"
+GRACE_S=10 scripts/launch-local.sh 2 "$work/subdir/consumer_spmd" "$work/ckpt-subdir-spmd"
 
 built=$(find "$work/subdir" -type f \( -name '*_test' -o -name 'stagehand-*' -o -name 'libstagehand_models.a' \
   -o -name 'libstagehand_trainers.a' \) | wc -l)
