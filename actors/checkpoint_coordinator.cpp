@@ -6,6 +6,8 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
+#include <sstream>
 
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/gather.hpp"
@@ -53,17 +55,34 @@ class CheckpointCoordinator : public coordinator_actor::base {
         [this](rank_down_atom, std::int32_t rank, const std::string& reason) {
           const std::string what = "rank " + std::to_string(rank) + " died: " + reason;
           dead_.emplace(rank, what);
+          if (draining_) stopped_writing(rank);
           if (forming_) fail_forming({ErrorCode::aborted, what});
           if (open_step_) finish(*open_step_, Status{ErrorCode::aborted, what + " (during the save)"});
         },
+        [this](write_timeout_atom, std::int64_t step, std::uint64_t opening) {
+          if (open_step_ != step || opening_ != opening) return;
+          std::vector<int> missing;
+          for (int r = 0; r < options_.world_size; ++r) {
+            if (!reported(r)) missing.push_back(r);
+          }
+          finish(step, Status{ErrorCode::timeout, rank_phrase(missing) + " did not finish writing step " +
+                                                      std::to_string(step) + " within " + seconds(options_.write_timeout) +
+                                                      " (" + options_.write_timeout_setting + ")"});
+        },
+        [this](drained_atom, std::int64_t step, std::uint64_t opening) {
+          if (!draining_ || draining_->step != step || draining_->opening != opening) return;
+          logger()->warn("coordinator: {} still writing failed step {} after {}; removing it now",
+                         draining_ranks(), step, seconds(drain_limit()));
+          remove_failed();
+        },
         [this](timeout_atom, std::int64_t step) {
           if (!forming_ || forming_->step != step) return;
-          std::string missing;
+          std::vector<int> missing;
           for (std::size_t r = 0; r < forming_->plans.size(); ++r) {
-            if (!forming_->plans[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+            if (!forming_->plans[r]) missing.push_back(static_cast<int>(r));
           }
           fail_forming({ErrorCode::timeout,
-                        "rank(s) " + missing + " did not begin saving step " + std::to_string(step) + " within " +
+                        rank_phrase(missing) + " did not begin saving step " + std::to_string(step) + " within " +
                             std::to_string(options_.plan_timeout.count() / 1000) +
                             " s of the first rank (the call time limit): every rank must save every step"});
         },
@@ -75,6 +94,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
     // destroyed (and the actor system, waiting for its thread, would never shut down).
     const Status stopped{ErrorCode::aborted, "the checkpoint coordinator stopped"};
     if (forming_) fail_forming(stopped);
+    if (open_step_) finish(*open_step_, stopped);
+    if (draining_) remove_failed();
     for (auto& [step, promises] : waiters_) {
       for (auto& promise : promises) promise.deliver(to_caf_error(stopped));
     }
@@ -143,6 +164,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
   }
 
   void begin_forming(std::int64_t step) {
+    // A retry of a failed step must not have its new folder removed by the old step's drain.
+    if (draining_ && draining_->step == step) remove_failed();
     forming_.emplace();
     forming_->step = step;
     forming_->plans.resize(static_cast<std::size_t>(options_.world_size));
@@ -193,7 +216,12 @@ class CheckpointCoordinator : public coordinator_actor::base {
       return;
     }
     open_step_ = forming.step;
+    ++opening_;
     reports_.clear();
+    reported_.clear();
+    if (options_.write_timeout.count() > 0) {
+      delayed_send(this, options_.write_timeout, write_timeout_atom::value, forming.step, opening_);
+    }
     for (std::size_t r = 0; r < forming.plans.size(); ++r) {
       forming.promises[r]->deliver(WriteAssignment{policy, assigned->writes[r]});
     }
@@ -214,11 +242,16 @@ class CheckpointCoordinator : public coordinator_actor::base {
   }
 
   void on_rank_saved(RankSaveReport report) {
+    if (draining_ && draining_->step == report.step && open_step_ != report.step) {
+      stopped_writing(report.rank);
+      return;
+    }
     if (open_step_ != report.step) {
       logger()->warn("coordinator: ignoring rank {}'s report for step {}, which is not being saved", report.rank,
                      report.step);
       return;
     }
+    reported_.insert(report.rank);
     if (!report.status.is_ok()) {
       finish(report.step, report.status.with_context("rank " + std::to_string(report.rank)));
       return;
@@ -258,9 +291,19 @@ class CheckpointCoordinator : public coordinator_actor::base {
                      "upload_s {:.3f} commit_s {:.3f} commit_cpu_s {:.3f})",
                      step, store_.root(), c.phases.copy_s, c.phases.hash_s, c.phases.write_s, c.phases.fsync_s,
                      c.phases.upload_s, c.commit_s, c.commit_cpu_s);
-    } else if (Status removed = commit_ran_ ? Status::ok() : store_.abort(step); !removed.is_ok()) {
-      logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
-                     removed.message());
+    } else if (!commit_ran_) {
+      // Ranks may still be writing into the step's folder: it is removed once every rank has
+      // reported or died (or after the drain limit), never under a writer.
+      if (draining_) remove_failed();
+      draining_ = Draining{step, opening_, {}};
+      for (int r = 0; r < options_.world_size; ++r) {
+        if (!reported(r) && dead_.count(r) == 0) draining_->writing.insert(r);
+      }
+      if (draining_->writing.empty()) {
+        remove_failed();
+      } else {
+        delayed_send(this, drain_limit(), drained_atom::value, step, opening_);
+      }
     }
     open_step_.reset();
     reports_.clear();
@@ -291,6 +334,52 @@ class CheckpointCoordinator : public coordinator_actor::base {
     waiters_.erase(step);
   }
 
+  /// A failed step whose folder waits for its last writers to stop.
+  struct Draining {
+    std::int64_t step = 0;
+    std::uint64_t opening = 0;
+    std::set<int> writing;
+  };
+
+  /// Whether `rank` reported on the open step (it no longer writes into it).
+  bool reported(int rank) const { return reported_.count(rank) != 0; }
+
+  std::chrono::milliseconds drain_limit() const {
+    return options_.write_timeout.count() > 0 ? options_.write_timeout : options_.plan_timeout;
+  }
+
+  static std::string seconds(std::chrono::milliseconds limit) {
+    std::ostringstream out;
+    out << static_cast<double>(limit.count()) / 1000.0 << " s";
+    return out.str();
+  }
+
+  std::string draining_ranks() const {
+    return rank_phrase(std::vector<int>(draining_->writing.begin(), draining_->writing.end()));
+  }
+
+  /// "rank 3", "ranks 1, 3".
+  static std::string rank_phrase(const std::vector<int>& ranks) {
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+    return out;
+  }
+
+  void stopped_writing(int rank) {
+    draining_->writing.erase(rank);
+    if (draining_->writing.empty()) remove_failed();
+  }
+
+  /// Removes what the draining step left.
+  void remove_failed() {
+    const std::int64_t step = draining_->step;
+    draining_.reset();
+    if (Status removed = store_.abort(step); !removed.is_ok()) {
+      logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
+                     removed.message());
+    }
+  }
+
   CoordinatorOptions options_;
   CheckpointStore store_;
   /// Each rank's last full local plan, for the plans that refer to it by signature.
@@ -303,6 +392,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
   /// The store's commit of the open step ran (and cleaned up after itself if it failed).
   bool commit_ran_ = false;
   std::vector<RankSaveReport> reports_;
+  /// The ranks that reported on the open step, with or without success.
+  std::set<int> reported_;
+  /// Counts the steps opened, so that a late limit of an earlier opening is ignored.
+  std::uint64_t opening_ = 0;
+  std::optional<Draining> draining_;
   std::map<std::int64_t, Result<CommitInfo>> outcomes_;
   std::map<std::int64_t, std::vector<caf::typed_response_promise<CommitInfo>>> waiters_;
   /// Ranks reported down, with why.

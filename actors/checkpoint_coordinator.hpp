@@ -21,6 +21,12 @@ struct CoordinatorOptions {
   /// How long the local plans of one step may take to come in, from the first one: a rank that
   /// does not plan the step by then (it stalled, or skipped the save) fails it on every rank.
   std::chrono::milliseconds plan_timeout = std::chrono::minutes(10);
+  /// How long the ranks may take to write a step once it is planned: a rank that has not
+  /// reported by then (it stalled) fails the step, named. 0: no limit of the coordinator's own
+  /// (the callers' limits apply; an async save's writes may take as long as training lets them).
+  std::chrono::milliseconds write_timeout{0};
+  /// The setting `write_timeout` comes from, for its error.
+  std::string write_timeout_setting = "the write time limit";
 };
 
 /// Spawns the coordinator of a job's checkpoints (coordinator_actor, actors/protocol.hpp). It

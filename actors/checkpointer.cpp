@@ -133,7 +133,9 @@ class PendingSave::Impl {
       const CheckpointStore root(fs, options.root);
       SH_ASSIGN_OR_RETURN(lock, root.lock());
       SH_RETURN_IF_ERROR(root.clean_interrupted().status());
-      coordinator = spawn_checkpoint_coordinator(*system, {options.root, options.world_size, fs, options.timeout});
+      CoordinatorOptions coordination{options.root, options.world_size, fs, options.timeout, options.timeout,
+                                      "CheckpointerOptions::timeout"};
+      coordinator = spawn_checkpoint_coordinator(*system, std::move(coordination));
     }
     StrategyOptions strategy;
     strategy.thread_count = options.thread_count;

@@ -25,6 +25,8 @@ using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using rank_down_atom = caf::atom_constant<caf::atom("rankdown")>;
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
+using write_timeout_atom = caf::atom_constant<caf::atom("wtimeout")>;
+using drained_atom = caf::atom_constant<caf::atom("drained")>;
 
 // -- atoms of a world of processes (actors/process_world.hpp) --
 

@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE spmd
 #include <boost/test/unit_test.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -35,7 +37,7 @@ struct JobResult {
 /// Runs `args_of(rank)` in `world` processes, one per rank, and waits (at most `limit`) for all.
 template <class ArgsOf>
 JobResult run_job(int world, const std::string& logs, ArgsOf args_of, std::chrono::seconds limit = std::chrono::seconds(60),
-                  int kill_rank = -1, std::chrono::milliseconds kill_after = {}) {
+                  int kill_rank = -1, std::chrono::milliseconds kill_after = {}, int signal = SIGKILL) {
   const int port = test::free_port();
   const auto start = Clock::now();
   std::vector<std::unique_ptr<RankProcess>> ranks;
@@ -45,12 +47,18 @@ JobResult run_job(int world, const std::string& logs, ArgsOf args_of, std::chron
   }
   if (kill_rank >= 0) {
     std::this_thread::sleep_for(kill_after);
-    ranks[static_cast<std::size_t>(kill_rank)]->kill_now();
+    auto& victim = *ranks[static_cast<std::size_t>(kill_rank)];
+    if (signal == SIGKILL) {
+      victim.kill_now();
+    } else {
+      ::kill(victim.pid, signal);
+    }
   }
   JobResult result;
   for (auto& r : ranks) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - (Clock::now() - start));
     result.codes.push_back(r->pid < 0 ? 137 : r->wait_for(std::max(left, std::chrono::milliseconds(1))));
+    if (result.codes.back() == -1) r->kill_now();  // still running at the limit (a stopped rank)
     result.outputs.push_back(r->output());
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -190,4 +198,22 @@ BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_the_step_or_the_structure_fail_on_ev
   BOOST_TEST(!fs::exists(root + "/global_step_5"));
   BOOST_TEST(!fs::exists(root + "/global_step_5.tmp"));
   BOOST_TEST(!fs::exists(root + "/global_step_6.tmp"));
+}
+
+BOOST_AUTO_TEST_CASE(a_stalled_rank_fails_every_other_rank_within_the_timeout_naming_it) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  expect_all_ok(run_job(4, dir.path(), [&](int) { return "save " + root + " 1 sync"; }));
+  // Rank 3 stops (SIGSTOP) 0.7 s into a save of about 2 s; the limit is 4 s.
+  auto job = run_job(
+      4, dir.path(), [&](int) { return "save " + root + " 2 sync --slow 200000 --timeout-s 4"; },
+      std::chrono::seconds(30), 3, std::chrono::milliseconds(700), SIGSTOP);
+  for (int r = 0; r < 3; ++r) {
+    const std::string& out = job.outputs[static_cast<std::size_t>(r)];
+    BOOST_TEST(job.codes[static_cast<std::size_t>(r)] == 1, "rank " << r << ": " << out);
+    BOOST_TEST(out.find("rank 3") != std::string::npos, "rank " << r << ": " << out);
+  }
+  BOOST_TEST(job.codes[3] == -1);  // stopped until the end, then killed
+  BOOST_TEST(**test::read_tracker(root) == 1);
+  BOOST_TEST(!fs::exists(root + "/global_step_2"));
 }
