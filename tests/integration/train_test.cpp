@@ -56,6 +56,15 @@ Run train_verbose(const std::string& config, const std::vector<std::string>& set
   return test::run_command(train_command(config, sets, false));
 }
 
+/// Waits (at most 60 s) until `path` exists: a run that created its ckpt_path has its signal
+/// handlers installed (a loaded machine may take longer than any fixed sleep to get there).
+void wait_for_path(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 /// A stagehand-train run in the background, its output going to a file.
 class BackgroundRun {
  public:
@@ -293,6 +302,7 @@ BOOST_AUTO_TEST_CASE(sigterm_saves_drains_and_exits_cleanly) {
                     {"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000", "trainer.ckpt_interval=0",
                      "megatron_config.async_dist_ckpt_save=true", "model.hidden=2048"},
                     dir / "out.txt");
+  wait_for_path(dir / "ckpt");
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   run.signal(SIGTERM);
   int code = run.wait(std::chrono::seconds(120));
