@@ -24,6 +24,10 @@ Systems (--systems picks a subset, comma-separated):
   stagehand_dev_s2  stagehand-bench save --source device --staging-buckets 2   (only if --source exists)
   stagehand_load    stagehand-bench load --cold, after an untimed save      (only if `load` exists)
   stagehand_load_warm  stagehand-bench load (warm)                          (only if `load` exists)
+  stagehand_spmd_save   the Checkpointer in R processes, one per rank, as DCP runs (stagehand-spmd-peer):
+                        k x save
+  stagehand_spmd_async  idem, k x async_save: blocking part and total (until wait() says committed)
+  stagehand_spmd_load   idem, one untimed save, k cold loads then k warm loads
 Every process makes k (--saves-per-process) saves or loads; figures are kept by position in the process
 (save 1, save 2, saves 3+), since the first saves of a process pay for fresh memory pages. Between
 processes the checkpoint folder is removed and `sync` runs; loads drop their files from the page cache
@@ -65,7 +69,8 @@ import peer_common  # noqa: E402
 TIME = "/usr/bin/time"
 ALL = ["raw_write1", "raw_writeT", "raw_readT", "dcp_save", "dcp_async", "dcp_load", "megatron_save",
        "stagehand_s0", "stagehand_s2", "stagehand_nowb", "stagehand_async", "stagehand_dev_s0", "stagehand_dev_s2",
-       "stagehand_load", "stagehand_load_warm"]
+       "stagehand_load", "stagehand_load_warm", "stagehand_spmd_save", "stagehand_spmd_async", "stagehand_spmd_load"]
+SPMD = {"stagehand_spmd_save": "save", "stagehand_spmd_async": "async", "stagehand_spmd_load": "load"}
 TORCH_DEPS = ["filelock", "typing-extensions>=4.13.0", "sympy>=1.13.3", "mpmath", "networkx>=2.5.1", "jinja2", "MarkupSafe",
               "fsspec>=0.8.5", "numpy", "packaging>=24.2"]
 # Not in megatron-core's requirements, but its torch_dist writer processes call psutil on every save.
@@ -327,6 +332,12 @@ def python_peer(args, system, directory):
                "--dir", directory, "--bytes", str(written), "--state-bytes", str(written), "--streams", str(streams),
                "--saves", str(args.repeat)]
         return [cmd], [dict(env, RANK="0", WORLD_SIZE="1")], written
+    if system in SPMD:  # the same ranks as DCP's, one process each, on Stagehand's control port
+        peer = os.path.join(os.path.dirname(args.bench), "stagehand-spmd-peer")
+        cmds = [[peer, "--mode", SPMD[system], *common] for _ in range(args.ranks)]
+        port = str(free_port())
+        envs = [dict(env, RANK=str(r), STAGEHAND_PORT=port) for r in range(args.ranks)]
+        return cmds, envs, local * args.ranks
     py = venv_python(args)
     if system == "megatron_save":
         script = [os.path.join(PEERS, "megatron_peer.py")]
@@ -339,7 +350,9 @@ def python_peer(args, system, directory):
 
 
 def run_python_peer(args, system, directory):
-    if not system.startswith("raw_") and not os.access(venv_python(args), os.X_OK):
+    if system in SPMD and not os.access(os.path.join(os.path.dirname(args.bench), "stagehand-spmd-peer"), os.X_OK):
+        return None, "no stagehand-spmd-peer beside %s" % args.bench
+    if not system.startswith("raw_") and system not in SPMD and not os.access(venv_python(args), os.X_OK):
         return None, "no venv at %s: run with --setup" % args.venv
     cmds, envs, state = python_peer(args, system, directory)
     results = run_processes(cmds, envs, args.timeout)
@@ -490,7 +503,8 @@ def report(args, res, systems):
     out.append("| system | save | n | seconds | / DCP same save | raw %d-stream / this (same save) | best raw %d-stream / "
                "this | peak RSS - state MiB | peak RSS - pre-save MiB |" % (args.ranks * T, args.ranks * T))
     out.append("|---|---|---|---|---|---|---|---|---|")
-    save_systems = [s for s in systems if s not in ("raw_readT", "dcp_load") and not s.startswith("stagehand_load")]
+    save_systems = [s for s in systems if s not in ("raw_readT", "dcp_load", "stagehand_spmd_load")
+                    and not s.startswith("stagehand_load")]
     for s in save_systems:
         labels = res.labels(s, "save_s")
         if not labels:
@@ -520,13 +534,13 @@ def report(args, res, systems):
             out.append("Staged save (--source device), staging 2 / staging 0, by save: " + ", ".join(
                 "%s: %s" % (l, fmt(ratio(res.med("stagehand_dev_s2", "save_s", l), res.med("stagehand_dev_s0", "save_s", l)),
                                    2)) for l in labels))
-    if any(s in systems for s in ("dcp_async", "stagehand_async")):
+    if any(s in systems for s in ("dcp_async", "stagehand_async", "stagehand_spmd_async")):
         out.append("")
         out.append("### Async: blocking part (DCP: async_save's return; stagehand: stall_s)")
         out.append("")
         out.append("| system | save | n | blocking s | / DCP async blocking | total s | / DCP async total |")
         out.append("|---|---|---|---|---|---|---|")
-        for s in ("dcp_async", "stagehand_async"):
+        for s in ("dcp_async", "stagehand_async", "stagehand_spmd_async"):
             if s not in systems:
                 continue
             labels = res.labels(s, "block_s")
@@ -539,7 +553,8 @@ def report(args, res, systems):
                     s, l, len(res.values(s, "block_s", l)), cell(stats(res.values(s, "block_s", l))),
                     fmt(ratio(b, res.med("dcp_async", "block_s", l)), 2), cell(stats(res.values(s, "save_s", l))),
                     fmt(ratio(t, res.med("dcp_async", "save_s", l)), 2)))
-    load_systems = [s for s in systems if s in ("raw_readT", "dcp_load") or s.startswith("stagehand_load")]
+    load_systems = [s for s in systems if s in ("raw_readT", "dcp_load", "stagehand_spmd_load")
+                    or s.startswith("stagehand_load")]
     if load_systems:
         out.append("")
         out.append("### Load (cold: files dropped from the page cache first)")
@@ -631,7 +646,7 @@ def main():
             clean(directory)
             t0 = time.monotonic()
             try:
-                if s.startswith("stagehand"):
+                if s.startswith("stagehand") and s not in SPMD:
                     result, error = run_stagehand(args, bench, s, directory)
                 else:
                     result, error = run_python_peer(args, s, directory)
