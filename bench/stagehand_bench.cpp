@@ -180,6 +180,13 @@ int run_save(const SaveArgs& args) {
     std::cerr << "stagehand-bench: --baseline writes local files; it needs a local --out\n";
     return 2;
   }
+  // One lock for the run, as stagehand-train and the Checkpointer take it: a second bench or a
+  // trainer on the same --out is refused, not interleaved.
+  auto root_lock = store.lock();
+  if (!root_lock.is_ok()) {
+    std::cerr << "stagehand-bench: " << root_lock.status().to_string() << "\n";
+    return 2;
+  }
   std::vector<std::unique_ptr<Checkpointable>> ranks;
   std::vector<std::uint64_t> file_sizes;
   const bool device = args.source == "device";

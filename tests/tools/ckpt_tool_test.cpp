@@ -538,3 +538,13 @@ BOOST_AUTO_TEST_CASE(malformed_fields_are_errors_not_crashes) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(the_bench_takes_the_roots_lock) {
+  TempDir dir;
+  auto held = test::local_store(dir.path()).lock();  // a trainer or another bench on the root
+  BOOST_REQUIRE(held.is_ok());
+  test::CommandRun second = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() + " --bytes-per-rank 1M");
+  BOOST_TEST(second.code == 2, second.output);
+  BOOST_TEST(second.output.find("lock") != std::string::npos, second.output);
+  BOOST_TEST(!std::filesystem::exists(dir / "global_step_1"));
+}
