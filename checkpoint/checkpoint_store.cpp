@@ -84,6 +84,17 @@ std::string CheckpointStore::metadata_path(const std::string& checkpoint_dir) co
   return CheckpointLayout::policy_dir(checkpoint_dir) + "/" + kMetadataFile;
 }
 
+Status CheckpointStore::create_root() const {
+  // Where folders are key prefixes there is nothing to make or sync (create_dir checks the URL).
+  if (!fs_->capabilities(root_).directories)
+    return fs_->create_dir(root_).with_context("ckpt_path");
+  SH_ASSIGN_OR_RETURN(bool exists, fs_->is_dir(root_));
+  if (exists) return Status::ok();
+  SH_RETURN_IF_ERROR(fs_->create_dir(root_).with_context("ckpt_path"));
+  // Until its parent is synced, a power loss may take the new root with every step below it.
+  return fs_->sync_dir(parent_path(root_)).with_context("ckpt_path");
+}
+
 // -- before the first save --
 
 Status CheckpointStore::check_destination() const {
@@ -107,7 +118,7 @@ Status CheckpointStore::check_destination() const {
 Result<std::unique_ptr<FileLock>> CheckpointStore::lock() const {
   if (!fs_->capabilities(root_).locks) return std::unique_ptr<FileLock>{};
   SH_RETURN_IF_ERROR(check_destination());
-  SH_RETURN_IF_ERROR(fs_->create_dir(root_).with_context("ckpt_path"));
+  SH_RETURN_IF_ERROR(create_root());
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string holder =
@@ -172,7 +183,7 @@ Result<std::string> CheckpointStore::prepare(std::int64_t step) const {
                         "not overwritten"};
     }
   }
-  SH_RETURN_IF_ERROR(fs_->create_dir(root_).with_context("ckpt_path"));
+  SH_RETURN_IF_ERROR(create_root());
   const std::string dir = write_dir(step);
   SH_RETURN_IF_ERROR(fs_->remove_tree(dir));
   SH_RETURN_IF_ERROR(fs_->create_dir(dir));
@@ -283,10 +294,10 @@ Status CheckpointStore::remove_step(std::int64_t step) const {
     return fs_->remove_tree(dir);
   }
   const std::string doomed = layout().tmp_dir(step);
-  SH_RETURN_IF_ERROR(fs_->remove_tree(doomed));
+  SH_RETURN_IF_ERROR(fs_->remove_tree(doomed).with_context("retention"));
   SH_RETURN_IF_ERROR(fs_->rename(dir, doomed)
                          .with_context("retention: cannot retire step " + std::to_string(step)));
-  SH_RETURN_IF_ERROR(fs_->sync_dir(root_));
+  SH_RETURN_IF_ERROR(fs_->sync_dir(root_).with_context("retention"));
   return fs_->remove_tree(doomed).with_context("retention");
 }
 

@@ -64,10 +64,11 @@ class CheckpointStore {
   /// whose parent folder is missing or not writable; an object store that cannot be reached,
   /// refuses the credentials or lacks the bucket. Creates nothing.
   Status check_destination() const;
-  /// Takes the exclusive lock on the root (creating the folder), held until the result is
-  /// destroyed, so that a second job on the same root cannot clean away or overwrite what this
-  /// one writes; it records this host and pid for whoever is refused. Null where the store has
-  /// no locks (an object store). already_exists naming the holder when another job holds it.
+  /// Takes the exclusive lock on the root (creating the folder as prepare() does), held until
+  /// the result is destroyed, so that a second job on the same root cannot clean away or
+  /// overwrite what this one writes; it records this host and pid for whoever is refused. Null
+  /// where the store has no locks (an object store). already_exists naming the holder when
+  /// another job holds it.
   Result<std::unique_ptr<FileLock>> lock() const;
   /// Removes what interrupted saves left, saying what: `global_step_*.tmp` folders and the
   /// tracker's temporary file; where steps are written in place, the files of steps without
@@ -78,7 +79,8 @@ class CheckpointStore {
   // -- saving one step --
 
   /// Makes step N's write folder with its `policy/` folder, replacing a stale one of the same
-  /// step, creating the root when missing (its parent folder must exist). Where steps are
+  /// step, creating the root when missing (its parent folder must exist; it is synced, so that
+  /// the new root outlasts a power loss as the steps below it do). Where steps are
   /// written in place, refuses a step that is already committed (an object store cannot
   /// replace it atomically).
   /// @return the `policy/` folder the ranks write their files into.
@@ -120,6 +122,9 @@ class CheckpointStore {
 
  private:
   bool in_place() const;
+  /// Creates the root folder when it is missing, and syncs its parent so that it lasts (an
+  /// object store has no folders to sync).
+  Status create_root() const;
   std::string metadata_path(const std::string& checkpoint_dir) const;
   Status write_tracker(std::int64_t step) const;
 

@@ -10,13 +10,14 @@ namespace stagehand {
 
 Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string& root, std::int64_t step,
                                                                const std::vector<SaveEngine*>& engines,
-                                                               const std::vector<const StateDict*>& states) {
+                                                               const std::vector<const StateDict*>& states,
+                                                               std::shared_ptr<FileSystem> fs) {
   if (engines.size() != states.size() || engines.empty()) {
     return Status{ErrorCode::invalid_argument, "one state per engine is needed"};
   }
   // The plan the coordinator would make: every rank's blocks, replicas written once.
   SH_ASSIGN_OR_RETURN(std::vector<StateDict> planned, planned_states(states, step));
-  const CheckpointStore store(local_file_system(), root);
+  const CheckpointStore store(std::move(fs), root);
   SH_ASSIGN_OR_RETURN(const std::string policy, store.prepare(step));
   std::vector<RankSaveReport> reports(engines.size());
   std::vector<std::thread> ranks;

@@ -28,8 +28,10 @@ namespace stagehand::test {
 /// A fresh folder under /tmp, removed at the end of the test.
 class TempDir {
  public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "stagehand-test-XXXXXX").string();
+  TempDir() : TempDir(std::filesystem::temp_directory_path().string()) {}
+  /// A fresh folder below the folder `parent`.
+  explicit TempDir(const std::string& parent) {
+    std::string pattern = parent + "/stagehand-test-XXXXXX";
     path_ = ::mkdtemp(pattern.data());
   }
   ~TempDir() {
