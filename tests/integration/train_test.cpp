@@ -587,6 +587,19 @@ BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_model_that_does_not_fit_in_memory_fails_cleanly_naming_its_sizes) {
+  TempDir dir;
+  // 2 GB of address space: each rank's share of a 2048 x 16384 model is about 330 MB.
+  Run r = test::run_command("ulimit -v 2000000; exec " +
+                            train_command("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "model.context_dim=16384",
+                                                           "model.hidden=2048"}));
+  BOOST_TEST(r.code == 2, r.output);
+  BOOST_TEST(r.output.find("terminate called") == std::string::npos, r.output);
+  BOOST_TEST(r.output.find("does not fit in host memory") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("model.hidden x model.context_dim = 2048 x 16384") != std::string::npos, r.output);
+  BOOST_TEST(test::committed_steps(dir / "ckpt").empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_failed_tracker_update_says_what_state_the_checkpoint_is_in) {
   TempDir dir;
   std::string root = dir / "ckpt";
