@@ -587,6 +587,41 @@ BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_from_path_resume_into_a_ckpt_path_with_newer_steps_is_refused_unless_asked) {
+  TempDir dir;
+  Run older = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "older", "trainer.total_steps=5"});
+  BOOST_REQUIRE_MESSAGE(older.code == 0, older.output);
+  const std::string root = dir / "ckpt";
+  Run newer = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=30",
+                                     "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=0"});
+  BOOST_REQUIRE_MESSAGE(newer.code == 0, newer.output);
+  // Every file but the lock, which each run that takes it rewrites (its holder).
+  auto checkpoints = [&] {
+    auto files = test::files_of(root);
+    files.erase(kRootLockFile);
+    return files;
+  };
+  const auto before = checkpoints();
+  const std::vector<std::string> from_older{"trainer.ckpt_path=" + root, "trainer.total_steps=30",
+                                            "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=1",
+                                            "trainer.resume_mode=from_path",
+                                            "trainer.resume_path=" + dir / "older/global_step_5"};
+  Run refused = train("sync_rl.yaml", from_older, dir / "refused.jsonl");
+  BOOST_TEST(refused.code == 1, refused.output);
+  BOOST_TEST(refused.output.find("holds committed checkpoints of steps after 5") != std::string::npos, refused.output);
+  BOOST_TEST(refused.output.find("global_step_10 ... global_step_30, 3 in all") != std::string::npos, refused.output);
+  BOOST_TEST(refused.output.find("trainer.overwrite_checkpoints") != std::string::npos, refused.output);
+  BOOST_TEST(lines_of(dir / "refused.jsonl", "step").empty());  // refused before training
+  // Nothing was deleted or replaced, the tracker included.
+  BOOST_TEST((checkpoints() == before));
+  // Asked for: the run trains on from step 6, replacing them (retention keeps the newest).
+  auto asked = from_older;
+  asked.push_back("trainer.overwrite_checkpoints=true");
+  Run replaced = train("sync_rl.yaml", asked);
+  BOOST_TEST(replaced.code == 0, replaced.output);
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{30}));
+}
+
 BOOST_AUTO_TEST_CASE(a_model_that_does_not_fit_in_memory_fails_cleanly_naming_its_sizes) {
   TempDir dir;
   // 2 GB of address space: each rank's share of a 2048 x 16384 model is about 330 MB.
