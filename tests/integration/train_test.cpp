@@ -59,9 +59,9 @@ Run train_verbose(const std::string& config, const std::vector<std::string>& set
 /// A stagehand-train run in the background, its output going to a file.
 class BackgroundRun {
  public:
-  BackgroundRun(const std::string& config, const std::vector<std::string>& sets, std::string out)
+  BackgroundRun(const std::string& config, const std::vector<std::string>& sets, std::string out, bool quiet = true)
       : out_(std::move(out)) {
-    const std::string shell = "exec " + train_command(config, sets) + " > " + out_ + " 2>&1";
+    const std::string shell = "exec " + train_command(config, sets, quiet) + " > " + out_ + " 2>&1";
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execl("/bin/sh", "sh", "-c", shell.c_str(), nullptr);
@@ -846,6 +846,88 @@ BOOST_AUTO_TEST_CASE(periodic_exports_run_in_the_background_and_a_failed_one_is_
                           dir / "again.jsonl");
   BOOST_REQUIRE_MESSAGE(from_export.code == 0, from_export.output);
   BOOST_TEST(lines_of(dir / "again.jsonl", "step").front()["accuracy"].get<double>() > accuracy - 0.05);
+}
+
+// A run that dies between a commit and that checkpoint's export (SIGKILL) owes the export. Here
+// the first run's exports fail without leaving anything at their folders (trainer.export_path is
+// a file), as a killed run's never start: retention keeps those checkpoints, the run that resumes
+// exports them first, and once they are exported retention removes them.
+BOOST_AUTO_TEST_CASE(owed_exports_are_kept_by_retention_and_done_by_the_run_that_resumes) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  const std::string hf = dir / "hf";
+  std::ofstream(hf) << "not a folder";
+  const std::vector<std::string> common{"trainer.ckpt_path=" + root, "trainer.ckpt_interval=10",
+                                        "trainer.max_ckpts_to_keep=1", "trainer.export_interval=10",
+                                        "trainer.export_path=" + hf};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return sets;
+  };
+  Run first = train_with_progress("sync_rl.yaml", with({"trainer.total_steps=20"}), dir / "first.jsonl");
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST(first.output.find("exports: 0 written to " + hf + ", 2 failed") != std::string::npos, first.output);
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{10, 20}));
+
+  fs::remove(hf);
+  Run resumed = train_with_progress("sync_rl.yaml", with({"trainer.total_steps=30", "trainer.resume_mode=latest"}),
+                                    dir / "second.jsonl");
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  for (int step : {10, 20}) {
+    BOOST_TEST(resumed.output.find("exporting step " + std::to_string(step) +
+                                   ", committed but not exported yet") != std::string::npos,
+               resumed.output);
+  }
+  for (int step : {10, 20, 30}) {
+    BOOST_TEST(fs::exists(hf + "/global_step_" + std::to_string(step) + "/model.safetensors"), step);
+  }
+  BOOST_TEST(resumed.output.find("exports: 3 written to " + hf + ", 0 failed") != std::string::npos, resumed.output);
+  BOOST_TEST(lines_of(dir / "second.jsonl", "export").size() == 3u);
+  // Nothing is owed any more: retention keeps the newest only.
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{30}));
+}
+
+// SIGTERM while exports run: the export running then finishes and is counted, the queued ones
+// are left owed (their checkpoints kept), and the run that resumes does them.
+BOOST_AUTO_TEST_CASE(after_sigterm_the_summary_counts_the_exports_that_exist_and_a_resume_does_the_rest) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  const std::string hf = dir / "hf";
+  const std::vector<std::string> common{"trainer.ckpt_path=" + root, "trainer.ckpt_interval=1",
+                                        "trainer.max_ckpts_to_keep=2", "trainer.export_interval=1",
+                                        "trainer.export_path=" + hf};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return sets;
+  };
+  auto exports_on_disk = [&] {
+    std::int64_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(hf, ec)) n += parse_step_dir_name(e.path().filename().string(), false) ? 1 : 0;
+    return n;
+  };
+  BackgroundRun run("sync_rl.yaml", with({"trainer.total_steps=100000000"}), dir / "out.txt", /*quiet=*/false);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (exports_on_disk() < 5 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  run.signal(SIGTERM);
+  BOOST_REQUIRE_MESSAGE(run.wait(std::chrono::seconds(120)) == 0, run.output());
+  const std::string text = run.output();
+  const auto pos = text.find("exports: ");
+  BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
+  BOOST_TEST(std::stoll(text.substr(pos + 9)) == exports_on_disk(), text);
+  const auto stopped = text.find("stopped by signal: checkpoint of step ");
+  BOOST_REQUIRE_MESSAGE(stopped != std::string::npos, text);
+  const std::int64_t step = std::stoll(text.substr(stopped + 38));
+
+  Run resumed = train("sync_rl.yaml", with({"trainer.total_steps=" + std::to_string(step + 1), "trainer.resume_mode=latest"}));
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  BOOST_TEST(exports_on_disk() == step + 1);
+  for (std::int64_t s = 1; s <= step + 1; ++s) {
+    BOOST_TEST(fs::exists(hf + "/global_step_" + std::to_string(s) + "/model.safetensors"), s);
+  }
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{step, step + 1}));
 }
 
 BOOST_AUTO_TEST_CASE(load_strict_refuses_missing_and_extra_tensors_unless_told_to_warn) {
