@@ -336,7 +336,7 @@ Result<JoinedWorld> WorldMember::join(std::vector<worker_actor> local) {
   return out;
 }
 
-int WorldMember::serve(std::string& lost) {
+int WorldMember::serve(std::string& lost, const std::atomic<bool>* stop) {
   int code = 1;
   bool done = false;
   auto& self = *self_;
@@ -352,7 +352,14 @@ int WorldMember::serve(std::string& lost) {
       [&](const caf::down_msg&) {
         lost = "lost rank 0 at " + info_.master();
         done = true;
-      });
+      },
+      caf::after(std::chrono::milliseconds(100)) >>
+          [&] {
+            if (stop != nullptr && stop->load()) {
+              lost = "stop requested";
+              done = true;
+            }
+          });
   return code;
 }
 

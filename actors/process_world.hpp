@@ -2,6 +2,7 @@
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -62,8 +63,8 @@ struct JoinedWorld {
 /// A process other than rank 0's: connects to rank 0 (each attempt bounded; retried until the
 /// join time limit, so that a rank 0 that is half up, or a port that accepts and never answers,
 /// fails the join in time), joins with its Workers, and waits for the world to be complete.
-/// Then, with serve(), waits until rank 0 says to stop (its exit code) or goes away (1); or,
-/// with leave(), says it is done.
+/// Then, with serve(), waits until rank 0 says to stop (its exit code), goes away or a stop is
+/// asked for (1); or, with leave(), says it is done.
 ///
 /// Thread-safety: one thread at a time.
 class WorldMember {
@@ -72,8 +73,11 @@ class WorldMember {
   ~WorldMember();
   /// @param local the Workers of this process: ranks info.rank, info.rank + 1, ...
   Result<JoinedWorld> join(std::vector<worker_actor> local);
-  /// @return the exit code rank 0 sent, or 1 with `lost` set when rank 0 went away first.
-  int serve(std::string& lost);
+  /// @param stop when not null, polled (every 100 ms): once true (a signal asked this process to
+  ///        stop), serve returns.
+  /// @return the exit code rank 0 sent; or 1 with `lost` set when rank 0 went away first, or
+  ///         when `stop` became true first ("stop requested").
+  int serve(std::string& lost, const std::atomic<bool>* stop = nullptr);
   /// Tells rank 0 this process is done with the world.
   void leave();
   /// Rank 0's world actor, once joined (to watch for rank 0's end).

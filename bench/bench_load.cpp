@@ -141,7 +141,7 @@ int run_load(const LoadArgs& args) {
   try {
     spec = args.state.spec();
   } catch (const std::exception& e) {
-    return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "'", 2);
+    return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "': " + e.what(), 2);
   }
   auto dir = resolve_checkpoint(fs, args.out);
   if (!dir.is_ok()) return fail(dir.status().to_string(), 2);

@@ -82,7 +82,7 @@ int run_metadata(const MetadataArgs& args) {
   try {
     spec = args.state.spec();
   } catch (const std::exception& e) {
-    return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "'");
+    return fail("bad --bytes-per-rank '" + args.state.bytes_per_rank + "': " + e.what());
   }
   FileSystem& fs = *local_file_system();
   auto dir = resolve_checkpoint(fs, args.out);

@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
-    std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.state.bytes_per_rank << "'\n";
+    std::cerr << "stagehand-bench: bad --bytes-per-rank '" << args.state.bytes_per_rank << "': " << e.what() << "\n";
     return 2;
   }
   if (load.command->parsed()) return load.run();

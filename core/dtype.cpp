@@ -182,8 +182,10 @@ std::uint32_t double_to_minifloat(double value, const MiniFloat& f) {
       exponent < min_normal_exponent ? 0 : static_cast<std::uint64_t>(exponent + f.bias());
   const std::uint64_t magnitude = (biased_exponent << f.mantissa_bits) +
                                   (rounded - (biased_exponent ? 1ull << f.mantissa_bits : 0));
+  // Rounded past the largest finite value: an infinity, or NaN where there is none (an "fn"
+  // format, as ml_dtypes and torch convert to float8_e4m3fn).
   if (magnitude > f.max_finite()) {
-    return sign | (f.has_infinity ? f.max_exponent_field() << f.mantissa_bits : f.max_finite());
+    return sign | (f.has_infinity ? f.max_exponent_field() << f.mantissa_bits : nan);
   }
   return sign | static_cast<std::uint32_t>(magnitude);
 }

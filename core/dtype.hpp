@@ -59,9 +59,10 @@ bool can_convert(DType from, DType to);
 ///
 /// - The same dtype: the bytes are copied.
 /// - Between floating types: the value is rounded once, to nearest, ties to even. Values that
-///   overflow F16, BF16 or F8_E5M2 become infinities; F8_E4M3, which has none, saturates finite
-///   values to +-448 and turns infinities into NaN. NaN stays NaN with its sign (and the top bits
-///   of its payload where the target has room for them).
+///   overflow F16, BF16 or F8_E5M2 become infinities; F8_E4M3, which has none, makes them NaN
+///   with their sign, as ml_dtypes and torch do: every |x| > 464 (464, halfway between 448 and
+///   the NaN pattern, rounds to even, to 448), and infinities. NaN stays NaN with its sign (and
+///   the top bits of its payload where the target has room for them).
 /// - An integer to a wider integer of the same signedness (I8 -> I32, U16 -> U64): exact.
 /// - Anything else (narrowing integers, integer <-> float, BOOL to another type) is
 ///   invalid_argument naming both dtypes, and nothing is written.

@@ -31,8 +31,13 @@ using namespace stagehand;
 namespace {
 
 std::atomic<bool> g_stop{false};
+/// The signal that set g_stop.
+std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
 
 int fail(const std::string& what, int code = 2) {
   std::fprintf(stderr, "stagehand-train: %s\n", what.c_str());
@@ -247,16 +252,28 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send(*worker, report_to_atom::value, joined->coordinator);
     if (!quiet) std::printf("stagehand-train: rank %d joined rank 0 at %s\n", rank, launch.master().c_str());
     std::string lost;
-    code = member.serve(lost);
-    if (!lost.empty()) {
+    code = member.serve(lost, &g_stop);
+    if (g_stop.load()) {
+      // Only rank 0's trainer can stop the job cleanly (a signal to rank 0 saves and stops): this
+      // rank leaves it, and rank 0 sees it gone and fails the run, naming it.
+      const char* signal = g_stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM";
+      code = fail("rank " + std::to_string(rank) + ": stopped by " + signal +
+                      ": leaving the job (rank 0 fails the run naming this rank; send the signal to "
+                      "rank 0 to save and stop)",
+                  1);
+      collectives.abort("rank " + std::to_string(rank) + " was stopped by " + signal);
+    } else if (!lost.empty()) {
       fail("rank " + std::to_string(rank) + ": " + lost, 1);
     } else if (code != 0) {
       fail("rank " + std::to_string(rank) + ": rank 0 ended with exit code " + std::to_string(code), code);
     }
   }
-  if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down");
-      !closed.is_ok())
-    fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
+  // Leaving on a signal, the collectives are aborted, not closed: the other ranks are still
+  // training and would not say goodbye.
+  if (!g_stop.load()) {
+    if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down"); !closed.is_ok())
+      fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
+  }
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }

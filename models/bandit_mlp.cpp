@@ -121,49 +121,79 @@ Status BanditMlp::build_state() {
 
   state_ = std::make_shared<StateDict>();
   const int dp_size = layout_.data_parallel;
-  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-    Param& p = *params_[pi];
-    p.n = static_cast<std::size_t>(p.local_shape.numel());
+  // Host memory this rank holds for the state: per element bf16 weights, fp32 values, gradients
+  // and (while filling) fp32 main weights; per element of its optimizer slice fp32 main weights
+  // and two moments.
+  std::uint64_t state_bytes = 0;
+  for (const auto& p : params_) {
+    p->n = static_cast<std::size_t>(p->local_shape.numel());
     // This data-parallel rank's slice of the optimizer state: whole rows of the local block, so
     // that it is a block of the parameter's global shape whatever the layout.
-    const auto [row_lo, row_hi] = optimizer_rows(p.local_shape[0], dp_, dp_size);
-    const auto cols = static_cast<std::size_t>(p.local_shape.numel() / p.local_shape[0]);
-    p.lo = static_cast<std::size_t>(row_lo) * cols;
-    p.hi = static_cast<std::size_t>(row_hi) * cols;
-    p.value.resize(p.n);
-    p.grad.resize(p.n);
-    SH_ASSIGN_OR_RETURN(p.weight, Tensor::empty(DType::bf16, p.local_shape, Device::host()));
-    auto* w = p.weight.host_data<std::uint16_t>();
-    std::vector<float> main_full(p.n);
-    for (std::size_t i = 0; i < p.n; ++i) {
-      main_full[i] = static_cast<float>(p.init_scale * gaussian(seed_, kInitStream + pi * 16, p.global_index(i)));
-      w[i] = to_bf16(main_full[i]);
-      p.value[i] = from_bf16(w[i]);
-    }
-    Shape slice = p.local_shape;
-    slice[0] = row_hi - row_lo;
-    SH_ASSIGN_OR_RETURN(p.main, Tensor::empty(DType::f32, slice, Device::host()));
-    SH_ASSIGN_OR_RETURN(p.exp_avg, Tensor::empty(DType::f32, slice, Device::host()));
-    SH_ASSIGN_OR_RETURN(p.exp_avg_sq, Tensor::empty(DType::f32, slice, Device::host()));
-    std::copy(main_full.begin() + static_cast<std::ptrdiff_t>(p.lo), main_full.begin() + static_cast<std::ptrdiff_t>(p.hi),
-              p.main.host_data<float>());
-    std::fill_n(p.exp_avg.host_data<float>(), p.hi - p.lo, 0.0f);
-    std::fill_n(p.exp_avg_sq.host_data<float>(), p.hi - p.lo, 0.0f);
-
-    // Model weights: replicas on data-parallel ranks (and tensor-parallel ranks when not split),
-    // each with replica id 0: the save's global plan has one of them write it, balancing what
-    // every rank writes.
-    state_->add(p.name, p.weight, p.global_shape, p.global_offset);
-    // Optimizer state: the parameter's global shape, each rank its rows of its block, so that
-    // the checkpoint does not depend on the tensor- or data-parallel size.
-    Shape opt_offset = p.global_offset;
-    opt_offset[0] += row_lo;
-    for (auto& [name, tensor] : {std::pair{"optimizer.main." + p.name, p.main},
-                                 std::pair{"optimizer.exp_avg." + p.name, p.exp_avg},
-                                 std::pair{"optimizer.exp_avg_sq." + p.name, p.exp_avg_sq}}) {
-      state_->add(name, tensor, p.global_shape, opt_offset);
-    }
+    const auto [row_lo, row_hi] = optimizer_rows(p->local_shape[0], dp_, dp_size);
+    const auto cols = static_cast<std::size_t>(p->local_shape.numel() / p->local_shape[0]);
+    p->lo = static_cast<std::size_t>(row_lo) * cols;
+    p->hi = static_cast<std::size_t>(row_hi) * cols;
+    state_bytes += p->n * (2 + 4 + 4 + 4) + (p->hi - p->lo) * 12;
   }
+  // The tensors and vectors of every parameter; a vector that cannot grow throws bad_alloc.
+  auto allocate = [&]() -> Status {
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      Param& p = *params_[pi];
+      const auto cols = static_cast<std::size_t>(p.local_shape.numel() / p.local_shape[0]);
+      const auto row_lo = static_cast<std::int64_t>(p.lo / cols);
+      const auto row_hi = static_cast<std::int64_t>(p.hi / cols);
+      p.value.resize(p.n);
+      p.grad.resize(p.n);
+      SH_ASSIGN_OR_RETURN(p.weight, Tensor::empty(DType::bf16, p.local_shape, Device::host()));
+      auto* w = p.weight.host_data<std::uint16_t>();
+      std::vector<float> main_full(p.n);
+      for (std::size_t i = 0; i < p.n; ++i) {
+        main_full[i] = static_cast<float>(p.init_scale * gaussian(seed_, kInitStream + pi * 16, p.global_index(i)));
+        w[i] = to_bf16(main_full[i]);
+        p.value[i] = from_bf16(w[i]);
+      }
+      Shape slice = p.local_shape;
+      slice[0] = row_hi - row_lo;
+      SH_ASSIGN_OR_RETURN(p.main, Tensor::empty(DType::f32, slice, Device::host()));
+      SH_ASSIGN_OR_RETURN(p.exp_avg, Tensor::empty(DType::f32, slice, Device::host()));
+      SH_ASSIGN_OR_RETURN(p.exp_avg_sq, Tensor::empty(DType::f32, slice, Device::host()));
+      std::copy(main_full.begin() + static_cast<std::ptrdiff_t>(p.lo), main_full.begin() + static_cast<std::ptrdiff_t>(p.hi),
+                p.main.host_data<float>());
+      std::fill_n(p.exp_avg.host_data<float>(), p.hi - p.lo, 0.0f);
+      std::fill_n(p.exp_avg_sq.host_data<float>(), p.hi - p.lo, 0.0f);
+
+      // Model weights: replicas on data-parallel ranks (and tensor-parallel ranks when not split),
+      // each with replica id 0: the save's global plan has one of them write it, balancing what
+      // every rank writes.
+      state_->add(p.name, p.weight, p.global_shape, p.global_offset);
+      // Optimizer state: the parameter's global shape, each rank its rows of its block, so that
+      // the checkpoint does not depend on the tensor- or data-parallel size.
+      Shape opt_offset = p.global_offset;
+      opt_offset[0] += row_lo;
+      for (auto& [name, tensor] : {std::pair{"optimizer.main." + p.name, p.main},
+                                   std::pair{"optimizer.exp_avg." + p.name, p.exp_avg},
+                                   std::pair{"optimizer.exp_avg_sq." + p.name, p.exp_avg_sq}}) {
+        state_->add(name, tensor, p.global_shape, opt_offset);
+      }
+    }
+    return Status::ok();
+  };
+  Status allocated = [&]() -> Status {
+    try {
+      return allocate();
+    } catch (const std::bad_alloc& e) {
+      return {ErrorCode::no_space, e.what()};
+    }
+  }();
+  if (allocated.code() == ErrorCode::no_space) {
+    return {ErrorCode::no_space,
+            "the model's state does not fit in host memory: " + std::to_string(state_bytes) +
+                " bytes on this rank for model.hidden x model.context_dim = " + std::to_string(H) + " x " +
+                std::to_string(D) + " (model.fc1.weight, split over parallel.tensor_parallel " +
+                std::to_string(layout_.tensor_parallel) + "); make model.hidden or model.context_dim smaller (" +
+                allocated.message() + ")"};
+  }
+  SH_RETURN_IF_ERROR(allocated);
   refresh_objects();
   return Status::ok();
 }

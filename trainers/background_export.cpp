@@ -39,6 +39,12 @@ void BackgroundExports::wait_idle() {
   changed_.wait(lock, [this] { return queue_.empty() && running_ < 0; });
 }
 
+void BackgroundExports::drop_queued() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  queue_.clear();
+  changed_.wait(lock, [this] { return running_ < 0; });
+}
+
 std::set<std::int64_t> BackgroundExports::steps_in_use() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::set<std::int64_t> steps;

@@ -47,6 +47,10 @@ class BackgroundExports {
   /// Waits until every queued export has ended; then take_done() has them all.
   void wait_idle();
 
+  /// Drops the queued exports (their checkpoints still owe them) and waits for the one running
+  /// now to end; then take_done() has every export that ran.
+  void drop_queued();
+
   /// Steps whose checkpoints are queued or being exported: retention must keep them.
   std::set<std::int64_t> steps_in_use() const;
 

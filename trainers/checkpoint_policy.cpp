@@ -4,6 +4,18 @@
 
 namespace stagehand {
 
+namespace {
+
+/// Whether `dir` holds an export: a folder with something in it (one that cannot be read does not).
+bool holds_export(FileSystem& fs, const std::string& dir) {
+  auto is_dir = fs.is_dir(dir);
+  if (!is_dir.is_ok() || !*is_dir) return false;
+  auto entries = fs.list_dir(dir);
+  return entries.is_ok() && !entries->empty();
+}
+
+}  // namespace
+
 bool CheckpointPolicy::should_save(std::int64_t step) const {
   return step == config_.total_steps ||
          (config_.ckpt_interval > 0 && step % config_.ckpt_interval == 0);
@@ -76,6 +88,33 @@ Status CheckpointPolicy::check_resume(std::int64_t step) const {
               std::to_string(step) + ", the step resumed (" + held +
               "): the run's saves would replace them. Resume the newest (trainer.resume_mode: latest), give the "
               "run another trainer.ckpt_path, or set trainer.overwrite_checkpoints: true to replace them anyway"};
+}
+
+bool CheckpointPolicy::should_export(std::int64_t step) const {
+  return config_.export_interval > 0 && step % config_.export_interval == 0;
+}
+
+std::string CheckpointPolicy::export_dir(std::int64_t step) const {
+  return config_.export_path + "/global_step_" + std::to_string(step);
+}
+
+Result<std::vector<std::int64_t>> CheckpointPolicy::owed_exports() const {
+  std::vector<std::int64_t> owed;
+  if (config_.export_interval <= 0) return owed;
+  SH_ASSIGN_OR_RETURN(auto steps, store_.committed_steps());
+  for (auto step : steps) {
+    if (should_export(step) && !holds_export(store_.fs(), export_dir(step))) owed.push_back(step);
+  }
+  return owed;
+}
+
+Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention(const std::set<std::int64_t>& in_use) const {
+  const int keep = static_cast<int>(config_.max_ckpts_to_keep);
+  if (keep <= 0) return std::vector<std::int64_t>{};
+  std::set<std::int64_t> kept = in_use;
+  SH_ASSIGN_OR_RETURN(auto owed, owed_exports());
+  kept.insert(owed.begin(), owed.end());
+  return store_.apply_retention(keep, kept);
 }
 
 Result<std::unique_ptr<FileLock>> CheckpointPolicy::lock_destination() const {

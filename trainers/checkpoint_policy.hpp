@@ -44,14 +44,23 @@ class CheckpointPolicy {
   /// The step the tracker names; none when there is no tracker.
   Result<std::optional<std::int64_t>> tracked_step() const { return store_.tracker(); }
 
+  /// Whether the checkpoint of `step` is exported: trainer.export_interval (when > 0) divides it.
+  bool should_export(std::int64_t step) const;
+
+  /// Where the export of `step` goes: `<trainer.export_path>/global_step_<step>`.
+  std::string export_dir(std::int64_t step) const;
+
+  /// The committed steps whose export is owed: should_export, and nothing at export_dir yet (an
+  /// export appears there whole, renamed into place, or not at all). A run killed between a
+  /// commit and its export, or whose export failed, or that stopped with exports queued, leaves
+  /// them. An export folder that cannot be read counts as owed.
+  Result<std::vector<std::int64_t>> owed_exports() const;
+
   /// Deletes the oldest committed checkpoints beyond max_ckpts_to_keep (0 keeps all). Only
-  /// committed ones are touched, never the one the tracker names nor those in `in_use` (being
-  /// exported). Call only after a commit.
+  /// committed ones are touched, never the one the tracker names, those in `in_use` (being
+  /// exported) nor those whose export is owed (owed_exports). Call only after a commit.
   /// @return the steps deleted.
-  Result<std::vector<std::int64_t>> apply_retention(
-      const std::set<std::int64_t>& in_use = {}) const {
-    return store_.apply_retention(static_cast<int>(config_.max_ckpts_to_keep), in_use);
-  }
+  Result<std::vector<std::int64_t>> apply_retention(const std::set<std::int64_t>& in_use = {}) const;
 
   /// Fails fast, before any training, when `ckpt_path` cannot hold checkpoints
   /// (CheckpointStore::check_destination).

@@ -117,6 +117,11 @@ class TrainerBase : public caf::blocking_actor {
   Status finalize();
   /// The metrics line, exports and retention of a commit.
   Status on_committed(const CommitInfo& commit);
+  /// Deletes the checkpoints retention does not keep, saying which.
+  Status apply_retention();
+  /// Queues the exports owed by committed steps up to `step`, the step resumed (a run stopped
+  /// or killed before it did them).
+  Status export_owed(std::int64_t step);
   /// Says how the exports that ended went: a line and a metrics line each.
   void report_exports();
 

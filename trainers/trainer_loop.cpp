@@ -22,6 +22,12 @@ TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, Traine
 
 void TrainerBase::act() {
   summary_->status = run_catching();
+  if (exports_) {
+    // However the run ended, the export running now finishes and is counted; queued ones (after
+    // a signal or an error) are dropped, still owed: the run that resumes does them.
+    exports_->drop_queued();
+    report_exports();
+  }
   on_stop();
   if (!summary_->status.is_ok()) {
     if (summary_->stopped_by_signal) {
@@ -58,6 +64,7 @@ Status TrainerBase::run() {
   SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
   if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, fs_);
   SH_ASSIGN_OR_RETURN(std::int64_t step, start_from(resume));
+  if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
   summary_->first_step = step + 1;
   summary_->last_step = step;
   SH_ASSIGN_OR_RETURN(step, train_steps(step));
@@ -68,6 +75,8 @@ Status TrainerBase::run() {
   if (exports_ && !summary_->stopped_by_signal) {
     exports_->wait_idle();
     report_exports();
+    // The checkpoints kept until their exports were done may go now.
+    SH_RETURN_IF_ERROR(apply_retention());
   }
   return Status::ok();
 }

@@ -62,13 +62,26 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"commit_s", commit.commit_s},
                       {"commit_cpu_s", commit.commit_cpu_s}};
   write_metrics(line);
-  const auto& t = options_.config.trainer;
-  if (exports_ && saved.step % t.export_interval == 0) {
-    exports_->enqueue(saved.step, dir, t.export_path + "/global_step_" + std::to_string(saved.step));
-  }
+  if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
+  return apply_retention();
+}
+
+Status TrainerBase::apply_retention() {
   SH_ASSIGN_OR_RETURN(auto deleted,
                       policy_.apply_retention(exports_ ? exports_->steps_in_use() : std::set<std::int64_t>{}));
   for (auto s : deleted) say("retention: removed checkpoint step %lld\n", static_cast<long long>(s));
+  return Status::ok();
+}
+
+Status TrainerBase::export_owed(std::int64_t step) {
+  SH_ASSIGN_OR_RETURN(auto owed, policy_.owed_exports());
+  for (auto s : owed) {
+    // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
+    if (s > step) continue;
+    say("exporting step %lld, committed but not exported yet (trainer.export_interval %lld)\n",
+        static_cast<long long>(s), static_cast<long long>(options_.config.trainer.export_interval));
+    exports_->enqueue(s, policy_.store().step_dir(s), policy_.export_dir(s));
+  }
   return Status::ok();
 }
 

@@ -43,6 +43,53 @@ int run_as_nobody(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/// The local file system with one step of write_file_atomic failing: the write, the sync, the
+/// close or the rename of a file (or the sync of a folder).
+class FailingStep final : public FileSystemWrapper {
+ public:
+  explicit FailingStep(std::string step) : FileSystemWrapper(local_file_system()), step_(std::move(step)) {}
+
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto inner, inner().create_file(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<File>(std::move(inner), step_));
+  }
+  Status rename(const std::string& from, const std::string& to) override {
+    if (step_ == "rename") return injected(step_);
+    return inner().rename(from, to);
+  }
+  Status sync_dir(const std::string& path) override {
+    if (step_ == "sync_dir") return injected(step_);
+    return inner().sync_dir(path);
+  }
+
+ private:
+  static Status injected(const std::string& step) { return {ErrorCode::io_error, "injected: " + step + " failed"}; }
+
+  class File final : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> inner, std::string step) : inner_(std::move(inner)), step_(std::move(step)) {}
+    Status append(const void* data, std::size_t bytes) override {
+      if (step_ == "append") return injected(step_);
+      return inner_->append(data, bytes);
+    }
+    Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+      if (step_ == "append") return injected(step_);
+      return inner_->write_at(offset, data, bytes);
+    }
+    Status sync() override { return step_ == "sync" ? injected(step_) : inner_->sync(); }
+    Status close() override {
+      Status closed = inner_->close();
+      return step_ == "close" ? injected(step_) : closed;
+    }
+
+   private:
+    std::unique_ptr<WritableFile> inner_;
+    std::string step_;
+  };
+
+  std::string step_;
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(commit_moves_tracker_last) {
@@ -268,6 +315,29 @@ BOOST_AUTO_TEST_CASE(metadata_streamed_to_its_file_in_pieces_is_the_text_with_it
   BOOST_TEST(st.message().find("injected: disk full") != std::string::npos, st.message());
   BOOST_TEST(!fs::exists(other));
   BOOST_TEST(!fs::exists(other + ".tmp"));
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file) {
+  for (std::string step : {"append", "sync", "close", "rename"}) {
+    BOOST_TEST_CONTEXT(step) {
+      TempDir dir;
+      const std::string path = dir / "tracker.txt";
+      BOOST_REQUIRE(write_file_atomic(*local_file_system(), path, "old\n").is_ok());
+      FailingStep failing(step);
+      Status st = write_file_atomic(failing, path, "new\n");
+      BOOST_TEST(!st.is_ok());
+      BOOST_TEST(st.message().find("injected: " + step + " failed") != std::string::npos, st.message());
+      BOOST_TEST(test::read_file(path) == "old\n");
+      BOOST_TEST(!fs::exists(path + ".tmp"));
+      BOOST_TEST((test::files_of(dir.path()) == std::map<std::string, std::string>{{"tracker.txt", "old\n"}}));
+    }
+  }
+  // Past the rename the new content is in place; a failed sync of the folder is still the error.
+  TempDir dir;
+  const std::string path = dir / "tracker.txt";
+  FailingStep failing("sync_dir");
+  BOOST_TEST(write_file_atomic(failing, path, "new\n").message().find("injected: sync_dir failed") != std::string::npos);
+  BOOST_TEST((test::files_of(dir.path()) == std::map<std::string, std::string>{{"tracker.txt", "new\n"}}));
 }
 
 BOOST_AUTO_TEST_CASE(stale_tmp_dirs_are_ignored_and_cleaned) {

@@ -53,9 +53,8 @@ struct ConversionCase {
 }  // namespace
 
 // Expected bit patterns computed independently with numpy 2.4 and ml_dtypes 0.6 (which round
-// once, to nearest even), except where noted: ml_dtypes turns finite F8_E4M3 overflow into NaN
-// (as torch's plain cast does), where Stagehand saturates to +-448; and ml_dtypes rounds F64 to
-// BF16 through F32 (twice), where Stagehand rounds once.
+// once, to nearest even), except where noted: ml_dtypes rounds F64 to BF16 through F32 (twice),
+// where Stagehand rounds once.
 BOOST_AUTO_TEST_CASE(convert_elements_rounds_to_nearest_even_between_floating_types) {
   // 1.0 -2.5 1+2^-8 1+3*2^-8 65504 65520 448 464 1000 2^-24 2^-25 2^-9 2^-16 57344 61440 FLT_MAX
   // inf -inf nan -nan
@@ -70,10 +69,10 @@ BOOST_AUTO_TEST_CASE(convert_elements_rounds_to_nearest_even_between_floating_ty
       {DType::f32, DType::f16, f32_in,
        {0x3c00, 0xc100, 0x3c04, 0x3c0c, 0x7bff, 0x7c00, 0x5f00, 0x5f40, 0x63d0, 0x0001,
         0x0000, 0x1800, 0x0100, 0x7b00, 0x7b80, 0x7c00, 0x7c00, 0xfc00, 0x7e00, 0xfe00}},
-      // Saturates 464 .. FLT_MAX to 448 (0x7e); inf becomes NaN (0x7f) with its sign.
+      // 464 (a tie) rounds to 448 (0x7e); above it, and inf, NaN (0x7f) with its sign.
       {DType::f32, DType::f8_e4m3, f32_in,
-       {0x38, 0xc2, 0x38, 0x38, 0x7e, 0x7e, 0x7e, 0x7e, 0x7e, 0x00,
-        0x00, 0x01, 0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0xff, 0x7f, 0xff}},
+       {0x38, 0xc2, 0x38, 0x38, 0x7f, 0x7f, 0x7e, 0x7e, 0x7f, 0x00,
+        0x00, 0x01, 0x00, 0x7f, 0x7f, 0x7f, 0x7f, 0xff, 0x7f, 0xff}},
       {DType::f32, DType::f8_e5m2, f32_in,
        {0x3c, 0xc1, 0x3c, 0x3c, 0x7c, 0x7c, 0x5f, 0x5f, 0x64, 0x00,
         0x00, 0x18, 0x01, 0x7b, 0x7c, 0x7c, 0x7c, 0xfc, 0x7e, 0xfe}},
@@ -101,9 +100,9 @@ BOOST_AUTO_TEST_CASE(convert_elements_rounds_to_nearest_even_between_floating_ty
       // 1.0 65536 (overflow) 2^-24 nan.
       {DType::bf16, DType::f16, {0x3f80, 0x4780, 0x3380, 0x7fc0}, {0x3c00, 0x7c00, 0x0001, 0x7e00}},
       // 1.0 448 512 inf -inf.
-      {DType::f16, DType::f8_e4m3, {0x3c00, 0x5f00, 0x6000, 0x7c00, 0xfc00}, {0x38, 0x7e, 0x7e, 0x7f, 0xff}},
+      {DType::f16, DType::f8_e4m3, {0x3c00, 0x5f00, 0x6000, 0x7c00, 0xfc00}, {0x38, 0x7e, 0x7f, 0x7f, 0xff}},
       // 57344 1.0 inf.
-      {DType::f8_e5m2, DType::f8_e4m3, {0x7b, 0x3c, 0x7c}, {0x7e, 0x38, 0x7f}},
+      {DType::f8_e5m2, DType::f8_e4m3, {0x7b, 0x3c, 0x7c}, {0x7f, 0x38, 0x7f}},
       // 448 2^-9 1.0.
       {DType::f8_e4m3, DType::f8_e5m2, {0x7e, 0x01, 0x38}, {0x5f, 0x18, 0x3c}},
   };
@@ -115,6 +114,34 @@ BOOST_AUTO_TEST_CASE(convert_elements_rounds_to_nearest_even_between_floating_ty
       std::vector<std::uint8_t> out(expected.size(), 0xaa);
       BOOST_REQUIRE(convert_elements(in.data(), c.from, out.data(), c.to, c.in.size()).is_ok());
       BOOST_TEST(out == expected, boost::test_tools::per_element());
+    }
+  }
+}
+
+// F8_E4M3 (fn) has no infinity: a value that rounds past 448 is NaN with its sign, as in
+// ml_dtypes 0.6 float8_e4m3fn and torch.float8_e4m3fn. 464, halfway between 448 (mantissa 110)
+// and the NaN pattern (111), is a tie that rounds to even, to 448; anything above it is NaN.
+BOOST_AUTO_TEST_CASE(f8_e4m3_overflow_past_the_rounding_boundary_is_nan_as_in_ml_dtypes) {
+  // 447 448 464 464.0001 479.9 480 1e6 -464 -480 inf -inf nan; expected from ml_dtypes.
+  const std::vector<std::uint64_t> expected = {0x7e, 0x7e, 0x7e, 0x7f, 0x7f, 0x7f,
+                                               0x7f, 0xfe, 0xff, 0x7f, 0xff, 0x7f};
+  const std::vector<ConversionCase> cases = {
+      {DType::f32, DType::f8_e4m3,
+       {0x43df8000, 0x43e00000, 0x43e80000, 0x43e80003, 0x43eff333, 0x43f00000, 0x49742400,
+        0xc3e80000, 0xc3f00000, 0x7f800000, 0xff800000, 0x7fc00000},
+       expected},
+      {DType::f64, DType::f8_e4m3,
+       {0x407bf00000000000, 0x407c000000000000, 0x407d000000000000, 0x407d000068db8bac,
+        0x407dfe6666666666, 0x407e000000000000, 0x412e848000000000, 0xc07d000000000000,
+        0xc07e000000000000, 0x7ff0000000000000, 0xfff0000000000000, 0x7ff8000000000000},
+       expected},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(dtype_name(c.from) << " -> " << dtype_name(c.to)) {
+      const auto in = pack_bits(c.in, dtype_size(c.from));
+      std::vector<std::uint8_t> out(c.out.size(), 0xaa);
+      BOOST_REQUIRE(convert_elements(in.data(), c.from, out.data(), c.to, c.in.size()).is_ok());
+      BOOST_TEST(out == pack_bits(c.out, 1), boost::test_tools::per_element());
     }
   }
 }

@@ -124,6 +124,45 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_a
   BOOST_TEST(**test::read_tracker(dir / "ckpt") == 25);
 }
 
+BOOST_AUTO_TEST_CASE(sigterm_to_a_worker_process_stops_it_and_fails_the_job_naming_it) {
+  TempDir dir;
+  const int port = test::free_port();
+  const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000",
+                                         "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
+                                         "trainer.call_timeout_s=60"});
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  // Training: a checkpoint is committed.
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "ckpt/latest_ckpt_global_step.txt") && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/latest_ckpt_global_step.txt"), ranks[0]->output());
+  ::kill(ranks[2]->pid, SIGTERM);
+  const int code2 = ranks[2]->wait_for(std::chrono::seconds(15));
+  BOOST_TEST(code2 != -1, "rank 2 still running 15 s after SIGTERM: " << ranks[2]->output());
+  BOOST_TEST(code2 != 0, ranks[2]->output());
+  BOOST_TEST(ranks[2]->output().find("rank 2: stopped by SIGTERM") != std::string::npos, ranks[2]->output());
+  const int code0 = ranks[0]->wait_for(std::chrono::seconds(30));
+  BOOST_TEST(code0 != -1, "rank 0 still running 30 s after rank 2 stopped: " << ranks[0]->output());
+  BOOST_TEST(code0 != 0, ranks[0]->output());
+  // Named by rank 2's own last call (its collectives stopped) or by its end (a collective with
+  // it, or the dispatch's monitor).
+  const std::string out0 = ranks[0]->output();
+  BOOST_TEST((out0.find("rank 2 was stopped by SIGTERM") != std::string::npos ||
+              out0.find("rank 2 died") != std::string::npos || out0.find("rank 2 is dead") != std::string::npos),
+             out0);
+  for (int r : {1, 3}) {
+    const int code = ranks[static_cast<std::size_t>(r)]->wait_for(std::chrono::seconds(30));
+    BOOST_TEST(code != -1, "rank " << r << " did not exit: " << ranks[static_cast<std::size_t>(r)]->output());
+  }
+  // What was committed stays committed and whole.
+  auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "ckpt");
+  BOOST_TEST(verify.code == 0, verify.output);
+}
+
 BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
   TempDir dir;
   const std::string ckpt = "trainer.ckpt_path=" + dir / "ckpt";

@@ -68,9 +68,9 @@ void wait_for_path(const std::string& path) {
 /// A stagehand-train run in the background, its output going to a file.
 class BackgroundRun {
  public:
-  BackgroundRun(const std::string& config, const std::vector<std::string>& sets, std::string out)
+  BackgroundRun(const std::string& config, const std::vector<std::string>& sets, std::string out, bool quiet = true)
       : out_(std::move(out)) {
-    const std::string shell = "exec " + train_command(config, sets) + " > " + out_ + " 2>&1";
+    const std::string shell = "exec " + train_command(config, sets, quiet) + " > " + out_ + " 2>&1";
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execl("/bin/sh", "sh", "-c", shell.c_str(), nullptr);
@@ -597,6 +597,54 @@ BOOST_AUTO_TEST_CASE(committed_checkpoints_are_not_replaced_without_asking) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_from_path_resume_into_a_ckpt_path_with_newer_steps_is_refused_unless_asked) {
+  TempDir dir;
+  Run older = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "older", "trainer.total_steps=5"});
+  BOOST_REQUIRE_MESSAGE(older.code == 0, older.output);
+  const std::string root = dir / "ckpt";
+  Run newer = train("sync_rl.yaml", {"trainer.ckpt_path=" + root, "trainer.total_steps=30",
+                                     "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=0"});
+  BOOST_REQUIRE_MESSAGE(newer.code == 0, newer.output);
+  // Every file but the lock, which each run that takes it rewrites (its holder).
+  auto checkpoints = [&] {
+    auto files = test::files_of(root);
+    files.erase(kRootLockFile);
+    return files;
+  };
+  const auto before = checkpoints();
+  const std::vector<std::string> from_older{"trainer.ckpt_path=" + root, "trainer.total_steps=30",
+                                            "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=1",
+                                            "trainer.resume_mode=from_path",
+                                            "trainer.resume_path=" + dir / "older/global_step_5"};
+  Run refused = train("sync_rl.yaml", from_older, dir / "refused.jsonl");
+  BOOST_TEST(refused.code == 1, refused.output);
+  BOOST_TEST(refused.output.find("holds committed checkpoints of steps after 5") != std::string::npos, refused.output);
+  BOOST_TEST(refused.output.find("global_step_10 ... global_step_30, 3 in all") != std::string::npos, refused.output);
+  BOOST_TEST(refused.output.find("trainer.overwrite_checkpoints") != std::string::npos, refused.output);
+  BOOST_TEST(lines_of(dir / "refused.jsonl", "step").empty());  // refused before training
+  // Nothing was deleted or replaced, the tracker included.
+  BOOST_TEST((checkpoints() == before));
+  // Asked for: the run trains on from step 6, replacing them (retention keeps the newest).
+  auto asked = from_older;
+  asked.push_back("trainer.overwrite_checkpoints=true");
+  Run replaced = train("sync_rl.yaml", asked);
+  BOOST_TEST(replaced.code == 0, replaced.output);
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{30}));
+}
+
+BOOST_AUTO_TEST_CASE(a_model_that_does_not_fit_in_memory_fails_cleanly_naming_its_sizes) {
+  TempDir dir;
+  // 2 GB of address space: each rank's share of a 2048 x 16384 model is about 330 MB.
+  Run r = test::run_command("ulimit -v 2000000; exec " +
+                            train_command("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "ckpt", "model.context_dim=16384",
+                                                           "model.hidden=2048"}));
+  BOOST_TEST(r.code == 2, r.output);
+  BOOST_TEST(r.output.find("terminate called") == std::string::npos, r.output);
+  BOOST_TEST(r.output.find("does not fit in host memory") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("model.hidden x model.context_dim = 2048 x 16384") != std::string::npos, r.output);
+  BOOST_TEST(test::committed_steps(dir / "ckpt").empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_failed_tracker_update_says_what_state_the_checkpoint_is_in) {
   TempDir dir;
   std::string root = dir / "ckpt";
@@ -808,6 +856,88 @@ BOOST_AUTO_TEST_CASE(periodic_exports_run_in_the_background_and_a_failed_one_is_
                           dir / "again.jsonl");
   BOOST_REQUIRE_MESSAGE(from_export.code == 0, from_export.output);
   BOOST_TEST(lines_of(dir / "again.jsonl", "step").front()["accuracy"].get<double>() > accuracy - 0.05);
+}
+
+// A run that dies between a commit and that checkpoint's export (SIGKILL) owes the export. Here
+// the first run's exports fail without leaving anything at their folders (trainer.export_path is
+// a file), as a killed run's never start: retention keeps those checkpoints, the run that resumes
+// exports them first, and once they are exported retention removes them.
+BOOST_AUTO_TEST_CASE(owed_exports_are_kept_by_retention_and_done_by_the_run_that_resumes) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  const std::string hf = dir / "hf";
+  std::ofstream(hf) << "not a folder";
+  const std::vector<std::string> common{"trainer.ckpt_path=" + root, "trainer.ckpt_interval=10",
+                                        "trainer.max_ckpts_to_keep=1", "trainer.export_interval=10",
+                                        "trainer.export_path=" + hf};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return sets;
+  };
+  Run first = train_with_progress("sync_rl.yaml", with({"trainer.total_steps=20"}), dir / "first.jsonl");
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST(first.output.find("exports: 0 written to " + hf + ", 2 failed") != std::string::npos, first.output);
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{10, 20}));
+
+  fs::remove(hf);
+  Run resumed = train_with_progress("sync_rl.yaml", with({"trainer.total_steps=30", "trainer.resume_mode=latest"}),
+                                    dir / "second.jsonl");
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  for (int step : {10, 20}) {
+    BOOST_TEST(resumed.output.find("exporting step " + std::to_string(step) +
+                                   ", committed but not exported yet") != std::string::npos,
+               resumed.output);
+  }
+  for (int step : {10, 20, 30}) {
+    BOOST_TEST(fs::exists(hf + "/global_step_" + std::to_string(step) + "/model.safetensors"), step);
+  }
+  BOOST_TEST(resumed.output.find("exports: 3 written to " + hf + ", 0 failed") != std::string::npos, resumed.output);
+  BOOST_TEST(lines_of(dir / "second.jsonl", "export").size() == 3u);
+  // Nothing is owed any more: retention keeps the newest only.
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{30}));
+}
+
+// SIGTERM while exports run: the export running then finishes and is counted, the queued ones
+// are left owed (their checkpoints kept), and the run that resumes does them.
+BOOST_AUTO_TEST_CASE(after_sigterm_the_summary_counts_the_exports_that_exist_and_a_resume_does_the_rest) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  const std::string hf = dir / "hf";
+  const std::vector<std::string> common{"trainer.ckpt_path=" + root, "trainer.ckpt_interval=1",
+                                        "trainer.max_ckpts_to_keep=2", "trainer.export_interval=1",
+                                        "trainer.export_path=" + hf};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return sets;
+  };
+  auto exports_on_disk = [&] {
+    std::int64_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(hf, ec)) n += parse_step_dir_name(e.path().filename().string(), false) ? 1 : 0;
+    return n;
+  };
+  BackgroundRun run("sync_rl.yaml", with({"trainer.total_steps=100000000"}), dir / "out.txt", /*quiet=*/false);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (exports_on_disk() < 5 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  run.signal(SIGTERM);
+  BOOST_REQUIRE_MESSAGE(run.wait(std::chrono::seconds(120)) == 0, run.output());
+  const std::string text = run.output();
+  const auto pos = text.find("exports: ");
+  BOOST_REQUIRE_MESSAGE(pos != std::string::npos, text);
+  BOOST_TEST(std::stoll(text.substr(pos + 9)) == exports_on_disk(), text);
+  const auto stopped = text.find("stopped by signal: checkpoint of step ");
+  BOOST_REQUIRE_MESSAGE(stopped != std::string::npos, text);
+  const std::int64_t step = std::stoll(text.substr(stopped + 38));
+
+  Run resumed = train("sync_rl.yaml", with({"trainer.total_steps=" + std::to_string(step + 1), "trainer.resume_mode=latest"}));
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  BOOST_TEST(exports_on_disk() == step + 1);
+  for (std::int64_t s = 1; s <= step + 1; ++s) {
+    BOOST_TEST(fs::exists(hf + "/global_step_" + std::to_string(s) + "/model.safetensors"), s);
+  }
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{step, step + 1}));
 }
 
 BOOST_AUTO_TEST_CASE(load_strict_refuses_missing_and_extra_tensors_unless_told_to_warn) {

@@ -457,6 +457,27 @@ BOOST_AUTO_TEST_CASE(bad_paths_and_arguments_fail_clearly) {
   BOOST_TEST(bad_staging.output.find("ckpt_save_staging_buckets") != std::string::npos, bad_staging.output);
 }
 
+BOOST_AUTO_TEST_CASE(bench_refuses_a_bytes_per_rank_that_is_not_a_size_within_its_limit) {
+  for (std::string value : {"1e30", "2e19", "inf", "-1G", "nan", "0", "0.5", "2e15", "1e400"}) {
+    BOOST_TEST_CONTEXT(value) {
+      TempDir dir;
+      test::CommandRun run = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() +
+                                               " --ranks 1 --bytes-per-rank " + value);
+      BOOST_TEST(run.code == 2, run.output);
+      BOOST_TEST(run.output.find("--bytes-per-rank '" + value + "'") != std::string::npos, run.output);
+      BOOST_TEST(run.output.find("no_space") == std::string::npos, run.output);
+      BOOST_TEST(!std::filesystem::exists(dir / "global_step_1"));
+    }
+  }
+  TempDir dir;
+  test::CommandRun above = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() +
+                                             " --ranks 1 --bytes-per-rank 1e30");
+  BOOST_TEST(above.output.find("at most 1125899906842624 bytes (2^50)") != std::string::npos, above.output);
+  test::CommandRun below = test::run_command(kBin + "/stagehand-bench save --out " + dir.path() +
+                                             " --ranks 1 --bytes-per-rank -1G");
+  BOOST_TEST(below.output.find("at least 1 byte") != std::string::npos, below.output);
+}
+
 BOOST_AUTO_TEST_CASE(verify_fails_every_checkpoint_that_cannot_load) {
   for (std::string damage : {"duplicate", "remove", "rank", "step", "byte_range"}) {
     BOOST_TEST_CONTEXT(damage) {
