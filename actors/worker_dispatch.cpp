@@ -362,6 +362,10 @@ class WorkerDispatch : public dispatch_actor::base {
     } else if (auto it = rank_of_.find(down.source); it != rank_of_.end()) {
       dead_[it->second] = reason;
       died = {ErrorCode::aborted, "rank " + std::to_string(it->second) + " died: " + reason};
+      // The coordinator learns it from here when the rank was in this process (a rank in another
+      // process is reported by the world's host too): a dead rank will never report, and the
+      // coordinator must not wait for it to stop writing.
+      send(coordinator_, rank_down_atom::value, static_cast<std::int32_t>(it->second), reason);
       if (pending_step_) send(coordinator_, abort_atom::value, *pending_step_, died.message() + " during the save");
     } else {
       return;
