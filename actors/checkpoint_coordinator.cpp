@@ -35,11 +35,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
         },
         [this](rank_saved_atom, RankSaveReport& report) { on_rank_saved(std::move(report)); },
         [this](await_atom, std::int64_t step) -> caf::result<CommitInfo> {
-          if (auto outcome = outcomes_.find(step); outcome != outcomes_.end() && !holds_answers(step)) {
+          if (auto outcome = outcomes_.find(step); outcome != outcomes_.end()) {
             if (!outcome->second.is_ok()) return to_caf_error(outcome->second.status());
             return *outcome->second;
           }
-          if (open_step_ != step && !(forming_ && forming_->step == step) && !holds_answers(step)) {
+          if (open_step_ != step && !(forming_ && forming_->step == step)) {
             return to_caf_error({ErrorCode::invalid_argument, "step " + std::to_string(step) + " was never begun"});
           }
           auto promise = make_response_promise<CommitInfo>();
@@ -67,8 +67,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
           }
           finish(step, Status{ErrorCode::timeout, rank_phrase(missing) + " did not finish writing step " +
                                                       std::to_string(step) + " within " + seconds(options_.write_timeout) +
-                                                      " (" + options_.write_timeout_setting + ")"},
-                 /*answer_now=*/true);
+                                                      " (" + options_.write_timeout_setting + ")"});
         },
         [this](drained_atom, std::int64_t step, std::uint64_t opening) {
           if (!draining_ || draining_->step != step || draining_->opening != opening) return;
@@ -285,10 +284,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
     return info;
   }
 
-  /// @param answer_now answer the waiters at once even while ranks still write into the failed
-  /// step (they stalled: waiting for them would only make the waiters' own limits pass);
-  /// otherwise a failure is answered once the step's folder is removed.
-  void finish(std::int64_t step, Result<CommitInfo> outcome, bool answer_now = false) {
+  void finish(std::int64_t step, Result<CommitInfo> outcome) {
     if (outcome.is_ok()) {
       const CommitInfo& c = *outcome;
       logger()->info("committed checkpoint step {} in '{}' (copy_s {:.3f} hash_s {:.3f} write_s {:.3f} fsync_s {:.3f} "
@@ -299,7 +295,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
       // Ranks may still be writing into the step's folder: it is removed once every rank has
       // reported or died (or after the drain limit), never under a writer.
       if (draining_) remove_failed();
-      draining_ = Draining{step, opening_, {}, !answer_now};
+      draining_ = Draining{step, opening_, {}};
       for (int r = 0; r < options_.world_size; ++r) {
         if (!reported(r) && dead_.count(r) == 0) draining_->writing.insert(r);
       }
@@ -323,11 +319,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
     const Status outcome = why.with_context("checkpoint step " + std::to_string(step) + " not committed");
     logger()->error("{}", outcome.message());
     outcomes_.insert_or_assign(step, Result<CommitInfo>(outcome));
-    if (!holds_answers(step)) answer_waiters(step);
+    answer_waiters(step);
   }
-
-  /// Whether the answers for failed `step` wait until its folder is removed.
-  bool holds_answers(std::int64_t step) const { return draining_ && draining_->step == step && draining_->hold; }
 
   void answer_waiters(std::int64_t step) {
     const Result<CommitInfo>& outcome = outcomes_.at(step);
@@ -346,8 +339,6 @@ class CheckpointCoordinator : public coordinator_actor::base {
     std::int64_t step = 0;
     std::uint64_t opening = 0;
     std::set<int> writing;
-    /// The step's waiters are answered once it is removed.
-    bool hold = true;
   };
 
   /// Whether `rank` reported on the open step (it no longer writes into it).
@@ -382,13 +373,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
   /// Removes what the draining step left.
   void remove_failed() {
     const std::int64_t step = draining_->step;
-    const bool held = draining_->hold;
     draining_.reset();
     if (Status removed = store_.abort(step); !removed.is_ok()) {
       logger()->warn("cannot remove what uncommitted step {} left now ({}); the next start cleans it", step,
                      removed.message());
     }
-    if (held && outcomes_.count(step) != 0) answer_waiters(step);
   }
 
   CoordinatorOptions options_;
