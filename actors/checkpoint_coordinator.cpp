@@ -177,9 +177,9 @@ class CheckpointCoordinator : public coordinator_actor::base {
   std::string ranks_in_forming() const {
     std::string ranks;
     for (std::size_t r = 0; r < forming_->plans.size(); ++r) {
-      if (forming_->plans[r]) ranks += (ranks.empty() ? "rank(s) " : ", ") + std::to_string(r);
+      if (forming_->plans[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     }
-    return ranks;
+    return (ranks.find(',') == std::string::npos ? "rank " : "ranks ") + ranks;
   }
 
   void fail_forming(const Status& why) {
