@@ -140,6 +140,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
                                 " save step " + std::to_string(forming_->step) +
                                 ": every rank must save the same step"};
       fail_forming(mismatch);
+      // The ranks still to plan either step fail at once too (not at the plan limit).
+      record_failure(plan.step, mismatch);
       return to_caf_error(mismatch);
     }
     auto& slot = forming_->plans[static_cast<std::size_t>(rank)];
