@@ -7,14 +7,13 @@
 //
 // Prints one JSON line: the shard, max RSS before and after the save, what the save added, the
 // peak of the staging buffers and its fraction of the shard, and whether the target held.
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.hpp"
 #include "stagehand/actors/checkpointer.hpp"
 #include "stagehand/core/host_buffer.hpp"
 
@@ -22,11 +21,7 @@ using namespace stagehand;
 
 namespace {
 
-double max_rss_mib() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // kilobytes on Linux
-}
+double max_rss_mib() { return static_cast<double>(bench::max_rss_bytes()) / (1 << 20); }
 
 }  // namespace
 

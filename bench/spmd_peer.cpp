@@ -10,45 +10,27 @@
 // load:  one untimed save, then K cold loads (files fsync'd and dropped from the page cache with
 //        POSIX_FADV_DONTNEED first) and K warm loads, in place into the state's tensors.
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 
+#include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
 #include "stagehand/actors/checkpointer.hpp"
 
 using namespace stagehand;
+using stagehand::bench::current_rss_bytes;
+using stagehand::bench::max_rss_bytes;
 namespace fs = std::filesystem;
 
 namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-long long rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  long long kb = 0;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      status >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
-
-long long max_rss_bytes() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<long long>(usage.ru_maxrss) * 1024;
-}
 
 void drop_cache(const std::string& root) {
   for (const auto& entry : fs::recursive_directory_iterator(root)) {
@@ -64,15 +46,6 @@ void drop_cache(const std::string& root) {
 int fail(const std::string& message) {
   std::printf("{\"kind\": \"error\", \"error\": \"%s\"}\n", message.c_str());
   return 2;
-}
-
-/// "64M", "1G", "1073741824".
-std::uint64_t parse_size(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  const std::string unit = end ? end : "";
-  const double scale = unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : 1.0;
-  return static_cast<std::uint64_t>(value * scale);
 }
 
 }  // namespace
@@ -91,15 +64,20 @@ int main(int argc, char** argv) {
   const int rank = options->rank, world = options->world_size;
   SyntheticStateSpec spec;
   spec.ranks = world;
-  spec.bytes_per_rank = parse_size(args["--bytes-per-rank"]);
+  try {
+    spec.bytes_per_rank = bench::parse_size(args["--bytes-per-rank"]);
+  } catch (const std::invalid_argument& e) {
+    return fail("bad --bytes-per-rank '" + args["--bytes-per-rank"] + "': " + e.what());
+  }
   spec.tensors = std::stoi(args["--tensors"]);
   auto state = make_synthetic_state(spec, rank, Device::host());
   if (!state.is_ok()) return fail(state.status().message());
   std::uint64_t local = 0;
   for (const auto& t : state->tensors) local += t.desc.nbytes();
   std::printf("{\"kind\": \"info\", \"rank\": %d, \"world\": %d, \"state_bytes\": %llu, \"pre_rss\": %lld, "
-              "\"pre_max_rss\": %lld}\n",
-              rank, world, static_cast<unsigned long long>(local), rss_bytes(), max_rss_bytes());
+              "\"pre_max_rss\": %llu}\n",
+              rank, world, static_cast<unsigned long long>(local),
+              static_cast<long long>(current_rss_bytes()), static_cast<unsigned long long>(max_rss_bytes()));
   std::fflush(stdout);
   Checkpointer ckpt(*options);
   if (mode == "save" || mode == "async") {
@@ -118,7 +96,7 @@ int main(int argc, char** argv) {
       const double t2 = now();
       if (!st.is_ok()) return fail(st.message());
       std::printf("{\"kind\": \"save\", \"rank\": %d, \"pos\": %d, \"save_s\": %.6f, \"block_s\": %.6f, \"rss\": %lld}\n",
-                  rank, k, t2 - t0, t1 - t0, rss_bytes());
+                  rank, k, t2 - t0, t1 - t0, static_cast<long long>(current_rss_bytes()));
       std::fflush(stdout);
     }
     return 0;

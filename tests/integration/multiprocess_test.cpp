@@ -41,6 +41,21 @@ void expect_same_checkpoint(const std::string& a_dir, const std::string& b_dir) 
 
 using test::RankProcess;
 
+/// Four processes of `cmd`, ranks 0-3 of one job on `port`, logging to `dir`/rankN.log.
+std::vector<std::unique_ptr<RankProcess>> start_four(const TempDir& dir, int port, const std::string& cmd) {
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  return ranks;
+}
+
+/// Waits until `path` exists, at most 60 s.
+void wait_until_exists(const std::string& path) {
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(path) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_process_workers) {
@@ -87,14 +102,8 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_a
                                          "megatron_config.async_dist_ckpt_save=true",
                                          "megatron_config.ckpt_write_rate_limit_mib_s=0.01",
                                          "trainer.call_timeout_s=60"});
-  std::vector<std::unique_ptr<RankProcess>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
-  }
-  auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir / "ckpt/global_step_40.tmp") && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  auto ranks = start_four(dir, port, cmd);
+  wait_until_exists(dir / "ckpt/global_step_40.tmp");
   BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/global_step_40.tmp"), ranks[0]->output());
   BOOST_REQUIRE(**test::read_tracker(dir / "ckpt") == 20);
   ::kill(ranks[2]->pid, SIGKILL);
@@ -130,15 +139,9 @@ BOOST_AUTO_TEST_CASE(sigterm_to_a_worker_process_stops_it_and_fails_the_job_nami
   const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000",
                                          "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
                                          "trainer.call_timeout_s=60"});
-  std::vector<std::unique_ptr<RankProcess>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
-  }
+  auto ranks = start_four(dir, port, cmd);
   // Training: a checkpoint is committed.
-  auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir / "ckpt/latest_ckpt_global_step.txt") && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  wait_until_exists(dir / "ckpt/latest_ckpt_global_step.txt");
   BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/latest_ckpt_global_step.txt"), ranks[0]->output());
   ::kill(ranks[2]->pid, SIGTERM);
   const int code2 = ranks[2]->wait_for(std::chrono::seconds(15));
@@ -250,14 +253,8 @@ BOOST_AUTO_TEST_CASE(rank_0_exits_after_any_other_rank_is_killed_repeatedly) {
                        "megatron_config.async_dist_ckpt_save=true", "megatron_config.ckpt_save_staging_buckets=1",
                        "megatron_config.ckpt_staging_memory=per_save", "trainer.call_timeout_s=20"}) +
         " --join-timeout-s 20";
-    std::vector<std::unique_ptr<RankProcess>> ranks;
-    for (int r = 0; r < 4; ++r) {
-      ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
-    }
-    auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (!fs::exists(dir / "ckpt/latest_ckpt_global_step.txt") && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    auto ranks = start_four(dir, port, cmd);
+    wait_until_exists(dir / "ckpt/latest_ckpt_global_step.txt");
     std::this_thread::sleep_for(std::chrono::milliseconds(std::rand() % 1000));
     const int victim = 1 + std::rand() % 3;
     ::kill(ranks[static_cast<std::size_t>(victim)]->pid, SIGKILL);
