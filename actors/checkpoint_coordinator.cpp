@@ -408,7 +408,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
 }  // namespace
 
 coordinator_actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options) {
-  return system.spawn<CheckpointCoordinator, caf::detached>(std::move(options));
+  // Not detached: see the header.
+  return system.spawn<CheckpointCoordinator>(std::move(options));
 }
 
 }  // namespace stagehand

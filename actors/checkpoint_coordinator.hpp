@@ -48,7 +48,12 @@ struct CoordinatorOptions {
 /// (objects cannot be swapped atomically), the ranks write in place, and a failed step's files
 /// are deleted again (what cannot be deleted now is cleaned at the next start).
 ///
-/// The actor is detached: commits and uploads block it, never a scheduler thread.
+/// The actor runs on the scheduler, not detached: a commit blocks one scheduler thread (CAF
+/// starts at least 4). A detached actor's thread waits in the actor system's destructor until the
+/// actor object is destroyed, and CAF 0.17 can keep it alive past that point: replies it sent to
+/// ranks of other processes were found (gdb, on a hung rank 0) still held, as forward messages
+/// to the BASP broker, after the middleman had stopped; each holds a reference to the sender.
+/// Rank 0 then never exited after another rank was stopped or killed mid-save.
 coordinator_actor spawn_checkpoint_coordinator(caf::actor_system& system, CoordinatorOptions options);
 
 }  // namespace stagehand
