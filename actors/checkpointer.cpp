@@ -155,7 +155,8 @@ class PendingSave::Impl {
     dispatch = spawn_worker_dispatch(*system, workers, coordinator,
                                      {options.timeout, "CheckpointerOptions::timeout", options.rank});
     // The dispatch bounds each of its waits; a call is a few of them.
-    client = std::make_unique<DispatchClient>(*system, dispatch, options.timeout * 6);
+    client = std::make_unique<DispatchClient>(*system, dispatch, options.timeout * 6,
+                                              "6 x CheckpointerOptions::timeout");
     return Status::ok();
   }
 

@@ -3,6 +3,8 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <sstream>
+
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/core/log.hpp"
 
@@ -14,63 +16,74 @@ namespace {
 /// write; await the commit), plus slack.
 constexpr int kWaitsPerCall = 6;
 
+/// The error of a failed request to the dispatch; its own time limit names `setting`.
+Status call_error(const caf::error& err, std::chrono::milliseconds timeout, const std::string& setting) {
+  if (err != caf::sec::request_timeout) return from_caf_error(err);
+  std::ostringstream within;
+  within << static_cast<double>(timeout.count()) / 1000.0 << " s";
+  return {ErrorCode::timeout, "the dispatch did not answer within " + within.str() +
+                                  (setting.empty() ? "" : " (" + setting + ")")};
+}
+
 /// The reply to one request of `self` to `dispatch`, or the error.
 template <class T, class... Args>
 Result<T> call(caf::actor_system& system, const dispatch_actor& dispatch, std::chrono::milliseconds timeout,
-               Args&&... args) {
+               const std::string& setting, Args&&... args) {
   caf::scoped_actor self{system};
   Result<T> out = Status{ErrorCode::internal, "no reply"};
   self->request(dispatch, timeout, std::forward<Args>(args)...)
       .receive([&](T& value) { out = std::move(value); },
-               [&](caf::error& err) {
-                 out = err == caf::sec::request_timeout
-                           ? Status{ErrorCode::timeout, "the dispatch did not answer within " +
-                                                            std::to_string(timeout.count() / 1000) + " s"}
-                           : from_caf_error(err);
-               });
+               [&](caf::error& err) { out = call_error(err, timeout, setting); });
   return out;
 }
 
 }  // namespace
 
-DispatchClient::DispatchClient(caf::actor_system& system, dispatch_actor dispatch, std::chrono::milliseconds timeout)
-    : system_(system), dispatch_(std::move(dispatch)), timeout_(timeout) {}
+DispatchClient::DispatchClient(caf::actor_system& system, dispatch_actor dispatch, std::chrono::milliseconds timeout,
+                               std::string timeout_setting)
+    : system_(system), dispatch_(std::move(dispatch)), timeout_(timeout), timeout_setting_(std::move(timeout_setting)) {}
 
 Result<SaveResult> DispatchClient::save(std::int64_t step, bool async, const std::string& trainer_state_json) {
-  return call<SaveResult>(system_, dispatch_, timeout_, save_atom::value, SaveCall{step, async, trainer_state_json});
+  return call<SaveResult>(system_, dispatch_, timeout_, timeout_setting_, save_atom::value,
+                          SaveCall{step, async, trainer_state_json});
 }
 
-Result<double> DispatchClient::fence() { return call<double>(system_, dispatch_, timeout_, fence_atom::value); }
+Result<double> DispatchClient::fence() {
+  return call<double>(system_, dispatch_, timeout_, timeout_setting_, fence_atom::value);
+}
 
 Result<FinalizeResult> DispatchClient::finalize() {
-  return call<FinalizeResult>(system_, dispatch_, timeout_, finalize_atom::value);
+  return call<FinalizeResult>(system_, dispatch_, timeout_, timeout_setting_, finalize_atom::value);
 }
 
 Result<LoadReport> DispatchClient::load(const std::string& path, const LoadScope& scope) {
-  return call<LoadReport>(system_, dispatch_, timeout_, load_atom::value, LoadCall{path, scope});
+  return call<LoadReport>(system_, dispatch_, timeout_, timeout_setting_, load_atom::value,
+                          LoadCall{path, scope});
 }
 
 Result<StepMetrics> DispatchClient::train(TrainOrder order) {
-  return call<StepMetrics>(system_, dispatch_, timeout_, train_atom::value, std::move(order));
+  return call<StepMetrics>(system_, dispatch_, timeout_, timeout_setting_, train_atom::value, std::move(order));
 }
 
-Result<double> DispatchClient::evaluate() { return call<double>(system_, dispatch_, timeout_, eval_atom::value); }
+Result<double> DispatchClient::evaluate() {
+  return call<double>(system_, dispatch_, timeout_, timeout_setting_, eval_atom::value);
+}
 
 Status DispatchClient::export_weights(std::int64_t version) {
   caf::scoped_actor self{system_};
   Status st;
   self->request(dispatch_, timeout_, export_atom::value, version)
-      .receive([] {}, [&](caf::error& err) { st = from_caf_error(err); });
+      .receive([] {}, [&](caf::error& err) { st = call_error(err, timeout_, timeout_setting_); });
   return st;
 }
 
 CheckpointCluster::CheckpointCluster(caf::actor_system& system, coordinator_actor coordinator,
                                      std::vector<worker_actor> workers, dispatch_actor dispatch,
-                                     std::chrono::milliseconds client_timeout)
+                                     std::chrono::milliseconds client_timeout, std::string client_timeout_setting)
     : system_(system),
       coordinator_(std::move(coordinator)),
       workers_(std::move(workers)),
-      client_(system, std::move(dispatch), client_timeout) {}
+      client_(system, std::move(dispatch), client_timeout, std::move(client_timeout_setting)) {}
 
 Result<std::unique_ptr<CheckpointCluster>> CheckpointCluster::spawn(caf::actor_system& system,
                                                                     std::vector<std::unique_ptr<Checkpointable>> ranks,
@@ -93,7 +106,9 @@ Result<std::unique_ptr<CheckpointCluster>> CheckpointCluster::spawn(caf::actor_s
   }
   auto dispatch = spawn_worker_dispatch(system, workers, coordinator, {options.timeout, options.timeout_setting, 0});
   return std::unique_ptr<CheckpointCluster>(new CheckpointCluster(system, std::move(coordinator), std::move(workers),
-                                                                  std::move(dispatch), options.timeout * kWaitsPerCall));
+                                                                  std::move(dispatch), options.timeout * kWaitsPerCall,
+                                                                  std::to_string(kWaitsPerCall) + " x " +
+                                                                      options.timeout_setting));
 }
 
 CheckpointCluster::~CheckpointCluster() { (void)shutdown(); }

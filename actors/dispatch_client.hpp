@@ -27,7 +27,10 @@ class DispatchClient {
  public:
   /// @param timeout how long one call may take in all; the dispatch bounds each of its own waits
   ///        by its own limit, so give this a few times that.
-  DispatchClient(caf::actor_system& system, dispatch_actor dispatch, std::chrono::milliseconds timeout);
+  /// @param timeout_setting how `timeout` is set, for the message when it passes ("6 x
+  ///        trainer.call_timeout_s"); may be empty.
+  DispatchClient(caf::actor_system& system, dispatch_actor dispatch, std::chrono::milliseconds timeout,
+                 std::string timeout_setting = {});
 
   /// Finalizes any pending save, then saves `step` on every rank (`trainer_state_json`, when not
   /// empty, is written as the step's trainer_state.json). A sync save has committed when this
@@ -67,6 +70,7 @@ class DispatchClient {
   caf::actor_system& system_;
   dispatch_actor dispatch_;
   std::chrono::milliseconds timeout_;
+  std::string timeout_setting_;
 };
 
 struct CheckpointClusterOptions {
@@ -107,7 +111,8 @@ class CheckpointCluster {
 
  private:
   CheckpointCluster(caf::actor_system& system, coordinator_actor coordinator, std::vector<worker_actor> workers,
-                    dispatch_actor dispatch, std::chrono::milliseconds client_timeout);
+                    dispatch_actor dispatch, std::chrono::milliseconds client_timeout,
+                    std::string client_timeout_setting);
 
   caf::actor_system& system_;
   coordinator_actor coordinator_;

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -172,6 +173,8 @@ class WorkerDispatch : public dispatch_actor::base {
   /// The replies of one call that are not all in.
   struct Gather {
     std::size_t remaining = 0;
+    /// The ranks whose reply is not in (fan_out).
+    std::set<int> waiting;
     bool done = false;
     Callback on_done;
 
@@ -202,13 +205,20 @@ class WorkerDispatch : public dispatch_actor::base {
   }
 
   /// The error of rank `rank`'s failed reply to `what`, naming the rank (and the limit, when it
-  /// passed).
-  Status rank_error(int rank, const std::string& what, const caf::error& err) const {
+  /// passed: then every rank in `waiting` whose reply was not in either, since a rank that stalls
+  /// holds up the ranks waiting for it in a collective, and the first to time out may be one of
+  /// those).
+  Status rank_error(int rank, const std::string& what, const caf::error& err, const std::set<int>& waiting) const {
     const std::string who = "rank " + std::to_string(rank);
     if (coordinator_down_) return *coordinator_down_;
     if (auto dead = dead_.find(rank); dead != dead_.end()) return {ErrorCode::aborted, who + " died: " + dead->second};
     if (err == caf::sec::request_timeout) {
-      return {ErrorCode::timeout, who + " did not finish " + what + " within " + seconds(options_.timeout) + " (" +
+      std::string late = who;
+      if (waiting.size() > 1) {
+        late = "ranks ";
+        for (int r : waiting) late += (r == *waiting.begin() ? "" : ", ") + std::to_string(r);
+      }
+      return {ErrorCode::timeout, late + " did not finish " + what + " within " + seconds(options_.timeout) + " (" +
                                       options_.timeout_setting + ")"};
     }
     return from_caf_error(err).with_context(who);
@@ -232,13 +242,15 @@ class WorkerDispatch : public dispatch_actor::base {
     auto gather = track(workers_.size(), std::move(on_done));
     for (std::size_t rank = 0; rank < workers_.size(); ++rank) {
       const int r = options_.first_rank + static_cast<int>(rank);
+      gather->waiting.insert(r);
       make(rank).then(
           [gather, each, r](Ts&... xs) mutable {
             if (gather->done) return;
+            gather->waiting.erase(r);
             each(r, xs...);
             if (--gather->remaining == 0) gather->finish(Status::ok());
           },
-          [this, gather, r, what](caf::error& err) { gather->finish(rank_error(r, what, err)); });
+          [this, gather, r, what](caf::error& err) { gather->finish(rank_error(r, what, err, gather->waiting)); });
     }
   }
 

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
+#include "stagehand/actors/dispatch_client.hpp"
 #include "stagehand/actors/launch.hpp"
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/process_world.hpp"
@@ -139,13 +140,14 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
       code = 2;
     }
     if (code != 0) on_trainer_failed();
-    // Teardown: every pending save is finished, whatever ckpt_interval was.
-    self->request(dispatch, timeout, finalize_atom::value)
-        .receive([](const FinalizeResult&) {},
-                 [&](caf::error& err) {
-                   fail("finalizing at teardown: " + from_caf_error(err).message());
-                   code = 1;
-                 });
+    // Teardown: every pending save is finished, whatever ckpt_interval was. The dispatch bounds
+    // each of its waits by the call limit and names the rank that did not answer: wait for it
+    // as the trainer does.
+    if (auto finalized = DispatchClient(system, dispatch, timeout * 6, "6 x trainer.call_timeout_s").finalize();
+        !finalized.is_ok()) {
+      fail("finalizing at teardown: " + finalized.status().message());
+      code = 1;
+    }
     self->send_exit(dispatch, caf::exit_reason::user_shutdown);
   }
   if (!quiet && trainer.is_ok()) {
@@ -202,7 +204,8 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet) {
   const auto fs = config_file_system(c);
-  ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
+  ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s),
+                                 "trainer.call_timeout_s");
   const int rank = launch.rank;
   RankGroups groups = collectives.groups(layout, rank);
   // Fully async: the first data-parallel replica's ranks publish each weight version through their

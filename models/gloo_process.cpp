@@ -49,11 +49,15 @@ std::string duration_text(std::chrono::milliseconds d) {
 }  // namespace
 
 GlooProcess::GlooProcess(caf::actor_system& system, std::string master_addr,
-                         std::chrono::milliseconds limit)
-    : system_(system), master_addr_(std::move(master_addr)), limit_(limit) {}
+                         std::chrono::milliseconds limit, std::string limit_setting)
+    : system_(system),
+      master_addr_(std::move(master_addr)),
+      limit_(limit),
+      limit_setting_(std::move(limit_setting)) {}
 
 std::string GlooProcess::limit_text(const std::string& which) const {
-  return "the " + which + " limit of " + duration_text(limit_);
+  return "the " + which + " limit of " + duration_text(limit_) +
+         (limit_setting_.empty() ? "" : " (" + limit_setting_ + ")");
 }
 
 void GlooProcess::set_rendezvous(caf::actor store) {

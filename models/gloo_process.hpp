@@ -35,13 +35,15 @@ class GlooProcess {
   ///        it.
   /// @param limit the limit of connecting a group, of one collective and of closing
   ///        (trainer.call_timeout_s).
-  GlooProcess(caf::actor_system& system, std::string master_addr, std::chrono::milliseconds limit);
+  /// @param limit_setting how `limit` is set, for the messages when it passes; may be empty.
+  GlooProcess(caf::actor_system& system, std::string master_addr, std::chrono::milliseconds limit,
+              std::string limit_setting = {});
 
   // -- properties --
 
   caf::actor_system& system() const { return system_; }
   std::chrono::milliseconds limit() const { return limit_; }
-  /// "the <which> limit of 2 s": errors say which limit passed.
+  /// "the <which> limit of 2 s (trainer.call_timeout_s)": errors say which limit passed.
   std::string limit_text(const std::string& which) const;
 
   // -- rendezvous --
@@ -77,6 +79,7 @@ class GlooProcess {
   caf::actor_system& system_;
   const std::string master_addr_;
   const std::chrono::milliseconds limit_;
+  const std::string limit_setting_;
 
   mutable std::mutex mutex_;
   std::condition_variable announced_;

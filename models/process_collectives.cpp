@@ -9,9 +9,10 @@
 namespace stagehand {
 
 ProcessCollectives::ProcessCollectives(caf::actor_system& system, std::string master_addr,
-                                       std::chrono::milliseconds timeout)
+                                       std::chrono::milliseconds timeout, std::string timeout_setting)
     : system_(system),
-      process_(std::make_shared<GlooProcess>(system, std::move(master_addr), timeout)) {}
+      process_(std::make_shared<GlooProcess>(system, std::move(master_addr), timeout,
+                                             std::move(timeout_setting))) {}
 
 ProcessCollectives::~ProcessCollectives() {
   abort("shutting down");

@@ -37,8 +37,9 @@ class ProcessCollectives {
  public:
   /// @param master_addr rank 0's host: Gloo listens on this host's address on the route to it.
   /// @param timeout the connect, call and close limit (trainer.call_timeout_s).
+  /// @param timeout_setting how `timeout` is set, for the messages when it passes; may be empty.
   ProcessCollectives(caf::actor_system& system, std::string master_addr,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, std::string timeout_setting = {});
   ~ProcessCollectives();
   ProcessCollectives(const ProcessCollectives&) = delete;
   ProcessCollectives& operator=(const ProcessCollectives&) = delete;

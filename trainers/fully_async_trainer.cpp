@@ -154,11 +154,18 @@ class FullyAsyncTrainer final : public TrainerBase {
     if (it == in_flight_.end()) return Status::ok();
     Batch batch{it->second.version, {}};
     Status st;
-    for (auto& part : it->second.parts) {
-      part.receive([&](std::vector<std::int32_t>& actions) { batch.actions.insert(batch.actions.end(), actions.begin(), actions.end()); },
-                   [&](caf::error& err) {
-                     if (st.is_ok()) st = from_caf_error(err).with_context("generating batch " + std::to_string(step));
-                   });
+    for (std::size_t g = 0; g < it->second.parts.size(); ++g) {
+      it->second.parts[g].receive(
+          [&](std::vector<std::int32_t>& actions) { batch.actions.insert(batch.actions.end(), actions.begin(), actions.end()); },
+          [&](caf::error& err) {
+            if (!st.is_ok()) return;
+            const std::string what = "generating batch " + std::to_string(step);
+            st = err == caf::sec::request_timeout
+                     ? Status{ErrorCode::timeout, what + ": generator " + std::to_string(g) + " did not answer within " +
+                                                      std::to_string(timeout().count() / 1000) +
+                                                      " s (trainer.call_timeout_s)"}
+                     : from_caf_error(err).with_context(what);
+          });
     }
     in_flight_.erase(it);
     SH_RETURN_IF_ERROR(st);

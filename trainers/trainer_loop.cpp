@@ -18,7 +18,7 @@ TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, Traine
       policy_(options_.config.trainer, fs_),
       timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)),
       // The dispatch bounds each of its waits by the call limit; a call is a few of them.
-      client_(system(), std::move(dispatch), timeout_ * 6) {}
+      client_(system(), std::move(dispatch), timeout_ * 6, "6 x trainer.call_timeout_s") {}
 
 void TrainerBase::act() {
   summary_->status = run_catching();

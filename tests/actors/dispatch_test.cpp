@@ -44,7 +44,10 @@ struct World {
   dispatch_actor dispatch;
   bool async;
 
-  World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async_saves) : async(async_saves) {
+  /// @param timeout the dispatch's limit, set as trainer.call_timeout_s.
+  World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async_saves,
+        std::chrono::milliseconds timeout = std::chrono::seconds(60))
+      : async(async_saves) {
     coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), local_file_system()});
     auto groups = make_host_groups(layout);
     for (int rank = 0; rank < layout.world_size(); ++rank) {
@@ -57,7 +60,7 @@ struct World {
       options.file_system = storage;
       workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator));
     }
-    dispatch = spawn_worker_dispatch(system, workers, coordinator, {std::chrono::seconds(60)});
+    dispatch = spawn_worker_dispatch(system, workers, coordinator, {timeout, "trainer.call_timeout_s"});
   }
 
   ~World() {
@@ -116,6 +119,34 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_a_save_fails_it_and_nothing_commi
     BOOST_TEST(loaded[static_cast<std::size_t>(rank)].is_ok(), loaded[static_cast<std::size_t>(rank)].to_string());
     BOOST_TEST(model.optimizer_step() == 1);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_stalls_past_the_limit_is_named_with_the_setting) {
+  TempDir dir;
+  auto storage = std::make_shared<test::FaultStorage>();
+  // Rank 2's writes stall for longer than the 1 s limit; the other ranks' do not.
+  storage->on_open = [](const std::string& path) {
+    if (path.find("/__2_") != std::string::npos) std::this_thread::sleep_for(std::chrono::seconds(2));
+  };
+  World world(dir.path(), storage, false, std::chrono::seconds(1));
+  BOOST_REQUIRE(world.train(1).is_ok());
+  Status st = world.save(1);
+  BOOST_TEST(st.code() == ErrorCode::timeout, st.to_string());
+  BOOST_TEST(st.message().find("rank 2 did not finish the save of step 1 within 1 s (trainer.call_timeout_s)") !=
+                 std::string::npos,
+             st.message());
+  BOOST_TEST(!fs::exists(dir / "global_step_1"));
+
+  // The client's own limit, when it passes first, says how it is set.
+  BOOST_REQUIRE(world.train(2).is_ok());
+  DispatchClient impatient(world.system, world.dispatch, std::chrono::milliseconds(500),
+                           "6 x trainer.call_timeout_s");
+  Status client = impatient.save(2, false, "{\"step\": 2}").status();
+  BOOST_TEST(client.code() == ErrorCode::timeout, client.to_string());
+  BOOST_TEST(client.message().find("the dispatch did not answer within 0.5 s (6 x trainer.call_timeout_s)") !=
+                 std::string::npos,
+             client.message());
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // the stalled writes end
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_training_fails_the_call_with_its_rank) {

@@ -166,6 +166,37 @@ BOOST_AUTO_TEST_CASE(sigterm_to_a_worker_process_stops_it_and_fails_the_job_nami
   BOOST_TEST(verify.code == 0, verify.output);
 }
 
+BOOST_AUTO_TEST_CASE(a_stalled_worker_process_fails_rank_0_within_the_limit_naming_the_rank_and_the_setting) {
+  TempDir dir;
+  const int port = test::free_port();
+  const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000",
+                                         "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
+                                         "trainer.call_timeout_s=3"});
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "ckpt/latest_ckpt_global_step.txt") && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/latest_ckpt_global_step.txt"), ranks[0]->output());
+  // Rank 2 stops answering; the async save of step 20 is still pending in the dispatch.
+  ::kill(ranks[2]->pid, SIGSTOP);
+  const int code0 = ranks[0]->wait_for(std::chrono::seconds(30));
+  ::kill(ranks[2]->pid, SIGCONT);
+  BOOST_TEST(code0 == 1, ranks[0]->output());
+  const std::string out0 = ranks[0]->output();
+  // Every time limit that passed says which rank and which setting: no bare CAF timeout.
+  BOOST_TEST(out0.find("request_timeout") == std::string::npos, out0);
+  BOOST_TEST(out0.find("within 3 s (trainer.call_timeout_s)") != std::string::npos, out0);
+  BOOST_TEST(out0.find("rank 2 did not finish") != std::string::npos, out0);
+  for (int r : {1, 2, 3}) {
+    const int code = ranks[static_cast<std::size_t>(r)]->wait_for(std::chrono::seconds(30));
+    BOOST_TEST(code != -1, "rank " << r << " did not exit: " << ranks[static_cast<std::size_t>(r)]->output());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
   TempDir dir;
   const std::string ckpt = "trainer.ckpt_path=" + dir / "ckpt";
