@@ -8,7 +8,7 @@ packages=(
   libcaf-dev libyaml-cpp-dev libboost-test-dev libxxhash-dev nlohmann-json3-dev
   libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev libpugixml-dev
   libgloo-dev             # collectives between processes (models/process_collectives)
-  python3 python3-pip time
+  python3 python3-pip python3-dev time
   iproute2                # ip netns and ss for scripts/two-host-check.sh (two_host_test)
   clang libclang-rt-dev   # libFuzzer for scripts/fuzz.sh (libclang-rt is only recommended by clang)
 )
@@ -24,9 +24,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # Independent readers of our files for the interop tests (ml_dtypes: BF16 and FP8 in numpy); an
-# S3-compatible server (moto) and an independent S3 client (boto3) for the object-store tests.
-if ! python3 -c 'import safetensors, numpy, ml_dtypes, moto.server, boto3, flask, flask_cors' 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ml_dtypes 'moto[server]' boto3 ||
-    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors numpy \
-      ml_dtypes 'moto[server]' boto3
+# S3-compatible server (moto) and an independent S3 client (boto3) for the object-store tests;
+# nanobind and scikit-build-core to build the Python package (python/), pytest to test it.
+if ! python3 -c 'import safetensors, numpy, ml_dtypes, moto.server, boto3, flask, flask_cors, nanobind, scikit_build_core, pytest' 2>/dev/null; then
+  pip_packages=(safetensors numpy ml_dtypes 'moto[server]' boto3 nanobind scikit-build-core pytest)
+  python3 -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}" ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${pip_packages[@]}"
 fi

@@ -14,7 +14,7 @@ warn="-Wno-maybe-uninitialized"
 # Debug (the build type a user may pick, compiled here too) with -O1: quick to build, fast enough to
 # run; line tables only (-g1), which is all the sanitizers' stack traces need and much quicker to
 # build than full debug information.
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSTAGEHAND_WERROR=ON \
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSTAGEHAND_WERROR=ON -DSTAGEHAND_BUILD_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS="-O1 $flags $warn" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DPython3_EXECUTABLE="$(command -v python3)" \
   > /dev/null
 cmake --build "$build" -j"$(nproc)"

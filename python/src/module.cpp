@@ -1,0 +1,252 @@
+// stagehand._stagehand: the C++ Checkpointer for Python (nanobind). The Python layer
+// (python/stagehand/__init__.py) flattens state dicts and keeps every array alive; this module
+// wraps each array without a copy (Tensor::from_blob over its buffer or DLPack capsule) and runs
+// every save, load and wait with the GIL released.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/core/device.hpp"
+#include "stagehand/core/dtype.hpp"
+
+namespace nb = nanobind;
+using namespace stagehand;
+
+namespace {
+
+/// What a failed Status becomes: stagehand.Error (a RuntimeError) with the C++ message.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(const Status& st) {
+  if (!st.is_ok()) throw Error(st.to_string());
+}
+
+using Array = nb::ndarray<nb::c_contig>;
+
+std::optional<DType> dtype_of(nb::dlpack::dtype t) {
+  if (t.lanes != 1) return std::nullopt;
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  switch (code) {
+    case nb::dlpack::dtype_code::Float:
+      if (t.bits == 64) return DType::f64;
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 16) return DType::f16;
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      if (t.bits == 16) return DType::bf16;
+      break;
+    case nb::dlpack::dtype_code::Int:
+      if (t.bits == 64) return DType::i64;
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 16) return DType::i16;
+      if (t.bits == 8) return DType::i8;
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      if (t.bits == 64) return DType::u64;
+      if (t.bits == 32) return DType::u32;
+      if (t.bits == 16) return DType::u16;
+      if (t.bits == 8) return DType::u8;
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      if (t.bits == 8) return DType::boolean;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+/// One tensor of a rank's state: the array's memory (not copied; the Python layer keeps the
+/// array alive as long as a save or load may use it) and where it lies in its global tensor.
+struct Entry {
+  ShardedTensor tensor;
+};
+
+Entry make_entry(const std::string& name, Array array, const std::string& dtype_name, std::vector<std::int64_t> global_shape,
+                 std::vector<std::int64_t> offsets, int replica_id) {
+  DType dtype;
+  if (dtype_name.empty()) {
+    auto found = dtype_of(array.dtype());
+    if (!found) {
+      throw nb::type_error(("tensor '" + name + "': its dtype (DLPack code " + std::to_string(array.dtype().code) +
+                            ", " + std::to_string(array.dtype().bits) + " bits) is not one Stagehand saves")
+                               .c_str());
+    }
+    dtype = *found;
+  } else {
+    auto found = dtype_from_name(dtype_name);
+    if (!found) throw nb::type_error(("tensor '" + name + "': unknown dtype '" + dtype_name + "'").c_str());
+    dtype = *found;
+    if (array.itemsize() != dtype_size(dtype)) {
+      throw nb::type_error(("tensor '" + name + "': elements of " + std::to_string(array.itemsize()) +
+                            " bytes cannot hold " + dtype_name)
+                               .c_str());
+    }
+  }
+  std::vector<std::int64_t> dims(array.ndim());
+  for (std::size_t d = 0; d < array.ndim(); ++d) dims[d] = static_cast<std::int64_t>(array.shape(d));
+  Device device = Device::host();
+  if (array.device_type() == nb::device::cuda::value) {
+    device = Device::cuda(array.device_id());
+  } else if (array.device_type() != nb::device::cpu::value) {
+    throw nb::type_error(("tensor '" + name + "': only host and CUDA memory can be saved").c_str());
+  }
+  const Shape shape{std::span<const std::int64_t>(dims)};
+  auto wrapped = Tensor::from_blob(array.data(), dtype, shape, device);
+  check(wrapped.status().with_context("tensor '" + name + "'"));
+  Entry entry;
+  entry.tensor.desc.name = name;
+  entry.tensor.desc.dtype = dtype;
+  entry.tensor.desc.local_shape = shape;
+  // A whole tensor: its own shape, at offset 0.
+  if (global_shape.empty() && offsets.empty()) {
+    global_shape = dims;
+    offsets.assign(dims.size(), 0);
+  }
+  entry.tensor.desc.global_shape = Shape{std::span<const std::int64_t>(global_shape)};
+  entry.tensor.desc.global_offset = Shape{std::span<const std::int64_t>(offsets)};
+  entry.tensor.desc.replica_id = replica_id;
+  entry.tensor.tensor = std::move(*wrapped);
+  return entry;
+}
+
+StateDict state_of(const std::vector<const Entry*>& entries, const std::map<std::string, std::string>& objects) {
+  StateDict state;
+  state.tensors.reserve(entries.size());
+  for (const Entry* e : entries) state.tensors.push_back(e->tensor);
+  state.objects = objects;
+  return state;
+}
+
+std::vector<std::int64_t> dims_of(const Shape& shape) {
+  return {shape.dims().begin(), shape.dims().end()};
+}
+
+struct PyCheckpointer {
+  std::unique_ptr<Checkpointer> impl;
+  int rank = 0;
+  int world_size = 1;
+
+  Checkpointer& get() {
+    if (!impl) throw Error("aborted: the Checkpointer is closed");
+    return *impl;
+  }
+};
+
+}  // namespace
+
+NB_MODULE(_stagehand, m) {
+  m.doc() = "Stagehand's Checkpointer (C++), for the stagehand package";
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  nb::class_<Entry>(m, "Entry")
+      .def_prop_ro("name", [](const Entry& e) { return e.tensor.desc.name; })
+      .def_prop_ro("dtype", [](const Entry& e) { return std::string(dtype_name(e.tensor.desc.dtype)); })
+      .def_prop_ro("global_shape", [](const Entry& e) { return dims_of(e.tensor.desc.global_shape); })
+      .def_prop_ro("offsets", [](const Entry& e) { return dims_of(e.tensor.desc.global_offset); })
+      // Where the saved bytes are read from: the array's own memory (no copy was made).
+      .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
+  m.def("make_entry", &make_entry, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
+        nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
+
+  nb::class_<PendingSave>(m, "PendingSave")
+      .def("wait", [](PendingSave& p) { check(p.wait()); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
+      .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
+      .def("wait_staged", &PendingSave::wait_staged, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("step", &PendingSave::step)
+      .def_prop_ro("stall_s", &PendingSave::stall_s);
+
+  nb::class_<PyCheckpointer>(m, "Checkpointer")
+      .def(
+          "__init__",
+          [](PyCheckpointer* self, const std::string& root, std::optional<int> rank, std::optional<int> world_size,
+             std::optional<std::string> master_addr, std::optional<int> port, int thread_count, int load_thread_count,
+             int staging_buckets, double timeout_s, double join_timeout_s, std::optional<std::string> local_work_dir) {
+            CheckpointerOptions options;
+            if (!rank && !world_size) {
+              auto from_env = CheckpointerOptions::from_environment(root);
+              check(from_env.status());
+              options = std::move(*from_env);
+            } else {
+              options.root = root;
+              options.rank = rank.value_or(0);
+              options.world_size = world_size.value_or(1);
+              options.local_ranks = options.world_size > 1 ? 1 : 0;
+            }
+            if (master_addr) options.master_addr = *master_addr;
+            if (port) options.port = *port;
+            options.thread_count = thread_count;
+            options.load_thread_count = load_thread_count;
+            options.staging_buckets = staging_buckets;
+            options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+            options.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout_s * 1000));
+            if (local_work_dir) options.local_work_dir = *local_work_dir;
+            const int first = options.rank;
+            const int world = options.world_size;
+            new (self) PyCheckpointer{std::make_unique<Checkpointer>(std::move(options)), first, world};
+          },
+          nb::arg("root"), nb::arg("rank").none() = nb::none(), nb::arg("world_size").none() = nb::none(),
+          nb::arg("master_addr").none() = nb::none(), nb::arg("port").none() = nb::none(), nb::arg("thread_count") = 2,
+          nb::arg("load_thread_count") = 4, nb::arg("staging_buckets") = 0, nb::arg("timeout_s") = 600.0,
+          nb::arg("join_timeout_s") = 60.0, nb::arg("local_work_dir").none() = nb::none())
+      .def(
+          "save",
+          [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
+             const std::map<std::string, std::string>& objects) { check(self.get().save(step, state_of(entries, objects))); },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "async_save",
+          [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
+             const std::map<std::string, std::string>& objects) {
+            auto pending = self.get().async_save(step, state_of(entries, objects));
+            check(pending.status());
+            return std::move(*pending);
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "load",
+          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+             const std::map<std::string, std::string>& objects, const std::string& path) {
+            // The objects named are the ones loaded (their values here are replaced).
+            StateDict state = state_of(entries, objects);
+            check(self.get().load(state, path));
+            return state.objects;
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "fence",
+          [](PyCheckpointer& self) {
+            auto waited = self.get().fence();
+            check(waited.status());
+            return *waited;
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("finalize", [](PyCheckpointer& self) { check(self.get().finalize()); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("close", [](PyCheckpointer& self) { self.impl.reset(); }, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("closed", [](const PyCheckpointer& self) { return !self.impl; })
+      .def_prop_ro("rank", [](const PyCheckpointer& self) { return self.rank; })
+      .def_prop_ro("world_size", [](const PyCheckpointer& self) { return self.world_size; });
+
+  m.def(
+      "resolve_checkpoint",
+      [](const std::string& path) {
+        auto dir = resolve_checkpoint(path);
+        check(dir.status());
+        return *dir;
+      },
+      nb::arg("path"), "The global_step_N folder that `path` (a root or a step folder) names.");
+}

@@ -1,0 +1,235 @@
+"""Stagehand's checkpoints for Python: save, async save and load of a rank's state dict, collectively
+with every process of the job (one process per rank, as torchrun starts them).
+
+    import numpy as np, stagehand
+
+    state = {"model": {"w": np.ones((1024, 1024), np.float32)}, "step": 10}
+    with stagehand.Checkpointer("/tmp/ckpt") as ckpt:
+        ckpt.save(10, state)                      # committed on every rank when it returns
+        pending = ckpt.async_save(20, state)      # returns once the tensors are copied
+        pending.wait()                            # optional: the next call waits anyway
+        ckpt.load(state)                          # in place, from the step the tracker names
+
+A state is a dict, nested as deep as you like, of tensors and small objects. Tensors are numpy
+arrays (bf16 and fp8 through ml_dtypes) or anything with ``__dlpack__`` (torch tensors), saved
+where they are, without a copy; a ``Shard`` says where a rank's block lies in a global tensor.
+Everything else (ints, floats, strings, lists, dicts of those) is saved as JSON and comes back
+from ``load``. Nested keys are joined with ".": ``{"model": {"w": ...}}`` saves tensor "model.w",
+as ``{"model.w": ...}`` (a torch ``state_dict()``) does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from ._stagehand import Error, PendingSave, make_entry, resolve_checkpoint
+from ._stagehand import Checkpointer as _Checkpointer
+
+__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "resolve_checkpoint"]
+
+
+class Shard:
+    """A rank's block of a global tensor: ``tensor`` lies at ``offsets`` in a tensor of
+    ``global_shape``. Blocks of all ranks must tile the global tensor; a block held by several ranks
+    (data-parallel copies) is saved once: mark every copy but one with ``replica_id`` > 0."""
+
+    __slots__ = ("tensor", "global_shape", "offsets", "replica_id")
+
+    def __init__(self, tensor: Any, global_shape, offsets, replica_id: int = 0):
+        self.tensor = tensor
+        self.global_shape = [int(d) for d in global_shape]
+        self.offsets = [int(o) for o in offsets]
+        self.replica_id = int(replica_id)
+        if len(self.global_shape) != len(self.offsets):
+            raise ValueError(
+                f"Shard: global_shape {self.global_shape} and offsets {self.offsets} differ in rank"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Shard(global_shape={self.global_shape}, offsets={self.offsets}, "
+            f"replica_id={self.replica_id})"
+        )
+
+
+# numpy dtypes that cross as a same-size unsigned view, with the dtype Stagehand stores.
+_VIEWED = {"bfloat16": ("uint16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3"),
+           "float8_e5m2": ("uint8", "F8_E5M2"), "bool": ("uint8", "BOOL")}
+
+
+def _is_tensor(value: Any) -> bool:
+    # numpy scalars (np.int64(3)) are objects: counters, not tensors.
+    if isinstance(value, np.generic):
+        return False
+    return isinstance(value, (Shard, np.ndarray)) or hasattr(value, "__dlpack__")
+
+
+def _to_array(name: str, value: Any, writable: bool):
+    """The array handed to C++ (the value itself or a view of it) and the dtype name to store."""
+    module = type(value).__module__
+    if module.startswith("torch"):
+        import torch
+
+        if not value.is_contiguous():
+            raise ValueError(f"tensor '{name}' is not contiguous: pass .contiguous()")
+        viewed = {torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+        if value.dtype in viewed:
+            return value.view(torch.uint8), viewed[value.dtype]
+        return value.detach(), ""
+    if isinstance(value, np.ndarray):
+        array = value
+        if not array.flags.c_contiguous:
+            raise ValueError(f"tensor '{name}' is not C-contiguous: pass np.ascontiguousarray(...)")
+        if writable and not array.flags.writeable:
+            raise ValueError(f"tensor '{name}' is read-only: load fills tensors in place")
+        if array.dtype.name in _VIEWED:
+            view, stored = _VIEWED[array.dtype.name]
+            return array.view(view), stored
+        return array, ""
+    return value, ""  # another __dlpack__ producer: its own dtype
+
+
+def _flatten(state: dict, prefix: str = "", path: list | None = None) -> Iterator[tuple[str, Any, bool, list]]:
+    """(name, value, is_tensor, keys) of every leaf: its keys joined with '.', the keys."""
+    path = path or []
+    if not isinstance(state, dict):
+        raise TypeError(f"a state is a dict, not {type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise TypeError(f"state key {key!r} under '{prefix}' is not a string")
+        name = prefix + key
+        if isinstance(value, dict) and any(_is_tensor(v) or isinstance(v, dict) for v in value.values()):
+            yield from _flatten(value, name + ".", path + [key])
+        else:
+            yield name, value, _is_tensor(value), path + [key]
+
+
+class _Bound:
+    """What one call hands to C++: the entries and the arrays they point into (kept alive)."""
+
+    def __init__(self, state: dict, writable: bool):
+        self.entries = []
+        self.arrays = []
+        self.objects: dict[str, str] = {}
+        self.object_paths: dict[str, list[str]] = {}
+        self.names: set[str] = set()
+        for name, value, is_tensor, keys in _flatten(state):
+            if name in self.names:
+                raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
+            self.names.add(name)
+            if is_tensor:
+                shard = value if isinstance(value, Shard) else None
+                array, dtype = _to_array(name, shard.tensor if shard else value, writable)
+                self.arrays.append(array)
+                self.entries.append(make_entry(
+                    name, array, dtype, shard.global_shape if shard else [],
+                    shard.offsets if shard else [], shard.replica_id if shard else 0))
+            else:
+                try:
+                    self.objects[name] = json.dumps(value, default=_plain)
+                except TypeError as e:
+                    raise TypeError(f"object '{name}' cannot be saved as JSON: {e}") from None
+                self.object_paths[name] = keys
+
+
+def _plain(value: Any):
+    """numpy scalars and arrays inside objects become plain numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class Checkpointer:
+    """Saves and loads this rank's state collectively with every process of the job.
+
+    ``rank`` and ``world_size`` default to the launch variables (RANK, WORLD_SIZE, MASTER_ADDR,
+    and Stagehand's own STAGEHAND_PORT, as scripts/launch-local.sh sets them; without WORLD_SIZE,
+    one process). Every rank calls save, async_save, load and finalize with the same step, and
+    every rank gets the same outcome: committed, or a ``stagehand.Error`` naming what failed.
+    The GIL is released for the whole of every save, load and wait.
+
+    One Checkpointer serves one structure of state (the same tensor names and shapes each call).
+    The arrays of the last call are kept referenced until the next call or ``close()``.
+    """
+
+    def __init__(self, root: str, *, rank: int | None = None, world_size: int | None = None,
+                 master_addr: str | None = None, port: int | None = None, thread_count: int = 2,
+                 load_thread_count: int = 4, staging_buckets: int = 0, timeout: float = 600.0,
+                 join_timeout: float = 60.0, local_work_dir: str | None = None):
+        self.root = os.fspath(root)
+        self._impl = _Checkpointer(
+            self.root, rank=rank, world_size=world_size, master_addr=master_addr, port=port,
+            thread_count=thread_count, load_thread_count=load_thread_count,
+            staging_buckets=staging_buckets, timeout_s=timeout, join_timeout_s=join_timeout,
+            local_work_dir=local_work_dir)
+        self._bound: _Bound | None = None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._impl.rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole job."""
+        return self._impl.world_size
+
+    def save(self, step: int, state: dict) -> None:
+        """Saves ``step`` and returns once it is committed on every rank (no copy of host tensors)."""
+        bound = _Bound(state, writable=False)
+        self._bound = bound
+        self._impl.save(int(step), bound.entries, bound.objects)
+
+    def async_save(self, step: int, state: dict) -> PendingSave:
+        """Saves ``step`` in the background; returns once the tensors are copied (with
+        ``staging_buckets`` > 0: the first buckets; ``PendingSave.staged()`` says when the tensors
+        may change). The next save, load, finalize or close finishes it."""
+        bound = _Bound(state, writable=False)
+        self._bound = bound
+        return self._impl.async_save(int(step), bound.entries, bound.objects)
+
+    def load(self, state: dict, path: str | None = None) -> dict:
+        """Fills the tensors of ``state`` in place from ``path`` (default: this Checkpointer's root,
+        at the step its tracker names; or one global_step_N folder), whatever the sharding it was
+        saved with, and sets its objects to the saved values. Returns ``state``."""
+        bound = _Bound(state, writable=True)
+        self._bound = bound
+        objects = self._impl.load(bound.entries, bound.objects,
+                                  os.fspath(path) if path is not None else self.root)
+        for name, text in objects.items():
+            _set_path(state, bound.object_paths[name], json.loads(text))
+        return state
+
+    def fence(self) -> float:
+        """Returns once no save reads this process's tensors any more; the seconds waited."""
+        return self._impl.fence()
+
+    def finalize(self) -> None:
+        """Finishes a pending async save (written on every rank and committed)."""
+        self._impl.finalize()
+
+    def close(self) -> None:
+        """finalize(), then stops the Checkpointer (rank 0's process first waits for the others)."""
+        if not self._impl.closed:
+            try:
+                self._impl.finalize()
+            finally:
+                self._impl.close()
+                self._bound = None
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _set_path(state: dict, path: list[str], value: Any) -> None:
+    node = state
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value

@@ -1,0 +1,231 @@
+"""The Python package against the C++ engine: round trips, objects, async saves, errors, checkpoints
+shared with C++ byte for byte, and SPMD saves and resharded loads in several processes.
+
+Run by ctest (python_test) with PYTHONPATH=<build>/python and STAGEHAND_BIN_DIR=<build>/bin."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import stagehand
+
+BIN = pathlib.Path(os.environ.get("STAGEHAND_BIN_DIR", "build/bin"))
+SOURCE = pathlib.Path(__file__).resolve().parents[2]
+WORKER = pathlib.Path(__file__).with_name("spmd_worker.py")
+
+DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+          ml_dtypes.float8_e5m2, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32,
+          np.uint16, np.uint8, np.bool_]
+
+
+def random_array(dtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return np.asarray(rng.standard_normal(shape) * 4).astype(dtype)  # 0-d stays an array
+
+
+def files_of(folder):
+    folder = pathlib.Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_dtype_round_trips_bit_for_bit(tmp_path, dtype):
+    saved = {"a": random_array(dtype, (37, 5), 1), "scalar": random_array(dtype, (), 2)}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, saved)
+    loaded = {k: np.zeros_like(v) for k, v in saved.items()}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded)
+    for key in saved:
+        assert loaded[key].dtype == saved[key].dtype
+        assert loaded[key].tobytes() == saved[key].tobytes(), key
+
+
+def test_tensors_are_wrapped_where_they_are_not_copied():
+    base = np.zeros((8, 16), np.float32)
+    bf = np.zeros(8, ml_dtypes.bfloat16)
+    bound = stagehand._Bound({"w": base, "b": bf, "s": stagehand.Shard(base[2:4], [8, 16], [2, 0])}, writable=True)
+    ptrs = {e.name: e.data_ptr for e in bound.entries}
+    assert ptrs == {"w": base.ctypes.data, "b": bf.ctypes.data, "s": base[2:4].ctypes.data}
+    dtypes = {e.name: e.dtype for e in bound.entries}
+    assert dtypes == {"w": "F32", "b": "BF16", "s": "F32"}
+
+
+def test_nested_dicts_and_objects_come_back(tmp_path):
+    state = {
+        "model": {"layers": {"0": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}}},
+        "optimizer": {"m": np.ones(4, np.float32), "hyper": {"lr": 3e-4, "betas": [0.9, 0.95]}},
+        "scheduler": {"last_epoch": 12, "name": "cosine"},
+        "rng": [1, 2, 3],
+        "step": np.int64(12),
+        # A torch-style flat state_dict: dotted keys stay as they are.
+        "flat": {"layers.0.weight": np.full(3, 2.0, np.float32), "epoch.count": 4},
+    }
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(12, state)
+    target = {
+        "model": {"layers": {"0": {"w": np.zeros((2, 3), np.float32)}}},
+        "optimizer": {"m": np.zeros(4, np.float32), "hyper": None},
+        "scheduler": None,
+        "rng": None,
+        "step": None,
+        "flat": {"layers.0.weight": np.zeros(3, np.float32), "epoch.count": None},
+    }
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(target)
+    assert np.array_equal(target["model"]["layers"]["0"]["w"], state["model"]["layers"]["0"]["w"])
+    assert np.array_equal(target["optimizer"]["m"], np.ones(4, np.float32))
+    assert target["optimizer"]["hyper"] == {"lr": 3e-4, "betas": [0.9, 0.95]}
+    assert target["scheduler"] == {"last_epoch": 12, "name": "cosine"}
+    assert target["rng"] == [1, 2, 3]
+    assert target["step"] == 12
+    assert np.all(target["flat"]["layers.0.weight"] == 2.0) and target["flat"]["epoch.count"] == 4
+    # The tensors are saved under the joined names, as C++ sees them.
+    meta = json.loads((tmp_path / "global_step_12" / "policy" / "metadata.json").read_text())
+    assert "model.layers.0.w" in json.dumps(meta)
+
+
+@pytest.mark.parametrize("staging_buckets", [0, 2])
+def test_a_tensor_modified_after_async_save_does_not_reach_that_step(tmp_path, staging_buckets):
+    arrays = {f"t{i}": np.full(1 << 16, i, np.float32) for i in range(8)}
+    with stagehand.Checkpointer(tmp_path, staging_buckets=staging_buckets, thread_count=4) as ckpt:
+        pending = ckpt.async_save(1, arrays)
+        # The rule: modify once staged() (at once with staging_buckets 0).
+        if staging_buckets == 0:
+            assert pending.staged()
+        pending.wait_staged()
+        assert pending.staged()
+        for a in arrays.values():
+            a[:] = -1
+        pending.wait()
+        assert pending.done()
+    loaded = {k: np.zeros_like(v) for k, v in arrays.items()}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded, tmp_path / "global_step_1")
+    for i in range(8):
+        assert np.all(loaded[f"t{i}"] == i)
+
+
+def test_bad_input_is_refused_naming_the_tensor(tmp_path):
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        with pytest.raises(ValueError, match="'w' is not C-contiguous"):
+            ckpt.save(1, {"w": np.zeros((4, 4), np.float32)[:, ::2]})
+        with pytest.raises(TypeError, match="'c'.*dtype"):
+            ckpt.save(1, {"c": np.zeros(3, np.complex64)})
+        with pytest.raises(ValueError, match="both named 'a.b'"):
+            ckpt.save(1, {"a.b": np.zeros(3, np.float32), "a": {"b": np.zeros(3, np.float32)}})
+        with pytest.raises(TypeError, match="object 'o' cannot be saved as JSON"):
+            ckpt.save(1, {"o": object()})
+        ckpt.save(1, {"w": np.zeros(3, np.float32)})
+        with pytest.raises(stagehand.Error, match="other tensors or shapes"):
+            ckpt.save(2, {"w": np.zeros(4, np.float32)})
+    frozen = np.zeros(3, np.float32)
+    frozen.flags.writeable = False
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        with pytest.raises(ValueError, match="'w' is read-only"):
+            ckpt.load({"w": frozen})
+        with pytest.raises(stagehand.Error, match="tensor 'missing'.*not in the checkpoint"):
+            ckpt.load({"missing": np.zeros(3, np.float32)})
+    with pytest.raises(stagehand.Error, match="holds neither a committed checkpoint"):
+        with stagehand.Checkpointer(tmp_path / "empty") as ckpt:
+            ckpt.load({"w": np.zeros(3, np.float32)})
+
+
+def test_a_closed_checkpointer_refuses_calls(tmp_path):
+    ckpt = stagehand.Checkpointer(tmp_path)
+    ckpt.close()
+    with pytest.raises(stagehand.Error, match="closed"):
+        ckpt.save(1, {"w": np.zeros(3, np.float32)})
+
+
+def peer_state(zero=False):
+    """The state tests/python/py_peer.cpp saves."""
+    w = (np.arange(64 * 48) % 97).astype(np.float32).reshape(64, 48) * 0.25
+    b = ((np.arange(48) - 24) * 0.5).astype(ml_dtypes.bfloat16)
+    state = {"model": {"w": w, "b": b}, "opt": {"step": np.array([7], np.int64)},
+             "sched": {"lr": 0.5, "step": 7}}
+    if zero:
+        state = {"model": {"w": np.zeros_like(w), "b": np.zeros_like(b)},
+                 "opt": {"step": np.zeros(1, np.int64)}, "sched": None}
+    return state
+
+
+def test_python_and_cpp_write_the_same_bytes_and_read_each_other(tmp_path):
+    with stagehand.Checkpointer(tmp_path / "py") as ckpt:
+        ckpt.save(3, peer_state())
+    subprocess.run([BIN / "py_peer", "save", tmp_path / "cpp", "3"], check=True)
+    py, cpp = files_of(tmp_path / "py" / "global_step_3"), files_of(tmp_path / "cpp" / "global_step_3")
+    assert sorted(py) == sorted(cpp)
+    for name in py:
+        assert py[name] == cpp[name], f"{name} differs"
+    # C++ loads what Python saved; Python loads what C++ saved.
+    subprocess.run([BIN / "py_peer", "check", tmp_path / "py"], check=True)
+    loaded = peer_state(zero=True)
+    with stagehand.Checkpointer(tmp_path / "cpp") as ckpt:
+        ckpt.load(loaded)
+    expected = peer_state()
+    assert np.array_equal(loaded["model"]["w"], expected["model"]["w"])
+    assert loaded["model"]["b"].tobytes() == expected["model"]["b"].tobytes()
+    assert loaded["opt"]["step"][0] == 7
+    assert loaded["sched"] == {"lr": 0.5, "step": 7}
+    # And the tool verifies it.
+    subprocess.run([BIN / "stagehand-ckpt", "verify", tmp_path / "py"], check=True, capture_output=True)
+
+
+def launch(n, *args, timeout=120):
+    return subprocess.run([SOURCE / "scripts" / "launch-local.sh", str(n), sys.executable, WORKER, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "GRACE_S": "10"})
+
+
+def test_four_processes_save_spmd_and_two_load_it_resharded(tmp_path):
+    saved = launch(4, "save", tmp_path)
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert (tmp_path / "latest_ckpt_global_step.txt").read_text().strip() == "5"
+    loaded = launch(2, "load", tmp_path)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert loaded.stdout.count("loaded ok") == 2, loaded.stdout
+    # One process reads the whole of it too.
+    single = subprocess.run([sys.executable, WORKER, "load", tmp_path], capture_output=True, text=True,
+                            timeout=60, env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    assert single.returncode == 0, single.stdout + single.stderr
+
+
+def test_a_rank_that_disagrees_fails_every_rank_naming_it(tmp_path):
+    job = launch(4, "save", tmp_path, "--bad-rank", "3")
+    assert job.returncode != 0
+    assert job.stdout.count("save failed") == 4, job.stdout + job.stderr
+    assert "rank 3" in job.stdout
+    assert not (tmp_path / "latest_ckpt_global_step.txt").exists()
+
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed for this Python (CI installs numpy only; "
+                                          "the numpy tests cover the same engine)")
+def test_torch_cpu_tensors_round_trip_without_copies(tmp_path):
+    state = {"w": torch.randn(128, 64, dtype=torch.bfloat16), "m": torch.randn(64), "b": torch.ones(3, dtype=torch.bool),
+             "f8": torch.randn(16).to(torch.float8_e4m3fn)}
+    bound = stagehand._Bound(state, writable=False)
+    assert [e.data_ptr for e in bound.entries] == [t.data_ptr() for t in state.values()]
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, state)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(target)
+    for key in state:
+        assert target[key].view(torch.uint8).equal(state[key].view(torch.uint8)), key
