@@ -33,7 +33,9 @@ void check(const Status& st) {
   if (!st.is_ok()) throw Error(st.to_string());
 }
 
-using Array = nb::ndarray<nb::c_contig>;
+/// Saves read an array (read-only ones too: np.load(mmap_mode="r")); loads write into one.
+using ReadArray = nb::ndarray<nb::ro, nb::c_contig>;
+using WriteArray = nb::ndarray<nb::c_contig>;
 
 std::optional<DType> dtype_of(nb::dlpack::dtype t) {
   if (t.lanes != 1) return std::nullopt;
@@ -74,6 +76,7 @@ struct Entry {
   ShardedTensor tensor;
 };
 
+template <class Array>
 Entry make_entry(const std::string& name, Array array, const std::string& dtype_name, std::vector<std::int64_t> global_shape,
                  std::vector<std::int64_t> offsets, int replica_id) {
   DType dtype;
@@ -104,7 +107,8 @@ Entry make_entry(const std::string& name, Array array, const std::string& dtype_
     throw nb::type_error(("tensor '" + name + "': only host and CUDA memory can be saved").c_str());
   }
   const Shape shape{std::span<const std::int64_t>(dims)};
-  auto wrapped = Tensor::from_blob(array.data(), dtype, shape, device);
+  // A save only reads through the pointer (ReadArray); a load writes through a WriteArray's.
+  auto wrapped = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(array.data())), dtype, shape, device);
   check(wrapped.status().with_context("tensor '" + name + "'"));
   Entry entry;
   entry.tensor.desc.name = name;
@@ -158,7 +162,10 @@ NB_MODULE(_stagehand, m) {
       .def_prop_ro("offsets", [](const Entry& e) { return dims_of(e.tensor.desc.global_offset); })
       // Where the saved bytes are read from: the array's own memory (no copy was made).
       .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
-  m.def("make_entry", &make_entry, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
+  // noconvert: never a converted copy (a load would fill the copy).
+  m.def("make_entry", &make_entry<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
+        nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
+  m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
 
   nb::class_<PendingSave>(m, "PendingSave")

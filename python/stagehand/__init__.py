@@ -21,12 +21,14 @@ as ``{"model.w": ...}`` (a torch ``state_dict()``) does.
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 from typing import Any, Iterator
 
 import numpy as np
 
-from ._stagehand import Error, PendingSave, make_entry, resolve_checkpoint
+from ._stagehand import Error, PendingSave, make_entry, make_load_entry, resolve_checkpoint
 from ._stagehand import Checkpointer as _Checkpointer
 
 __all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "resolve_checkpoint"]
@@ -48,6 +50,10 @@ class Shard:
             raise ValueError(
                 f"Shard: global_shape {self.global_shape} and offsets {self.offsets} differ in rank"
             )
+        ndim = getattr(tensor, "ndim", None)
+        if ndim is not None and ndim != len(self.global_shape):
+            raise ValueError(f"Shard: a {ndim}-d tensor cannot be a block of a global shape "
+                             f"{self.global_shape}")
 
     def __repr__(self) -> str:
         return (
@@ -59,6 +65,11 @@ class Shard:
 # numpy dtypes that cross as a same-size unsigned view, with the dtype Stagehand stores.
 _VIEWED = {"bfloat16": ("uint16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3"),
            "float8_e5m2": ("uint8", "F8_E5M2"), "bool": ("uint8", "BOOL")}
+# ... and those that cross as they are.
+_DIRECT = {"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint64", "uint32",
+           "uint16", "uint8"}
+_TORCH_DIRECT = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                 "uint64", "uint32", "uint16", "uint8"}
 
 
 def _is_tensor(value: Any) -> bool:
@@ -78,7 +89,9 @@ def _to_array(name: str, value: Any, writable: bool):
             raise ValueError(f"tensor '{name}' is not contiguous: pass .contiguous()")
         viewed = {torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
         if value.dtype in viewed:
-            return value.view(torch.uint8), viewed[value.dtype]
+            return value.detach().view(torch.uint8), viewed[value.dtype]
+        if str(value.dtype).removeprefix("torch.") not in _TORCH_DIRECT:
+            raise TypeError(f"tensor '{name}': dtype {value.dtype} is not one Stagehand saves")
         return value.detach(), ""
     if isinstance(value, np.ndarray):
         array = value
@@ -89,8 +102,16 @@ def _to_array(name: str, value: Any, writable: bool):
         if array.dtype.name in _VIEWED:
             view, stored = _VIEWED[array.dtype.name]
             return array.view(view), stored
+        if array.dtype.name not in _DIRECT:
+            raise TypeError(f"tensor '{name}': dtype {array.dtype.name} is not one Stagehand saves")
         return array, ""
     return value, ""  # another __dlpack__ producer: its own dtype
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    return _is_tensor(value)
 
 
 def _flatten(state: dict, prefix: str = "", path: list | None = None) -> Iterator[tuple[str, Any, bool, list]]:
@@ -102,7 +123,7 @@ def _flatten(state: dict, prefix: str = "", path: list | None = None) -> Iterato
         if not isinstance(key, str):
             raise TypeError(f"state key {key!r} under '{prefix}' is not a string")
         name = prefix + key
-        if isinstance(value, dict) and any(_is_tensor(v) or isinstance(v, dict) for v in value.values()):
+        if isinstance(value, dict) and _holds_tensor(value):
             yield from _flatten(value, name + ".", path + [key])
         else:
             yield name, value, _is_tensor(value), path + [key]
@@ -117,6 +138,7 @@ class _Bound:
         self.objects: dict[str, str] = {}
         self.object_paths: dict[str, list[str]] = {}
         self.names: set[str] = set()
+        entry = make_load_entry if writable else make_entry
         for name, value, is_tensor, keys in _flatten(state):
             if name in self.names:
                 raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
@@ -125,10 +147,14 @@ class _Bound:
                 shard = value if isinstance(value, Shard) else None
                 array, dtype = _to_array(name, shard.tensor if shard else value, writable)
                 self.arrays.append(array)
-                self.entries.append(make_entry(
-                    name, array, dtype, shard.global_shape if shard else [],
-                    shard.offsets if shard else [], shard.replica_id if shard else 0))
+                try:
+                    self.entries.append(entry(
+                        name, array, dtype, shard.global_shape if shard else [],
+                        shard.offsets if shard else [], shard.replica_id if shard else 0))
+                except TypeError as e:
+                    raise TypeError(f"tensor '{name}' cannot be {'loaded' if writable else 'saved'}: {e}") from None
             else:
+                _check_object(name, value)
                 try:
                     self.objects[name] = json.dumps(value, default=_plain)
                 except TypeError as e:
@@ -137,10 +163,25 @@ class _Bound:
 
 
 def _plain(value: Any):
-    """numpy scalars and arrays inside objects become plain numbers and lists."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
+    """numpy scalars inside objects become plain numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _check_object(name: str, value: Any) -> None:
+    """Refuses what JSON would change or lose: tensors inside an object (a list of tensors, say),
+    and keys that are not strings."""
+    if _is_tensor(value):
+        raise TypeError(f"object '{name}' holds a tensor: put tensors in dicts, not lists")
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"object '{name}' has key {key!r}: JSON keys are strings")
+            _check_object(name, v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_object(name, v)
 
 
 class Checkpointer:
@@ -161,6 +202,17 @@ class Checkpointer:
                  load_thread_count: int = 4, staging_buckets: int = 0, timeout: float = 600.0,
                  join_timeout: float = 60.0, local_work_dir: str | None = None):
         self.root = os.fspath(root)
+        if (rank is None) != (world_size is None):
+            raise ValueError("Checkpointer: pass both rank and world_size, or neither (then RANK and WORLD_SIZE)")
+        if rank is not None:
+            # The rest of the launch still comes from the environment when not given.
+            master_addr = master_addr or os.environ.get("MASTER_ADDR")
+            if port is None and os.environ.get("STAGEHAND_PORT"):
+                port = int(os.environ["STAGEHAND_PORT"])
+        for label, seconds in (("timeout", timeout), ("join_timeout", join_timeout)):
+            if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"Checkpointer: {label} must be a finite number of seconds > 0, not {seconds!r}")
+        self._lock = threading.Lock()
         self._impl = _Checkpointer(
             self.root, rank=rank, world_size=world_size, master_addr=master_addr, port=port,
             thread_count=thread_count, load_thread_count=load_thread_count,
@@ -181,45 +233,57 @@ class Checkpointer:
     def save(self, step: int, state: dict) -> None:
         """Saves ``step`` and returns once it is committed on every rank (no copy of host tensors)."""
         bound = _Bound(state, writable=False)
-        self._bound = bound
-        self._impl.save(int(step), bound.entries, bound.objects)
+        with self._lock:
+            # The previous call's arrays stay referenced through this one: it first finishes a
+            # pending async save, which may still be staging from them.
+            previous, self._bound = self._bound, bound
+            self._impl.save(int(step), bound.entries, bound.objects)
+            del previous
 
     def async_save(self, step: int, state: dict) -> PendingSave:
         """Saves ``step`` in the background; returns once the tensors are copied (with
         ``staging_buckets`` > 0: the first buckets; ``PendingSave.staged()`` says when the tensors
         may change). The next save, load, finalize or close finishes it."""
         bound = _Bound(state, writable=False)
-        self._bound = bound
-        return self._impl.async_save(int(step), bound.entries, bound.objects)
+        with self._lock:
+            previous, self._bound = self._bound, bound
+            pending = self._impl.async_save(int(step), bound.entries, bound.objects)
+            del previous
+            return pending
 
     def load(self, state: dict, path: str | None = None) -> dict:
         """Fills the tensors of ``state`` in place from ``path`` (default: this Checkpointer's root,
         at the step its tracker names; or one global_step_N folder), whatever the sharding it was
         saved with, and sets its objects to the saved values. Returns ``state``."""
         bound = _Bound(state, writable=True)
-        self._bound = bound
-        objects = self._impl.load(bound.entries, bound.objects,
-                                  os.fspath(path) if path is not None else self.root)
+        with self._lock:
+            previous, self._bound = self._bound, bound
+            objects = self._impl.load(bound.entries, bound.objects,
+                                      os.fspath(path) if path is not None else self.root)
+            del previous
         for name, text in objects.items():
             _set_path(state, bound.object_paths[name], json.loads(text))
         return state
 
     def fence(self) -> float:
         """Returns once no save reads this process's tensors any more; the seconds waited."""
-        return self._impl.fence()
+        with self._lock:
+            return self._impl.fence()
 
     def finalize(self) -> None:
         """Finishes a pending async save (written on every rank and committed)."""
-        self._impl.finalize()
+        with self._lock:
+            self._impl.finalize()
 
     def close(self) -> None:
         """finalize(), then stops the Checkpointer (rank 0's process first waits for the others)."""
-        if not self._impl.closed:
-            try:
-                self._impl.finalize()
-            finally:
-                self._impl.close()
-                self._bound = None
+        with self._lock:
+            if not self._impl.closed:
+                try:
+                    self._impl.finalize()
+                finally:
+                    self._impl.close()
+                    self._bound = None
 
     def __enter__(self) -> "Checkpointer":
         return self

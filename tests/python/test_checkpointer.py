@@ -8,6 +8,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -140,6 +142,80 @@ def test_bad_input_is_refused_naming_the_tensor(tmp_path):
     with pytest.raises(stagehand.Error, match="holds neither a committed checkpoint"):
         with stagehand.Checkpointer(tmp_path / "empty") as ckpt:
             ckpt.load({"w": np.zeros(3, np.float32)})
+
+
+def test_more_bad_input_is_refused_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        stagehand.Checkpointer(tmp_path, world_size=4)
+    for bad in (float("inf"), float("nan"), -1, 0):
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            stagehand.Checkpointer(tmp_path, timeout=bad)
+    with pytest.raises(ValueError, match="a 2-d tensor cannot be a block"):
+        stagehand.Shard(np.zeros((2, 2), np.float32), [], [])
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        for dtype in (np.longdouble, ml_dtypes.float8_e4m3fnuz, ml_dtypes.int4):
+            with pytest.raises(TypeError, match=f"tensor 'odd': dtype {np.dtype(dtype).name}"):
+                ckpt.save(1, {"odd": np.zeros(4, dtype)})
+        with pytest.raises(TypeError, match="object 'layers' holds a tensor"):
+            ckpt.save(1, {"layers": [np.zeros(3, np.float32)]})
+        with pytest.raises(TypeError, match="object 'o' has key 1"):
+            ckpt.save(1, {"o": {1: 2}})
+
+
+def test_read_only_arrays_save(tmp_path):
+    saved = np.arange(10, dtype=np.float32)
+    np.save(tmp_path / "a.npy", saved)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert not mapped.flags.writeable
+    with stagehand.Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(1, {"w": mapped})
+    loaded = {"w": np.zeros(10, np.float32)}
+    with stagehand.Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.load(loaded)
+    assert np.array_equal(loaded["w"], saved)
+
+
+def test_a_state_dropped_after_async_save_is_kept_until_the_save_is_done(tmp_path):
+    # The next call finishes the pending save, which still stages from the dropped arrays.
+    with stagehand.Checkpointer(tmp_path, staging_buckets=1, thread_count=2) as ckpt:
+        ckpt.async_save(1, {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(8)})
+        ckpt.save(2, {f"t{i}": np.full(1 << 20, -i, np.float32) for i in range(8)})
+    loaded = {f"t{i}": np.zeros(1 << 20, np.float32) for i in range(8)}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded, tmp_path / "global_step_1")
+    assert all(np.all(loaded[f"t{i}"] == i) for i in range(8))
+
+
+def test_a_subtree_without_tensors_is_one_object(tmp_path):
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, {"w": np.ones(2, np.float32), "sched": {"cfg": {"a": 1}, "n": 2}})
+    target = {"w": np.zeros(2, np.float32), "sched": None}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(target)
+    assert target["sched"] == {"cfg": {"a": 1}, "n": 2}
+
+
+def test_the_gil_is_released_while_a_save_runs(tmp_path):
+    counted = [0]
+    done = threading.Event()
+
+    def count():
+        while not done.is_set():
+            counted[0] += 1
+
+    counter = threading.Thread(target=count)
+    with stagehand.Checkpointer(tmp_path, thread_count=2) as ckpt:
+        state = {f"t{i}": np.full(4 << 20, i, np.float32) for i in range(8)}  # 128 MiB
+        counter.start()
+        before = counted[0]
+        start = time.perf_counter()
+        ckpt.save(1, state)
+        seconds = time.perf_counter() - start
+        during = counted[0] - before
+        done.set()
+        counter.join()
+    # With the GIL held for the whole save the counter would not move (beyond a switch or two).
+    assert during > 1000, f"the counter moved {during} times during a {seconds:.3f} s save"
 
 
 def test_a_closed_checkpointer_refuses_calls(tmp_path):
