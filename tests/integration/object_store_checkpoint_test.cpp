@@ -4,6 +4,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,8 @@
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/trainer_state.hpp"
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/load_plan.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
@@ -347,4 +350,169 @@ BOOST_AUTO_TEST_CASE(start_up_cleaning_says_what_it_removes) {
   BOOST_TEST(root->bucket().list("leftovers/")->empty());
   BOOST_TEST(root->bucket().open_uploads("leftovers/")->empty());
   BOOST_TEST(!fs::exists(stale));
+}
+
+// -- the process dying at any request of a save to an object store --
+
+namespace {
+
+/// The store as a process that dies at its `die_at`-th call that changes something (counted from
+/// 1; 0: never): that call and every later one fail and reach nothing, as after a SIGKILL. On an
+/// object store an upload (at a file's sync or close; writes before go to a local spool) either
+/// completed or never happened, and nothing completed is lost later, so "request k failing and
+/// the process dying there" is this whole model.
+class DyingFileSystem final : public FileSystemWrapper {
+ public:
+  DyingFileSystem(std::shared_ptr<FileSystem> inner, std::size_t die_at)
+      : FileSystemWrapper(std::move(inner)), die_at_(die_at) {}
+
+  std::size_t calls() const { return calls_.load(); }
+
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    SH_RETURN_IF_ERROR(call(path));
+    SH_ASSIGN_OR_RETURN(auto file, inner().create_file(path));
+    return std::unique_ptr<WritableFile>(new File(*this, path, std::move(file)));
+  }
+  Status remove_file(const std::string& path) override {
+    SH_RETURN_IF_ERROR(call(path));
+    return inner().remove_file(path);
+  }
+  Status create_dir(const std::string& path) override {
+    SH_RETURN_IF_ERROR(call(path));
+    return inner().create_dir(path);
+  }
+  Status remove_tree(const std::string& path) override {
+    SH_RETURN_IF_ERROR(call(path));
+    return inner().remove_tree(path);
+  }
+  Status sync_dir(const std::string& path) override {
+    SH_RETURN_IF_ERROR(call(path));
+    return inner().sync_dir(path);
+  }
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(DyingFileSystem& fs, std::string path, std::unique_ptr<WritableFile> inner)
+        : fs_(fs), path_(std::move(path)), inner_(std::move(inner)) {}
+    Status append(const void* data, std::size_t bytes) override {
+      SH_RETURN_IF_ERROR(fs_.call(path_));
+      return inner_->append(data, bytes);
+    }
+    Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+      SH_RETURN_IF_ERROR(fs_.call(path_));
+      return inner_->write_at(offset, data, bytes);
+    }
+    Status sync() override {
+      SH_RETURN_IF_ERROR(fs_.call(path_));
+      return inner_->sync();
+    }
+    Status close() override {
+      // A dead process closes nothing: what it had not uploaded never reaches the store.
+      SH_RETURN_IF_ERROR(fs_.call(path_));
+      return inner_->close();
+    }
+
+   private:
+    DyingFileSystem& fs_;
+    std::string path_;
+    std::unique_ptr<WritableFile> inner_;
+  };
+
+  Status call(const std::string& path) {
+    const std::size_t n = ++calls_;
+    if (die_at_ == 0 || n < die_at_) return Status::ok();
+    return {ErrorCode::io_error, "'" + path + "': the process died at request " + std::to_string(die_at_)};
+  }
+
+  std::size_t die_at_;
+  std::atomic<std::size_t> calls_{0};
+};
+
+/// Saves the synthetic state of `seed` as `step` of `root`, two ranks in this process.
+Status save_seeded(const std::shared_ptr<FileSystem>& fs, const std::string& root, std::int64_t step,
+                   std::uint64_t seed) {
+  const SyntheticStateSpec spec{2, 96u << 10, 6, seed, 256};
+  std::vector<StateDict> states;
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  std::vector<SaveEngine*> e;
+  std::vector<const StateDict*> s;
+  for (int r = 0; r < spec.ranks; ++r) states.push_back(*make_synthetic_state(spec, r, Device::host()));
+  for (int r = 0; r < spec.ranks; ++r) {
+    // One file per rank: the fewest calls that still cover every kind (data files, metadata,
+    // tracker), so that each crash point costs little.
+    SH_ASSIGN_OR_RETURN(auto engine, SaveEngine::create(r, SaveEngineOptions{1, 0, false, {}}, fs));
+    engines.push_back(std::move(engine));
+    e.push_back(engines.back().get());
+    s.push_back(&states[static_cast<std::size_t>(r)]);
+  }
+  return save_checkpoint_in_process(root, step, e, s, fs).status();
+}
+
+/// What a restart finds: after start-up cleaning, the step the tracker names verifies and holds,
+/// bit for bit, the state of that step's seed; returns that step.
+std::int64_t check_restart(const std::shared_ptr<FileSystem>& fs, const std::string& url) {
+  TrainerConfig trainer;
+  trainer.ckpt_path = url;
+  Status cleaned = CheckpointPolicy(trainer, fs).clean_interrupted_saves();
+  BOOST_REQUIRE_MESSAGE(cleaned.is_ok(), cleaned.to_string());
+  CheckpointStore store(fs, url);
+  auto tracked = store.tracker();
+  BOOST_REQUIRE_MESSAGE(tracked.is_ok() && tracked->has_value(), "no tracker under " + url);
+  const std::int64_t step = **tracked;
+  auto dir = resolve_checkpoint(*fs, url);
+  BOOST_REQUIRE_MESSAGE(dir.is_ok(), dir.status().to_string());
+  auto verified = verify_checkpoint(*fs, *dir);
+  BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
+  BOOST_TEST(verified->ok(), url << ": " << (verified->problems.empty() ? "" : verified->problems[0]));
+  const SyntheticStateSpec spec{2, 96u << 10, 6, static_cast<std::uint64_t>(step), 256};
+  for (int r = 0; r < spec.ranks; ++r) {
+    auto expected = *make_synthetic_state(spec, r, Device::host());
+    StateDict loaded = test::zeroed_like(expected);
+    Status st = load_checkpoint(*fs, *dir, loaded, LoadOptions{});
+    BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+    for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+      BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, expected.tensors[i].tensor), url << " rank " << r);
+    }
+  }
+  return step;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_process_dying_at_any_request_of_a_save_leaves_a_checkpoint_to_resume_from) {
+  S3Server server({kBucket});
+  TempDir work;
+  auto options = server.options();
+  options.spool_dir = work.path();
+  auto store_fs = default_file_system(options);
+  const std::string base = std::string("s3://") + kBucket + "/dying";
+  // The requests of step 2's save (after step 1), counted once.
+  std::size_t requests = 0;
+  {
+    BOOST_REQUIRE(save_seeded(store_fs, base + "/count", 1, 1).is_ok());
+    auto counting = std::make_shared<DyingFileSystem>(store_fs, 0);
+    BOOST_REQUIRE(save_seeded(counting, base + "/count", 2, 2).is_ok());
+    requests = counting->calls();
+  }
+  BOOST_REQUIRE(requests > 4u);
+  int previous = 0;
+  int next = 0;
+  for (std::size_t k = 1; k <= requests; ++k) {
+    const std::string url = base + "/k" + std::to_string(k);
+    BOOST_REQUIRE(save_seeded(store_fs, url, 1, 1).is_ok());
+    auto dying = std::make_shared<DyingFileSystem>(store_fs, k);
+    BOOST_TEST(!save_seeded(dying, url, 2, 2).is_ok(), "request " << k);
+    // The restart: a fresh process on the same store.
+    const std::int64_t found = check_restart(store_fs, url);
+    BOOST_TEST((found == 1 || found == 2), url << ": the tracker names step " << found);
+    ++(found == 1 ? previous : next);
+    // And the next save goes through.
+    BOOST_REQUIRE(save_seeded(store_fs, url, 3, 3).is_ok());
+    BOOST_TEST(check_restart(store_fs, url) == 3);
+  }
+  BOOST_TEST_MESSAGE("object store: " << requests << " crash points (one per request of the save); the restart "
+                                      << "found the previous step after " << previous << " and the new one after "
+                                      << next);
+  BOOST_TEST(previous > 0);
 }
