@@ -105,7 +105,8 @@ int run_commit(const CommitArgs& args) {
   auto dir = resolve_checkpoint(fs, args.from);
   if (!dir.is_ok()) return fail(dir.status().to_string());
   // --out is removed before every commit: it must hold nothing of the checkpoint it reads.
-  if (nested(args.out, *dir) || nested(*dir, args.out)) {
+  // Nor may it lie in the root it came from (the scratch steps would sit among the real ones).
+  if (nested(args.out, *dir) || nested(*dir, args.out) || nested(args.out, args.from)) {
     return fail("--out '" + args.out + "' and the checkpoint '" + *dir +
                 "' lie inside one another: --out is removed before each commit, which would delete the checkpoint; "
                 "give --out a scratch folder of its own");

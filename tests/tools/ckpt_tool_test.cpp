@@ -569,3 +569,23 @@ BOOST_AUTO_TEST_CASE(the_bench_takes_the_roots_lock) {
   BOOST_TEST(second.output.find("lock") != std::string::npos, second.output);
   BOOST_TEST(!std::filesystem::exists(dir / "global_step_1"));
 }
+
+BOOST_AUTO_TEST_CASE(the_bench_commit_refuses_an_out_inside_its_from_and_export_an_empty_out) {
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  BOOST_REQUIRE(test::run_command(kBin + "/stagehand-bench save --out " + root + " --bytes-per-rank 1M").code == 0);
+  // --out is removed before each commit: equal to, inside, or holding --from would lose data.
+  for (const std::string& out : {root, root + "/sub", root + "/global_step_1", dir.path()}) {
+    BOOST_TEST_CONTEXT(out) {
+      auto run = test::run_command(kBin + "/stagehand-bench commit --from " + root + " --out " + out);
+      BOOST_TEST(run.code == 1, run.output);
+      BOOST_TEST(run.output.find("lie inside one another") != std::string::npos, run.output);
+    }
+  }
+  auto verified = test::run_command(kBin + "/stagehand-ckpt verify " + root);
+  BOOST_TEST(verified.code == 0, verified.output);
+  // An empty output path is an error that names it, not an uncaught exception (was rc 134).
+  auto empty = test::run_command(kBin + "/stagehand-ckpt export " + root + " ''");
+  BOOST_TEST(empty.code == 1, empty.output);
+  BOOST_TEST(empty.output.find("needs the path of an output folder") != std::string::npos, empty.output);
+}
