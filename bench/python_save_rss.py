@@ -8,7 +8,7 @@ max RSS before the save (the arrays, touched) and after, and the difference.
 Exit 1 when the save added more than --limit (default 64 MiB)."""
 
 import argparse
-import resource
+import os
 import shutil
 import sys
 import tempfile
@@ -16,28 +16,18 @@ import time
 
 import numpy as np
 
-import stagehand
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import peer_common as pc  # noqa: E402
 
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
-def size(text):
-    for unit, factor in UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
-
-
-def max_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import stagehand  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bytes", type=size, default=1 << 30)
+    ap.add_argument("--bytes", type=pc.parse_size, default=1 << 30)
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--limit", type=size, default=64 << 20)
+    ap.add_argument("--limit", type=pc.parse_size, default=64 << 20)
     ap.add_argument("--dir", default=None, help="where to save (default: a fresh temporary folder)")
     args = ap.parse_args()
     per = args.bytes // args.tensors // 4
@@ -47,11 +37,11 @@ def main():
     try:
         with stagehand.Checkpointer(root, thread_count=args.threads) as ckpt:
             # The actors and their threads start at this first call: their memory is counted too.
-            before = max_rss_bytes()
+            before = pc.max_rss_bytes()
             start = time.perf_counter()
             ckpt.save(1, state)
             seconds = time.perf_counter() - start
-            after = max_rss_bytes()
+            after = pc.max_rss_bytes()
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

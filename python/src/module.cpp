@@ -15,7 +15,6 @@
 #include <stdexcept>
 
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
 
@@ -38,34 +37,21 @@ using ReadArray = nb::ndarray<nb::ro, nb::c_contig>;
 using WriteArray = nb::ndarray<nb::c_contig>;
 
 std::optional<DType> dtype_of(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  struct Known {
+    Code code;
+    int bits;
+    DType dtype;
+  };
+  static constexpr Known kKnown[] = {
+      {Code::Float, 64, DType::f64}, {Code::Float, 32, DType::f32}, {Code::Float, 16, DType::f16},
+      {Code::Bfloat, 16, DType::bf16}, {Code::Int, 64, DType::i64},  {Code::Int, 32, DType::i32},
+      {Code::Int, 16, DType::i16},    {Code::Int, 8, DType::i8},     {Code::UInt, 64, DType::u64},
+      {Code::UInt, 32, DType::u32},   {Code::UInt, 16, DType::u16},  {Code::UInt, 8, DType::u8},
+      {Code::Bool, 8, DType::boolean}};
   if (t.lanes != 1) return std::nullopt;
-  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
-  switch (code) {
-    case nb::dlpack::dtype_code::Float:
-      if (t.bits == 64) return DType::f64;
-      if (t.bits == 32) return DType::f32;
-      if (t.bits == 16) return DType::f16;
-      break;
-    case nb::dlpack::dtype_code::Bfloat:
-      if (t.bits == 16) return DType::bf16;
-      break;
-    case nb::dlpack::dtype_code::Int:
-      if (t.bits == 64) return DType::i64;
-      if (t.bits == 32) return DType::i32;
-      if (t.bits == 16) return DType::i16;
-      if (t.bits == 8) return DType::i8;
-      break;
-    case nb::dlpack::dtype_code::UInt:
-      if (t.bits == 64) return DType::u64;
-      if (t.bits == 32) return DType::u32;
-      if (t.bits == 16) return DType::u16;
-      if (t.bits == 8) return DType::u8;
-      break;
-    case nb::dlpack::dtype_code::Bool:
-      if (t.bits == 8) return DType::boolean;
-      break;
-    default:
-      break;
+  for (const Known& k : kKnown) {
+    if (static_cast<Code>(t.code) == k.code && t.bits == k.bits) return k.dtype;
   }
   return std::nullopt;
 }
@@ -134,10 +120,6 @@ StateDict state_of(const std::vector<const Entry*>& entries, const std::map<std:
   return state;
 }
 
-std::vector<std::int64_t> dims_of(const Shape& shape) {
-  return {shape.dims().begin(), shape.dims().end()};
-}
-
 struct PyCheckpointer {
   std::unique_ptr<Checkpointer> impl;
   int rank = 0;
@@ -158,8 +140,6 @@ NB_MODULE(_stagehand, m) {
   nb::class_<Entry>(m, "Entry")
       .def_prop_ro("name", [](const Entry& e) { return e.tensor.desc.name; })
       .def_prop_ro("dtype", [](const Entry& e) { return std::string(dtype_name(e.tensor.desc.dtype)); })
-      .def_prop_ro("global_shape", [](const Entry& e) { return dims_of(e.tensor.desc.global_shape); })
-      .def_prop_ro("offsets", [](const Entry& e) { return dims_of(e.tensor.desc.global_offset); })
       // Where the saved bytes are read from: the array's own memory (no copy was made).
       .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
   // noconvert: never a converted copy (a load would fill the copy).
@@ -247,13 +227,4 @@ NB_MODULE(_stagehand, m) {
       .def_prop_ro("closed", [](const PyCheckpointer& self) { return !self.impl; })
       .def_prop_ro("rank", [](const PyCheckpointer& self) { return self.rank; })
       .def_prop_ro("world_size", [](const PyCheckpointer& self) { return self.world_size; });
-
-  m.def(
-      "resolve_checkpoint",
-      [](const std::string& path) {
-        auto dir = resolve_checkpoint(path);
-        check(dir.status());
-        return *dir;
-      },
-      nb::arg("path"), "The global_step_N folder that `path` (a root or a step folder) names.");
 }

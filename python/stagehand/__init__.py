@@ -28,10 +28,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ._stagehand import Error, PendingSave, make_entry, make_load_entry, resolve_checkpoint
+from ._stagehand import Error, PendingSave, make_entry, make_load_entry
 from ._stagehand import Checkpointer as _Checkpointer
 
-__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "resolve_checkpoint"]
+__all__ = ["Checkpointer", "PendingSave", "Shard", "Error"]
 
 
 class Shard:

@@ -172,14 +172,8 @@ BOOST_AUTO_TEST_CASE(a_stalled_worker_process_fails_rank_0_within_the_limit_nami
   const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=100000000",
                                          "trainer.ckpt_interval=20", "trainer.max_ckpts_to_keep=0",
                                          "trainer.call_timeout_s=3"});
-  std::vector<std::unique_ptr<RankProcess>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd, dir / ("rank" + std::to_string(r) + ".log")));
-  }
-  auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir / "ckpt/latest_ckpt_global_step.txt") && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  auto ranks = start_four(dir, port, cmd);
+  wait_until_exists(dir / "ckpt/latest_ckpt_global_step.txt");
   BOOST_REQUIRE_MESSAGE(fs::exists(dir / "ckpt/latest_ckpt_global_step.txt"), ranks[0]->output());
   // Rank 2 stops answering; the async save of step 20 is still pending in the dispatch.
   ::kill(ranks[2]->pid, SIGSTOP);

@@ -36,6 +36,18 @@ def random_array(dtype, shape, seed):
     return np.asarray(rng.standard_normal(shape) * 4).astype(dtype)  # 0-d stays an array
 
 
+def save_in(root, step, state):
+    with stagehand.Checkpointer(root) as ckpt:
+        ckpt.save(step, state)
+
+
+def load_from(root, state, path=None):
+    """Loads into `state` with a fresh Checkpointer (as a restarted process does)."""
+    with stagehand.Checkpointer(root) as ckpt:
+        ckpt.load(state, path)
+    return state
+
+
 def files_of(folder):
     folder = pathlib.Path(folder)
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -44,11 +56,9 @@ def files_of(folder):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_round_trips_bit_for_bit(tmp_path, dtype):
     saved = {"a": random_array(dtype, (37, 5), 1), "scalar": random_array(dtype, (), 2)}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, saved)
+    save_in(tmp_path, 1, saved)
     loaded = {k: np.zeros_like(v) for k, v in saved.items()}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(loaded)
+    load_from(tmp_path, loaded)
     for key in saved:
         assert loaded[key].dtype == saved[key].dtype
         assert loaded[key].tobytes() == saved[key].tobytes(), key
@@ -74,8 +84,7 @@ def test_nested_dicts_and_objects_come_back(tmp_path):
         # A torch-style flat state_dict: dotted keys stay as they are.
         "flat": {"layers.0.weight": np.full(3, 2.0, np.float32), "epoch.count": 4},
     }
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.save(12, state)
+    save_in(tmp_path, 12, state)
     target = {
         "model": {"layers": {"0": {"w": np.zeros((2, 3), np.float32)}}},
         "optimizer": {"m": np.zeros(4, np.float32), "hyper": None},
@@ -84,8 +93,7 @@ def test_nested_dicts_and_objects_come_back(tmp_path):
         "step": None,
         "flat": {"layers.0.weight": np.zeros(3, np.float32), "epoch.count": None},
     }
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(target)
+    load_from(tmp_path, target)
     assert np.array_equal(target["model"]["layers"]["0"]["w"], state["model"]["layers"]["0"]["w"])
     assert np.array_equal(target["optimizer"]["m"], np.ones(4, np.float32))
     assert target["optimizer"]["hyper"] == {"lr": 3e-4, "betas": [0.9, 0.95]}
@@ -113,8 +121,7 @@ def test_a_tensor_modified_after_async_save_does_not_reach_that_step(tmp_path, s
         pending.wait()
         assert pending.done()
     loaded = {k: np.zeros_like(v) for k, v in arrays.items()}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(loaded, tmp_path / "global_step_1")
+    load_from(tmp_path, loaded, tmp_path / "global_step_1")
     for i in range(8):
         assert np.all(loaded[f"t{i}"] == i)
 
@@ -167,11 +174,9 @@ def test_read_only_arrays_save(tmp_path):
     np.save(tmp_path / "a.npy", saved)
     mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
     assert not mapped.flags.writeable
-    with stagehand.Checkpointer(tmp_path / "ckpt") as ckpt:
-        ckpt.save(1, {"w": mapped})
+    save_in(tmp_path / "ckpt", 1, {"w": mapped})
     loaded = {"w": np.zeros(10, np.float32)}
-    with stagehand.Checkpointer(tmp_path / "ckpt") as ckpt:
-        ckpt.load(loaded)
+    load_from(tmp_path / "ckpt", loaded)
     assert np.array_equal(loaded["w"], saved)
 
 
@@ -181,17 +186,14 @@ def test_a_state_dropped_after_async_save_is_kept_until_the_save_is_done(tmp_pat
         ckpt.async_save(1, {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(8)})
         ckpt.save(2, {f"t{i}": np.full(1 << 20, -i, np.float32) for i in range(8)})
     loaded = {f"t{i}": np.zeros(1 << 20, np.float32) for i in range(8)}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(loaded, tmp_path / "global_step_1")
+    load_from(tmp_path, loaded, tmp_path / "global_step_1")
     assert all(np.all(loaded[f"t{i}"] == i) for i in range(8))
 
 
 def test_a_subtree_without_tensors_is_one_object(tmp_path):
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, {"w": np.ones(2, np.float32), "sched": {"cfg": {"a": 1}, "n": 2}})
+    save_in(tmp_path, 1, {"w": np.ones(2, np.float32), "sched": {"cfg": {"a": 1}, "n": 2}})
     target = {"w": np.zeros(2, np.float32), "sched": None}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(target)
+    load_from(tmp_path, target)
     assert target["sched"] == {"cfg": {"a": 1}, "n": 2}
 
 
@@ -238,8 +240,7 @@ def peer_state(zero=False):
 
 
 def test_python_and_cpp_write_the_same_bytes_and_read_each_other(tmp_path):
-    with stagehand.Checkpointer(tmp_path / "py") as ckpt:
-        ckpt.save(3, peer_state())
+    save_in(tmp_path / "py", 3, peer_state())
     subprocess.run([BIN / "py_peer", "save", tmp_path / "cpp", "3"], check=True)
     py, cpp = files_of(tmp_path / "py" / "global_step_3"), files_of(tmp_path / "cpp" / "global_step_3")
     assert sorted(py) == sorted(cpp)
@@ -248,8 +249,7 @@ def test_python_and_cpp_write_the_same_bytes_and_read_each_other(tmp_path):
     # C++ loads what Python saved; Python loads what C++ saved.
     subprocess.run([BIN / "py_peer", "check", tmp_path / "py"], check=True)
     loaded = peer_state(zero=True)
-    with stagehand.Checkpointer(tmp_path / "cpp") as ckpt:
-        ckpt.load(loaded)
+    load_from(tmp_path / "cpp", loaded)
     expected = peer_state()
     assert np.array_equal(loaded["model"]["w"], expected["model"]["w"])
     assert loaded["model"]["b"].tobytes() == expected["model"]["b"].tobytes()
@@ -298,10 +298,8 @@ def test_torch_cpu_tensors_round_trip_without_copies(tmp_path):
              "f8": torch.randn(16).to(torch.float8_e4m3fn)}
     bound = stagehand._Bound(state, writable=False)
     assert [e.data_ptr for e in bound.entries] == [t.data_ptr() for t in state.values()]
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, state)
+    save_in(tmp_path, 1, state)
     target = {k: torch.zeros_like(v) for k, v in state.items()}
-    with stagehand.Checkpointer(tmp_path) as ckpt:
-        ckpt.load(target)
+    load_from(tmp_path, target)
     for key in state:
         assert target[key].view(torch.uint8).equal(state[key].view(torch.uint8)), key
