@@ -11,6 +11,7 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/storage/default_file_system.hpp"
@@ -142,6 +143,7 @@ class PendingSave::Impl {
     strategy.load_thread_count = options.load_thread_count;
     strategy.staging_buckets = options.staging_buckets;
     strategy.file_system = fs;
+    if (states.size() > 1) strategy.load_group = std::make_shared<LoadGroup>(static_cast<int>(states.size()), options.timeout);
     for (std::size_t r = 0; r < states.size(); ++r) {
       live.push_back(std::make_shared<StateDict>(states[r]));
       auto owner = checkpointable_state(live.back());

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "stagehand/actors/worker.hpp"
+#include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/core/log.hpp"
 
 namespace stagehand {
@@ -93,9 +94,12 @@ Result<std::unique_ptr<CheckpointCluster>> CheckpointCluster::spawn(caf::actor_s
   options.coordinator.plan_timeout = options.timeout;
   auto coordinator = spawn_checkpoint_coordinator(system, options.coordinator);
   std::vector<worker_actor> workers;
+  auto load_group = ranks.size() > 1 ? std::make_shared<LoadGroup>(static_cast<int>(ranks.size()), options.timeout)
+                                     : nullptr;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     StrategyOptions strategy = options.strategy;
     strategy.rank = static_cast<int>(r);
+    strategy.load_group = load_group;
     auto worker = spawn_worker(system, std::move(ranks[r]), std::move(strategy), coordinator, options.timeout);
     if (!worker.is_ok()) {
       for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);

@@ -99,10 +99,16 @@ Result<ParsedSafetensors> read_safetensors_header(ReadableFile& file, const std:
       file.size(), path);
 }
 
-Result<const DataFile*> DataFiles::get(const std::string& name) {
+Result<const DataFile*> DataFiles::get(const std::string& name, std::uint64_t expected) {
+  std::lock_guard lock(mutex_);
   auto it = open_.find(name);
-  if (it != open_.end()) return &it->second;
-  const std::uint64_t expected = metadata_.files.at(name).size;
+  if (it != open_.end()) {
+    if (it->second.file->size() != expected) {
+      return Status{ErrorCode::corruption, "'" + it->second.path + "' has " + std::to_string(it->second.file->size()) +
+                                               " bytes, the metadata says " + std::to_string(expected)};
+    }
+    return &it->second;
+  }
   DataFile data{nullptr, folder_ + "/" + name, {}};
   SH_ASSIGN_OR_RETURN(data.file, fs_.open_file(data.path));
   if (data.file->size() != expected) {

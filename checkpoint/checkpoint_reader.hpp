@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -60,20 +61,23 @@ struct DataFile {
 /// Opens each data file of a checkpoint once, checking its size against the metadata and
 /// parsing its header.
 ///
-/// Thread-safety: one thread at a time; the DataFiles it hands out may be read from any thread.
+/// Thread-safety: get() may be called from any thread (the ranks of a process that load
+/// together share one: LoadGroup); the DataFiles it hands out may be read from any thread.
 class DataFiles {
  public:
   /// @param folder where the data files lie: `<checkpoint>/policy`, or a safetensors folder.
-  DataFiles(FileSystem& fs, std::string folder, const CheckpointMetadata& metadata)
-      : fs_(fs), folder_(std::move(folder)), metadata_(metadata) {}
+  DataFiles(FileSystem& fs, std::string folder) : fs_(fs), folder_(std::move(folder)) {}
 
-  /// @pre `name` is listed in the metadata's files (validate_metadata proves it of every chunk's).
-  Result<const DataFile*> get(const std::string& name);
+  /// The file `name` of the folder, which the metadata says has `expected_size` bytes.
+  Result<const DataFile*> get(const std::string& name, std::uint64_t expected_size);
+
+  FileSystem& file_system() const { return fs_; }
+  const std::string& folder() const { return folder_; }
 
  private:
   FileSystem& fs_;
   const std::string folder_;
-  const CheckpointMetadata& metadata_;
+  std::mutex mutex_;
   std::map<std::string, DataFile> open_;
 };
 

@@ -1,6 +1,7 @@
 #include "stagehand/checkpoint/load_plan.hpp"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 namespace stagehand {
@@ -28,6 +29,25 @@ std::vector<std::vector<std::size_t>> coalesce_ranges(const std::vector<ReadRang
     read_begin = r.begin;
   }
   return reads;
+}
+
+void merge_shared_chunks(std::vector<ChunkJob>& jobs) {
+  // (file, offset) -> index in `merged`
+  std::map<std::pair<std::string, std::uint64_t>, std::size_t> seen;
+  std::vector<ChunkJob> merged;
+  merged.reserve(jobs.size());
+  for (auto& job : jobs) {
+    auto [at, fresh] = seen.try_emplace({job.file->path, job.chunk->begin}, merged.size());
+    if (fresh) {
+      merged.push_back(std::move(job));
+      continue;
+    }
+    ChunkJob& kept = merged[at->second];
+    if (kept.direct == nullptr && job.direct != nullptr) std::swap(kept, job);
+    kept.copies.push_back(job.live);
+    kept.copies.insert(kept.copies.end(), job.copies.begin(), job.copies.end());
+  }
+  jobs = std::move(merged);
 }
 
 std::vector<ReadTask> plan_reads(const std::vector<ChunkJob>& jobs, std::uint64_t max_read_bytes) {

@@ -9,6 +9,7 @@
 
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/core/dtype.hpp"
+#include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand {
 
@@ -29,14 +30,23 @@ std::vector<std::vector<std::size_t>> coalesce_ranges(const std::vector<ReadRang
 
 /// One saved chunk that overlaps a live block, to be read and verified.
 struct ChunkJob {
-  std::size_t tensor = 0;
+  /// The block the chunk fills.
+  ShardedTensor* live = nullptr;
   const ChunkMeta* chunk = nullptr;
   const DataFile* file = nullptr;
-  /// The tensor's memory the whole chunk is read into; null when it goes through a buffer.
+  /// The block's memory the whole chunk is read into; null when it goes through a buffer.
   std::uint8_t* direct = nullptr;
   /// The saved dtype; when it differs from the live one, elements are converted on the way.
   DType saved = DType::f32;
+  /// Other blocks the same chunk fills (another rank of the process, another live tensor taken
+  /// from the same saved one): the chunk is read and verified once and copied into each.
+  std::vector<ShardedTensor*> copies;
 };
+
+/// Merges the jobs that read the same chunk (same file, same offset) into one, whose `copies`
+/// name the other blocks: a job that reads straight into its block is kept as the one that
+/// reads. Jobs keep their order otherwise.
+void merge_shared_chunks(std::vector<ChunkJob>& jobs);
 
 /// A byte range of one chunk inside a read.
 struct Piece {

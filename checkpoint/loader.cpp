@@ -6,6 +6,7 @@
 
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/hf_folder.hpp"
+#include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/checkpoint/load_plan.hpp"
 #include "stagehand/checkpoint/parallel_reader.hpp"
 #include "stagehand/checkpoint/reshard.hpp"
@@ -57,136 +58,150 @@ LoadOptions load_selection_by_name(const StateDict& state, const LoadScope& scop
 }
 
 Status load_checkpoint(FileSystem& fs, const std::string& checkpoint_dir, StateDict& state,
-                       const LoadOptions& options, LoadReport* report) {
+                       const LoadOptions& options, LoadReport* report, LoadGroup* group, int member) {
   const auto start = Clock::now();
   LoadReport local_report;
   LoadReport& out = report != nullptr ? *report : local_report;
   out = LoadReport{};
-  if (options.thread_count < 1) {
-    return Status{ErrorCode::invalid_argument, "ckpt_load_thread_count must be at least 1, got " +
-                                                   std::to_string(options.thread_count)};
-  }
-  if (options.max_read_bytes < 1)
-    return Status{ErrorCode::invalid_argument, "max_read_bytes must be at least 1"};
-  SH_ASSIGN_OR_RETURN(const bool safetensors_folder, is_safetensors_folder(fs, checkpoint_dir));
+  bool safetensors_folder = false;
   CheckpointMetadata metadata;
-  std::vector<std::string> saved_names;  // every tensor of the checkpoint, for unused_tensors
-  if (safetensors_folder) {
-    SH_ASSIGN_OR_RETURN(metadata, read_safetensors_folder(fs, checkpoint_dir));
-    for (const auto& [name, tensor] : metadata.tensors)
-      saved_names.push_back(name);
-  } else {
-    // Listing every saved name costs every rank O(tensors of the whole checkpoint): only for the
-    // loads that report or refuse unused tensors (a trainer's), not for the default one.
-    const bool list_unused = options.list_unused || options.refuse_unused || !options.strict;
-    const bool renamed = !options.sources.empty() || !options.skip.empty();
-    const StateDict query = renamed ? as_saved(state, options) : StateDict{};
-    SH_ASSIGN_OR_RETURN(metadata,
-                        read_checkpoint_metadata_part(fs, checkpoint_dir, renamed ? query : state,
-                                                      list_unused ? &saved_names : nullptr));
-  }
-  SH_RETURN_IF_ERROR(state.validate());
-  DataFiles files(
-      fs, safetensors_folder ? checkpoint_dir : CheckpointLayout::policy_dir(checkpoint_dir),
-      metadata);
+  std::shared_ptr<DataFiles> files;  // open until every read of the group is done
+  LoadGroup::Turn turn;
+  if (group != nullptr) turn = group->begin(member);
+  std::vector<ChunkJob> jobs;
+  bool pinned = false;
   // Every check that needs no chunk bytes runs before any read, so that these errors leave the
   // state untouched.
-  std::vector<ChunkJob> jobs;
-  std::set<std::string> used;  // saved tensors this load reads
-  std::set<std::string> live_names;
-  bool pinned = false;
-  for (std::size_t t = 0; t < state.tensors.size(); ++t) {
-    ShardedTensor& live = state.tensors[t];
-    const ShardedTensorDesc& block = live.desc;
-    live_names.insert(block.name);
-    if (options.skip.count(block.name) != 0) continue;
-    const auto source_name = options.sources.find(block.name);
-    const std::string& saved_name =
-        source_name == options.sources.end() ? block.name : source_name->second;
-    const std::string as =
-        saved_name == block.name ? "" : " (from saved tensor '" + saved_name + "')";
-    auto fail = [&](const std::string& why) {
+  auto plan = [&]() -> Status {
+    if (options.thread_count < 1) {
       return Status{ErrorCode::invalid_argument,
-                    "tensor '" + block.name + "'" + as + " in '" + checkpoint_dir + "': " + why};
-    };
-    auto found = metadata.tensors.find(saved_name);
-    if (found == metadata.tensors.end()) {
-      if (!options.strict) {
-        out.missing_tensors.push_back(block.name);
-        continue;
+                    "ckpt_load_thread_count must be at least 1, got " + std::to_string(options.thread_count)};
+    }
+    if (options.max_read_bytes < 1) return Status{ErrorCode::invalid_argument, "max_read_bytes must be at least 1"};
+    SH_ASSIGN_OR_RETURN(safetensors_folder, is_safetensors_folder(fs, checkpoint_dir));
+    std::vector<std::string> saved_names;  // every tensor of the checkpoint, for unused_tensors
+    if (safetensors_folder) {
+      SH_ASSIGN_OR_RETURN(metadata, read_safetensors_folder(fs, checkpoint_dir));
+      for (const auto& [name, tensor] : metadata.tensors)
+        saved_names.push_back(name);
+    } else {
+      // Listing every saved name costs every rank O(tensors of the whole checkpoint): only for the
+      // loads that report or refuse unused tensors (a trainer's), not for the default one.
+      const bool list_unused = options.list_unused || options.refuse_unused || !options.strict;
+      const bool renamed = !options.sources.empty() || !options.skip.empty();
+      const StateDict query = renamed ? as_saved(state, options) : StateDict{};
+      SH_ASSIGN_OR_RETURN(metadata,
+                          read_checkpoint_metadata_part(fs, checkpoint_dir, renamed ? query : state,
+                                                        list_unused ? &saved_names : nullptr));
+    }
+    SH_RETURN_IF_ERROR(state.validate());
+    const std::string folder = safetensors_folder ? checkpoint_dir : CheckpointLayout::policy_dir(checkpoint_dir);
+    files = group != nullptr ? group->data_files(turn, fs, folder) : std::make_shared<DataFiles>(fs, folder);
+    std::set<std::string> used;  // saved tensors this load reads
+    std::set<std::string> live_names;
+    for (std::size_t t = 0; t < state.tensors.size(); ++t) {
+      ShardedTensor& live = state.tensors[t];
+      const ShardedTensorDesc& block = live.desc;
+      live_names.insert(block.name);
+      if (options.skip.count(block.name) != 0) continue;
+      const auto source_name = options.sources.find(block.name);
+      const std::string& saved_name =
+          source_name == options.sources.end() ? block.name : source_name->second;
+      const std::string as =
+          saved_name == block.name ? "" : " (from saved tensor '" + saved_name + "')";
+      auto fail = [&](const std::string& why) {
+        return Status{ErrorCode::invalid_argument,
+                      "tensor '" + block.name + "'" + as + " in '" + checkpoint_dir + "': " + why};
+      };
+      auto found = metadata.tensors.find(saved_name);
+      if (found == metadata.tensors.end()) {
+        if (!options.strict) {
+          out.missing_tensors.push_back(block.name);
+          continue;
+        }
+        return fail("not in the checkpoint");
       }
-      return fail("not in the checkpoint");
-    }
-    used.insert(saved_name);
-    const TensorMeta& saved = found->second;
-    if (saved.dtype != block.dtype &&
-        !(options.convert_dtypes && can_convert(saved.dtype, block.dtype))) {
-      return fail("saved as " + std::string(dtype_name(saved.dtype)) + ", live as " +
-                  std::string(dtype_name(block.dtype)));
-    }
-    if (!(saved.global_shape == block.global_shape)) {
-      return fail("saved with global shape " + saved.global_shape.to_string() + ", live " +
-                  block.global_shape.to_string());
-    }
-    if (block.local_shape.numel() == 0) continue;
-    const bool on_device = live.tensor.device().is_cuda();
-    pinned |= on_device;
-    // validate_metadata proved that the saved chunks tile the global shape, so their overlaps
-    // with this block are disjoint and counting their elements proves that they fill it. A
-    // safetensors folder's tensors are one whole chunk each.
-    std::int64_t covered = 0;
-    for (const auto& chunk : saved.chunks) {
-      const std::int64_t overlap = overlap_numel(chunk, block);
-      if (overlap == 0) continue;
-      auto file = files.get(chunk.file);
-      if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
-      const DataFile& data = **file;
-      if (!safetensors_folder) {
-        SH_RETURN_IF_ERROR(
-            check_chunk_in_header(data.header, data.path, saved_name, saved.dtype, chunk));
+      used.insert(saved_name);
+      const TensorMeta& saved = found->second;
+      if (saved.dtype != block.dtype &&
+          !(options.convert_dtypes && can_convert(saved.dtype, block.dtype))) {
+        return fail("saved as " + std::string(dtype_name(saved.dtype)) + ", live as " +
+                    std::string(dtype_name(block.dtype)));
       }
-      ChunkJob job{t, &chunk, &data, nullptr, saved.dtype};
-      if (auto offset = contiguous_offset(chunk, block);
-          offset && !on_device && saved.dtype == block.dtype) {
-        job.direct = static_cast<std::uint8_t*>(live.tensor.data()) +
-                     static_cast<std::size_t>(*offset) * dtype_size(block.dtype);
-        ++out.direct_chunks;
+      if (!(saved.global_shape == block.global_shape)) {
+        return fail("saved with global shape " + saved.global_shape.to_string() + ", live " +
+                    block.global_shape.to_string());
       }
-      jobs.push_back(job);
-      covered += overlap;
+      if (block.local_shape.numel() == 0) continue;
+      const bool on_device = live.tensor.device().is_cuda();
+      pinned |= on_device;
+      // validate_metadata proved that the saved chunks tile the global shape, so their overlaps
+      // with this block are disjoint and counting their elements proves that they fill it. A
+      // safetensors folder's tensors are one whole chunk each.
+      std::int64_t covered = 0;
+      for (const auto& chunk : saved.chunks) {
+        const std::int64_t overlap = overlap_numel(chunk, block);
+        if (overlap == 0) continue;
+        auto file = files->get(chunk.file, metadata.files.at(chunk.file).size);
+        if (!file.is_ok()) return file.status().with_context("loading tensor '" + block.name + "'");
+        const DataFile& data = **file;
+        if (!safetensors_folder) {
+          SH_RETURN_IF_ERROR(
+              check_chunk_in_header(data.header, data.path, saved_name, saved.dtype, chunk));
+        }
+        ChunkJob job{&live, &chunk, &data, nullptr, saved.dtype, {}};
+        if (auto offset = contiguous_offset(chunk, block);
+            offset && !on_device && saved.dtype == block.dtype) {
+          job.direct = static_cast<std::uint8_t*>(live.tensor.data()) +
+                       static_cast<std::size_t>(*offset) * dtype_size(block.dtype);
+        }
+        jobs.push_back(job);
+        covered += overlap;
+      }
+      if (covered != block.local_shape.numel()) {
+        return fail("the checkpoint covers " + std::to_string(covered) + " of the " +
+                    std::to_string(block.local_shape.numel()) + " elements of the block at " +
+                    block.global_offset.to_string());
+      }
     }
-    if (covered != block.local_shape.numel()) {
-      return fail("the checkpoint covers " + std::to_string(covered) + " of the " +
-                  std::to_string(block.local_shape.numel()) + " elements of the block at " +
-                  block.global_offset.to_string());
+    std::sort(out.missing_tensors.begin(), out.missing_tensors.end());
+    for (const auto& name : saved_names) {
+      if (live_names.count(name) == 0 && used.count(name) == 0) out.unused_tensors.push_back(name);
     }
-  }
-  std::sort(out.missing_tensors.begin(), out.missing_tensors.end());
-  for (const auto& name : saved_names) {
-    if (live_names.count(name) == 0 && used.count(name) == 0) out.unused_tensors.push_back(name);
-  }
-  if (options.refuse_unused && !out.unused_tensors.empty()) {
-    std::string names;
-    for (std::size_t i = 0; i < out.unused_tensors.size() && i < 5; ++i) {
-      names += (i ? ", '" : "'") + out.unused_tensors[i] + "'";
+    if (options.refuse_unused && !out.unused_tensors.empty()) {
+      std::string names;
+      for (std::size_t i = 0; i < out.unused_tensors.size() && i < 5; ++i) {
+        names += (i ? ", '" : "'") + out.unused_tensors[i] + "'";
+      }
+      if (out.unused_tensors.size() > 5)
+        names += " and " + std::to_string(out.unused_tensors.size() - 5) + " more";
+      return Status{ErrorCode::invalid_argument, "'" + checkpoint_dir + "' holds " +
+                                                     std::to_string(out.unused_tensors.size()) +
+                                                     " tensor(s) the state does not have: " + names};
     }
-    if (out.unused_tensors.size() > 5)
-      names += " and " + std::to_string(out.unused_tensors.size() - 5) + " more";
-    return Status{ErrorCode::invalid_argument, "'" + checkpoint_dir + "' holds " +
-                                                   std::to_string(out.unused_tensors.size()) +
-                                                   " tensor(s) the state does not have: " + names};
-  }
-  for (const auto& [name, value] : state.objects) {
-    if (options.skip.count(name) != 0 || metadata.objects.count(name) != 0) continue;
-    if (options.strict && options.optional_objects.count(name) == 0) {
-      return Status{ErrorCode::invalid_argument,
-                    "object '" + name + "' is not in '" + checkpoint_dir + "'"};
+    for (const auto& [name, value] : state.objects) {
+      if (options.skip.count(name) != 0 || metadata.objects.count(name) != 0) continue;
+      if (options.strict && options.optional_objects.count(name) == 0) {
+        return Status{ErrorCode::invalid_argument,
+                      "object '" + name + "' is not in '" + checkpoint_dir + "'"};
+      }
+      out.missing_objects.push_back(name);
     }
-    out.missing_objects.push_back(name);
+    return Status::ok();
+  };
+  if (Status planned = plan(); !planned.is_ok()) {
+    if (group != nullptr) group->abstain(turn);
+    out.total_s = seconds_since(start);
+    return planned;
   }
+  merge_shared_chunks(jobs);
+  if (group != nullptr) group->arrive(turn, checkpoint_dir, jobs);
   out.chunks = jobs.size();
-  Status loaded = read_chunks(state, jobs, plan_reads(jobs, options.max_read_bytes), options,
-                              pinned, !safetensors_folder, out);
+  out.direct_chunks = static_cast<std::uint64_t>(
+      std::count_if(jobs.begin(), jobs.end(), [](const ChunkJob& j) { return j.direct != nullptr; }));
+  Status loaded =
+      read_chunks(jobs, plan_reads(jobs, options.max_read_bytes), options, pinned, !safetensors_folder, out);
+  if (group != nullptr) loaded = group->depart(turn, std::move(loaded));
   out.total_s = seconds_since(start);
   SH_RETURN_IF_ERROR(loaded);
   for (auto& [name, value] : state.objects) {

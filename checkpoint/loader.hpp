@@ -14,6 +14,8 @@
 
 namespace stagehand {
 
+class LoadGroup;
+
 /// megatron_config.ckpt_load_thread_count's default.
 inline constexpr int kDefaultLoadThreadCount = 4;
 
@@ -149,9 +151,15 @@ typename Inspector::result_type inspect(Inspector& f, LoadReport& x) {
 ///       and Checkpointer report such a load as a failure).
 /// `checkpoint_dir` is a committed `global_step_N` folder or a safetensors folder on `fs`
 /// (resolve_checkpoint turns a root into one).
+/// A saved chunk that several blocks of `state` need (two live tensors from one saved one) is
+/// read once and copied into each.
 /// @param report when not null, filled (also on error, with what was done).
+/// @param group when not null, the ranks of this process that load together (`member` is this
+///        rank): a chunk that blocks of several of them need is read once for all (LoadGroup);
+///        the load then returns when every member's reads are done, with the group's first error.
 Status load_checkpoint(FileSystem& fs, const std::string& checkpoint_dir, StateDict& state,
-                       const LoadOptions& options, LoadReport* report = nullptr);
+                       const LoadOptions& options, LoadReport* report = nullptr, LoadGroup* group = nullptr,
+                       int member = 0);
 
 /// load_checkpoint on default_file_system(store) with the default LoadOptions.
 Status load_checkpoint(const std::string& checkpoint_dir, StateDict& state,

@@ -37,10 +37,9 @@ struct PhaseTimes {
 class ParallelLoad {
  public:
   /// @param verify whether chunks carry checksums to check (a safetensors folder's do not).
-  ParallelLoad(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
-               const LoadOptions& options, bool pinned, bool verify)
-      : state_(state),
-        jobs_(jobs),
+  ParallelLoad(const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks, const LoadOptions& options,
+               bool pinned, bool verify)
+      : jobs_(jobs),
         tasks_(std::move(tasks)),
         options_(options),
         pinned_(pinned),
@@ -94,9 +93,7 @@ class ParallelLoad {
     failed_.store(true);
   }
 
-  const std::string& tensor_name(std::size_t job) const {
-    return state_.tensors[jobs_[job].tensor].desc.name;
-  }
+  const std::string& tensor_name(std::size_t job) const { return jobs_[job].live->desc.name; }
 
   Status checksum_mismatch(std::size_t job, std::uint64_t hash) const {
     const ChunkJob& j = jobs_[job];
@@ -112,6 +109,7 @@ class ParallelLoad {
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
     std::vector<ReadSegment> segments;
+    std::vector<std::uint8_t> converted;
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
       segments.clear();
@@ -138,6 +136,18 @@ class ParallelLoad {
         if (verify_ && hash->digest() != jobs_[p.job].chunk->xxh3) {
           times.verify_s += seconds_since(start);
           return checksum_mismatch(p.job, hash->digest());
+        }
+        if (!jobs_[p.job].copies.empty()) {
+          // The chunk is whole in its first block's memory: copied from there into the others.
+          times.verify_s += seconds_since(start);
+          const ChunkJob& j = jobs_[p.job];
+          const auto count = static_cast<std::int64_t>((p.end - p.begin) / dtype_size(j.saved));
+          start = Clock::now();
+          for (ShardedTensor* target : j.copies) {
+            SH_RETURN_IF_ERROR(fill(j, *target, 0, count, j.direct, converted));
+          }
+          times.copy_s += seconds_since(start);
+          start = Clock::now();
         }
         hash = std::make_unique<Xxh3Stream>();
         ++k;
@@ -187,7 +197,6 @@ class ParallelLoad {
       for (; k < task.pieces.size() && task.pieces[k].begin < pos + n;) {
         const Piece& p = task.pieces[k];
         const ChunkJob& j = jobs_[p.job];
-        ShardedTensor& live = state_.tensors[j.tensor];
         const std::size_t elem = dtype_size(j.saved);
         const std::uint64_t lo = std::max(pos, p.begin);
         const std::uint64_t hi = std::min(pos + n, p.end);
@@ -196,27 +205,13 @@ class ParallelLoad {
         if (verify_) hash->update(src, static_cast<std::size_t>(hi - lo));
         times.verify_s += seconds_since(start);
         start = Clock::now();
-        if (j.saved != live.desc.dtype) {
-          // Converted into the live dtype first; the copy below then moves live-sized elements.
-          const std::size_t count = static_cast<std::size_t>(hi - lo) / elem;
-          converted.resize(count * dtype_size(live.desc.dtype));
-          Status conversion =
-              convert_elements(src, j.saved, converted.data(), live.desc.dtype, count);
-          if (!conversion.is_ok())
-            return conversion.with_context("loading tensor '" + live.desc.name + "'");
-          src = converted.data();
+        const auto first = static_cast<std::int64_t>((lo - p.begin) / elem);
+        const auto last = static_cast<std::int64_t>((hi - p.begin) / elem);
+        SH_RETURN_IF_ERROR(fill(j, *j.live, first, last, src, converted));
+        for (ShardedTensor* target : j.copies) {
+          SH_RETURN_IF_ERROR(fill(j, *target, first, last, src, converted));
         }
-        bool copied =
-            copy_overlap_part(*j.chunk, live.desc, dtype_size(live.desc.dtype),
-                              static_cast<std::int64_t>((lo - p.begin) / elem),
-                              static_cast<std::int64_t>((hi - p.begin) / elem), src,
-                              static_cast<std::uint8_t*>(live.tensor.data()), live.tensor.device());
         times.copy_s += seconds_since(start);
-        if (!copied) {
-          return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + live.desc.name +
-                                                 "' on " + live.tensor.device().to_string() +
-                                                 " failed"};
-        }
         if (hi < p.end) break;
         if (verify_ && hash->digest() != j.chunk->xxh3)
           return checksum_mismatch(p.job, hash->digest());
@@ -228,10 +223,30 @@ class ParallelLoad {
     return Status::ok();
   }
 
+  /// Copies the chunk's elements [first, last), held at `src` in the saved dtype, into the
+  /// part of `target`'s block that they overlap, converted to its dtype where it differs.
+  static Status fill(const ChunkJob& job, ShardedTensor& target, std::int64_t first, std::int64_t last,
+                     const std::uint8_t* src, std::vector<std::uint8_t>& converted) {
+    const DType live = target.desc.dtype;
+    if (job.saved != live) {
+      // Converted into the live dtype first; the copy below then moves live-sized elements.
+      const auto count = static_cast<std::size_t>(last - first);
+      converted.resize(count * dtype_size(live));
+      Status conversion = convert_elements(src, job.saved, converted.data(), live, count);
+      if (!conversion.is_ok()) return conversion.with_context("loading tensor '" + target.desc.name + "'");
+      src = converted.data();
+    }
+    if (!copy_overlap_part(*job.chunk, target.desc, dtype_size(live), first, last, src,
+                           static_cast<std::uint8_t*>(target.tensor.data()), target.tensor.device())) {
+      return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + target.desc.name + "' on " +
+                                             target.tensor.device().to_string() + " failed"};
+    }
+    return Status::ok();
+  }
+
   /// Buffers are at least this large, so that a piece always holds whole elements.
   static constexpr std::size_t kMinBufferBytes = 4096;
 
-  StateDict& state_;
   const std::vector<ChunkJob>& jobs_;
   const std::vector<ReadTask> tasks_;
   const LoadOptions options_;
@@ -248,9 +263,9 @@ class ParallelLoad {
 
 }  // namespace
 
-Status read_chunks(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
-                   const LoadOptions& options, bool pinned, bool verify, LoadReport& report) {
-  ParallelLoad load(state, jobs, std::move(tasks), options, pinned, verify);
+Status read_chunks(const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks, const LoadOptions& options,
+                   bool pinned, bool verify, LoadReport& report) {
+  ParallelLoad load(jobs, std::move(tasks), options, pinned, verify);
   return load.run(report);
 }
 

@@ -11,10 +11,11 @@ namespace stagehand {
 /// Runs the reads `tasks` of `jobs` on `options.thread_count` threads (the first error stops
 /// the rest): a direct task is read straight into its tensors' memory, a buffered one through a
 /// bounded host buffer per thread (pinned when `pinned`) and copied into its blocks, converted
-/// to the live dtype where it differs. Each read is hashed right after it lands, and with
+/// to the live dtype where it differs. A job's `copies` get the chunk's bytes as they pass (a
+/// buffered one) or, once it is read and verified, from the first block's memory (a direct one). Each read is hashed right after it lands, and with
 /// `verify` every chunk's XXH3 is checked. Adds the reads' figures to `report`.
 /// @pre the jobs' chunks tile the blocks they fill (no two write one element).
-Status read_chunks(StateDict& state, const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks,
-                   const LoadOptions& options, bool pinned, bool verify, LoadReport& report);
+Status read_chunks(const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks, const LoadOptions& options,
+                   bool pinned, bool verify, LoadReport& report);
 
 }  // namespace stagehand

@@ -19,6 +19,7 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/config/load.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/models/bandit_limits.hpp"
@@ -67,13 +68,17 @@ StrategyOptions strategy_options(const Config& c, int rank, const std::shared_pt
   return options;
 }
 
-/// Rank `rank`'s Worker with its model on `groups`.
+/// Rank `rank`'s Worker with its model on `groups`; `load_group` joins the ranks of this process
+/// that load together (null with one rank per process).
 Result<worker_actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
                                 RankGroups groups, std::shared_ptr<WeightStore> weights,
-                                const std::shared_ptr<FileSystem>& fs, coordinator_actor coordinator) {
+                                const std::shared_ptr<FileSystem>& fs, coordinator_actor coordinator,
+                                std::shared_ptr<LoadGroup> load_group = nullptr) {
   auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), std::move(weights));
   if (!model.is_ok()) return model.status().with_context("rank " + std::to_string(rank));
-  auto worker = spawn_worker(system, std::move(*model), strategy_options(c, rank, fs), std::move(coordinator),
+  StrategyOptions strategy = strategy_options(c, rank, fs);
+  strategy.load_group = std::move(load_group);
+  auto worker = spawn_worker(system, std::move(*model), std::move(strategy), std::move(coordinator),
                              std::chrono::seconds(c.trainer.call_timeout_s));
   if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(rank));
   return worker;
@@ -186,8 +191,10 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
   };
+  auto load_group = std::make_shared<LoadGroup>(layout.world_size(), std::chrono::seconds(c.trainer.call_timeout_s));
   for (int rank = 0; rank < layout.world_size(); ++rank) {
-    auto worker = spawn_rank(system, c, layout, rank, groups[static_cast<std::size_t>(rank)], weights, fs, coordinator);
+    auto worker = spawn_rank(system, c, layout, rank, groups[static_cast<std::size_t>(rank)], weights, fs, coordinator,
+                             load_group);
     if (!worker.is_ok()) {
       stop_all();
       return fail(worker.status().message());

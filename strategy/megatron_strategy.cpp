@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
@@ -114,16 +115,23 @@ class MegatronStrategy : public strategy_actor::base {
   }
 
   caf::result<LoadReport> load(const LoadOrder& order) {
-    if (!queue_) return caf::make_error(caf::sec::request_receiver_down);
+    LoadGroup* group = options_.load_group.get();
+    if (!queue_) {
+      if (group != nullptr) group->abstain(options_.rank);
+      return caf::make_error(caf::sec::request_receiver_down);
+    }
     Status st = drain();
     LoadReport report;
-    if (st.is_ok()) {
-      FileSystem& fs = *options_.file_system;
-      // A checkpoint root loads the step its tracker names; a step folder loads itself.
-      auto dir = resolve_checkpoint(fs, order.checkpoint_dir);
+    FileSystem& fs = *options_.file_system;
+    // A checkpoint root loads the step its tracker names; a step folder loads itself.
+    Result<std::string> dir = st.is_ok() ? resolve_checkpoint(fs, order.checkpoint_dir) : Result<std::string>(st);
+    if (dir.is_ok()) {
       LoadOptions options = order.selection;
       options.thread_count = options_.load_thread_count;
-      st = dir.is_ok() ? load_checkpoint(fs, *dir, *state_, options, &report) : dir.status();
+      st = load_checkpoint(fs, *dir, *state_, options, &report, group, options_.rank);
+    } else {
+      if (group != nullptr) group->abstain(options_.rank);  // the other ranks of the process do not wait
+      st = dir.status();
     }
     // The dispatch names the rank.
     if (!st.is_ok()) return to_caf_error(st.with_context("load of '" + order.checkpoint_dir + "'"));

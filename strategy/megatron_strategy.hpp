@@ -39,6 +39,10 @@ struct StrategyOptions {
   bool early_writeback = true;
   /// megatron_config.ckpt_load_thread_count: threads reading a checkpoint at once in a load.
   int load_thread_count = kDefaultLoadThreadCount;
+  /// The ranks of this process that load together (one per Checkpointer, CheckpointCluster or
+  /// stagehand-train process, sized to its ranks): a saved chunk that several of them need is
+  /// read once. Null: this rank reads alone.
+  std::shared_ptr<LoadGroup> load_group = nullptr;
 };
 
 /// Spawns the MegatronStrategy actor of one rank: it owns the rank's SaveEngine and a persistent
@@ -59,8 +63,9 @@ struct StrategyOptions {
 ///   background write is returned (once) here, or by the next save or load.
 /// - (load_atom, LoadOrder) -> LoadReport: drains first, then loads into the live state on
 ///   `load_thread_count` threads; the folder is a checkpoint root (the step its tracker names)
-///   or a `global_step_N` folder. After a failed load the state's tensors are unspecified
-///   (load_checkpoint).
+///   or a `global_step_N` folder; with a `load_group`, with the other ranks of the process (the
+///   reply then comes when every member's reads are done). After a failed load the state's
+///   tensors are unspecified (load_checkpoint).
 /// - (stats_atom) -> StrategyStats.
 /// On exit, a pending write is finished and pushed before the actor goes away.
 ///
