@@ -76,6 +76,10 @@ class PendingSave::Impl {
     if (spans_processes() && (o.port < 1 || o.port > 65535)) {
       return {ErrorCode::invalid_argument, "CheckpointerOptions::port " + std::to_string(o.port) + " is not a TCP port"};
     }
+    if (!(o.write_rate_limit_mib_s >= 0)) {
+      return {ErrorCode::invalid_argument, "CheckpointerOptions::write_rate_limit_mib_s must be 0 (unlimited) or "
+                                           "more, got " + std::to_string(o.write_rate_limit_mib_s)};
+    }
     return Status::ok();
   }
 
@@ -142,7 +146,7 @@ class PendingSave::Impl {
     strategy.thread_count = options.thread_count;
     strategy.load_thread_count = options.load_thread_count;
     strategy.staging_buckets = options.staging_buckets;
-    strategy.file_system = fs;
+    strategy.file_system = rate_limited(fs, options.write_rate_limit_mib_s * 1048576.0);
     if (states.size() > 1) strategy.load_group = std::make_shared<LoadGroup>(static_cast<int>(states.size()), options.timeout);
     for (std::size_t r = 0; r < states.size(); ++r) {
       live.push_back(std::make_shared<StateDict>(states[r]));

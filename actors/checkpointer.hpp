@@ -52,6 +52,10 @@ struct CheckpointerOptions {
   /// buckets; 0 stages all at once. With async_save, the save returns once these are staged and
   /// stages the rest as slots free up (PendingSave::staged says when the state may change).
   int staging_buckets = 0;
+  /// This process's checkpoint writes, all its ranks together, move at most this many MiB per
+  /// second (megatron_config.ckpt_write_rate_limit_mib_s: saves that must not crowd shared
+  /// storage); 0: unlimited.
+  double write_rate_limit_mib_s = 0;
   /// Where files bound for an object store are written before their upload
   /// (megatron_config.local_work_dir).
   std::string local_work_dir = "/tmp/stagehand-work";

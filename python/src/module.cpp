@@ -10,9 +10,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "stagehand/actors/checkpointer.hpp"
 #include "stagehand/core/device.hpp"
@@ -149,7 +151,27 @@ NB_MODULE(_stagehand, m) {
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
 
   nb::class_<PendingSave>(m, "PendingSave")
-      .def("wait", [](PendingSave& p) { check(p.wait()); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("wait",
+           [](PendingSave& p) {
+             // Ctrl-C interrupts the wait (KeyboardInterrupt), not the save: it goes on, and the
+             // next call or close() finishes it.
+             for (;;) {
+               bool done = false;
+               {
+                 nb::gil_scoped_release release;
+                 done = p.done();
+                 if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+               }
+               if (done) break;
+               if (PyErr_CheckSignals() != 0) throw nb::python_error();
+             }
+             Status st;
+             {
+               nb::gil_scoped_release release;
+               st = p.wait();
+             }
+             check(st);
+           })
       .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
       .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
       .def("wait_staged", &PendingSave::wait_staged, nb::call_guard<nb::gil_scoped_release>())
@@ -161,7 +183,8 @@ NB_MODULE(_stagehand, m) {
           "__init__",
           [](PyCheckpointer* self, const std::string& root, std::optional<int> rank, std::optional<int> world_size,
              std::optional<std::string> master_addr, std::optional<int> port, int thread_count, int load_thread_count,
-             int staging_buckets, double timeout_s, double join_timeout_s, std::optional<std::string> local_work_dir) {
+             int staging_buckets, double timeout_s, double join_timeout_s, std::optional<std::string> local_work_dir,
+             double write_rate_limit_mib_s) {
             CheckpointerOptions options;
             if (!rank && !world_size) {
               auto from_env = CheckpointerOptions::from_environment(root);
@@ -181,6 +204,7 @@ NB_MODULE(_stagehand, m) {
             options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
             options.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout_s * 1000));
             if (local_work_dir) options.local_work_dir = *local_work_dir;
+            options.write_rate_limit_mib_s = write_rate_limit_mib_s;
             const int first = options.rank;
             const int world = options.world_size;
             new (self) PyCheckpointer{std::make_unique<Checkpointer>(std::move(options)), first, world};
@@ -188,7 +212,8 @@ NB_MODULE(_stagehand, m) {
           nb::arg("root"), nb::arg("rank").none() = nb::none(), nb::arg("world_size").none() = nb::none(),
           nb::arg("master_addr").none() = nb::none(), nb::arg("port").none() = nb::none(), nb::arg("thread_count") = 2,
           nb::arg("load_thread_count") = 4, nb::arg("staging_buckets") = 0, nb::arg("timeout_s") = 600.0,
-          nb::arg("join_timeout_s") = 60.0, nb::arg("local_work_dir").none() = nb::none())
+          nb::arg("join_timeout_s") = 60.0, nb::arg("local_work_dir").none() = nb::none(),
+          nb::arg("write_rate_limit_mib_s") = 0.0)
       .def(
           "save",
           [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,

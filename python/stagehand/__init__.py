@@ -191,7 +191,11 @@ class Checkpointer:
     and Stagehand's own STAGEHAND_PORT, as scripts/launch-local.sh sets them; without WORLD_SIZE,
     one process). Every rank calls save, async_save, load and finalize with the same step, and
     every rank gets the same outcome: committed, or a ``stagehand.Error`` naming what failed.
-    The GIL is released for the whole of every save, load and wait.
+    The GIL is released for the whole of every save, load and wait. Ctrl-C in
+    ``PendingSave.wait()`` raises KeyboardInterrupt at once and leaves the save running: the next
+    call, ``close()`` or the end of a ``with`` block finishes it, so the checkpoint is committed
+    whole or not at all. In save, load, finalize and close, Ctrl-C takes effect when the call
+    returns. ``write_rate_limit_mib_s`` paces this process's checkpoint writes (0: unlimited).
 
     One Checkpointer serves one structure of state (the same tensor names and shapes each call).
     The arrays of the last call are kept referenced until the next call or ``close()``.
@@ -200,7 +204,8 @@ class Checkpointer:
     def __init__(self, root: str, *, rank: int | None = None, world_size: int | None = None,
                  master_addr: str | None = None, port: int | None = None, thread_count: int = 2,
                  load_thread_count: int = 4, staging_buckets: int = 0, timeout: float = 600.0,
-                 join_timeout: float = 60.0, local_work_dir: str | None = None):
+                 join_timeout: float = 60.0, local_work_dir: str | None = None,
+                 write_rate_limit_mib_s: float = 0.0):
         self.root = os.fspath(root)
         if (rank is None) != (world_size is None):
             raise ValueError("Checkpointer: pass both rank and world_size, or neither (then RANK and WORLD_SIZE)")
@@ -217,7 +222,7 @@ class Checkpointer:
             self.root, rank=rank, world_size=world_size, master_addr=master_addr, port=port,
             thread_count=thread_count, load_thread_count=load_thread_count,
             staging_buckets=staging_buckets, timeout_s=timeout, join_timeout_s=join_timeout,
-            local_work_dir=local_work_dir)
+            local_work_dir=local_work_dir, write_rate_limit_mib_s=float(write_rate_limit_mib_s))
         self._bound: _Bound | None = None
 
     @property

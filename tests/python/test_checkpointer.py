@@ -167,6 +167,9 @@ def test_more_bad_input_is_refused_naming_it(tmp_path):
             ckpt.save(1, {"layers": [np.zeros(3, np.float32)]})
         with pytest.raises(TypeError, match="object 'o' has key 1"):
             ckpt.save(1, {"o": {1: 2}})
+    with stagehand.Checkpointer(tmp_path, write_rate_limit_mib_s=-1) as ckpt:
+        with pytest.raises(stagehand.Error, match="write_rate_limit_mib_s must be 0"):
+            ckpt.save(1, {"w": np.zeros(4, np.float32)})
 
 
 def test_read_only_arrays_save(tmp_path):
@@ -225,6 +228,45 @@ def test_a_closed_checkpointer_refuses_calls(tmp_path):
     ckpt.close()
     with pytest.raises(stagehand.Error, match="closed"):
         ckpt.save(1, {"w": np.zeros(3, np.float32)})
+
+
+INTERRUPTED = """
+import sys, time
+import numpy as np
+import stagehand
+state = {"w": np.arange(32 << 20, dtype=np.float32), "step": 5}
+# 128 MiB at 32 MiB/s: the background write takes about 4 s.
+with stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32) as ckpt:
+    pending = ckpt.async_save(5, state)
+    print("waiting", flush=True)
+    start = time.monotonic()
+    try:
+        pending.wait()
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted after {time.monotonic() - start:.2f} s, done={pending.done()}", flush=True)
+print("closed", flush=True)
+"""
+
+
+def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_whole(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, tmp_path], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    child.send_signal(2)  # SIGINT, as Ctrl-C sends it
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    lines = out.split("\n")
+    # Interrupted while the write still ran (not when it ended), then the with block's close
+    # finished the save.
+    assert lines[0].startswith("interrupted after ") and lines[0].endswith("done=False"), out
+    assert float(lines[0].split()[2]) < 2.0, out
+    assert lines[1] == "closed", out
+    assert (tmp_path / "latest_ckpt_global_step.txt").read_text().strip() == "5"
+    subprocess.run([BIN / "stagehand-ckpt", "verify", tmp_path], check=True, capture_output=True)
+    target = load_from(tmp_path, {"w": np.zeros(32 << 20, np.float32), "step": 0})
+    assert np.array_equal(target["w"], np.arange(32 << 20, dtype=np.float32)) and target["step"] == 5
 
 
 def peer_state(zero=False):
