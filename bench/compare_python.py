@@ -4,7 +4,9 @@ sync save (dcp.save), the blocking part of an async save (dcp.async_save), and a
 (page cache dropped first; dcp.load in place), interleaved op by op and round by round, so both
 see the same machine. Prints each op's seconds by position (round) in the process, the ratio
 stagehand / DCP at each position, and each op's peak resident memory above its start (sampled
-every 2 ms from /proc/self/statm).
+every 2 ms from /proc/self/statm). A raw write of the same bytes (one file per thread, os.write
+from the tensors' memory, fsync of each file and the folder) runs interleaved with the sync saves,
+as the physical limit both are measured against.
 
     PYTHONPATH=build/python /work/peers-venv/bin/python bench/compare_python.py \\
         [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py]
@@ -93,8 +95,38 @@ def main():
         shutil.rmtree(old, ignore_errors=True)
         return step[0]
 
+    raw_dir = os.path.join(args.dir, "raw")
+    views = [t.view(torch.uint8).numpy() for t in sd.values()]
+
+    def raw_write():
+        shutil.rmtree(raw_dir, ignore_errors=True)
+        os.makedirs(raw_dir)
+
+        def write(k):
+            fd = os.open(os.path.join(raw_dir, "f%d" % k), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for v in views[k::args.threads]:
+                mv = memoryview(v)
+                while mv:
+                    mv = mv[os.write(fd, mv):]
+            os.fsync(fd)
+            os.close(fd)
+
+        workers = [threading.Thread(target=write, args=(k,)) for k in range(args.threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        fd = os.open(raw_dir, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
     def run(system, op):
-        if system == "dcp":
+        if system == "raw":
+            with PeakRss() as m:
+                t0 = time.perf_counter()
+                raw_write()
+                t1 = time.perf_counter()
+        elif system == "dcp":
             if op == "save":
                 path = dcp_path()
                 with PeakRss() as m:
@@ -142,6 +174,8 @@ def main():
         for op in ops:
             # Alternate which system goes first, round by round.
             order = ("dcp", "stagehand") if r % 2 == 0 else ("stagehand", "dcp")
+            if op == "save":
+                order = ("raw",) + order if r % 2 == 0 else order + ("raw",)
             for system in order:
                 run(system, op)
     ckpt.close()
@@ -160,6 +194,13 @@ def main():
         print("  stagehand" + " ".join(f"{x:7.3f}" for x in s) + f"  {statistics.median(s):7.3f}")
         print("  ratio    " + " ".join(f"{x:7.2f}" for x in ratios) + f"  {statistics.median(ratios):7.2f}"
               + ("   ok" if max(ratios) <= targets[op] else "   ABOVE TARGET at some position"))
+        if op == "save":
+            w = times[("raw", op)]
+            print("  raw write" + " ".join(f"{x:7.3f}" for x in w) + f"  {statistics.median(w):7.3f}")
+            print("  stagehand / raw " + " ".join(f"{b / a:5.2f}" for a, b in zip(w, s))
+                  + f"   median {statistics.median([b / a for a, b in zip(w, s)]):.2f}")
+            print("  dcp / raw       " + " ".join(f"{b / a:5.2f}" for a, b in zip(w, d))
+                  + f"   median {statistics.median([b / a for a, b in zip(w, d)]):.2f}")
         pd, ps = peaks[("dcp", op)], peaks[("stagehand", op)]
         print(f"  peak RSS above start, MiB: dcp {max(pd) / 2**20:.0f}, stagehand {max(ps) / 2**20:.0f}")
     shutil.rmtree(args.dir, ignore_errors=True)
