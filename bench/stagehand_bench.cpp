@@ -18,6 +18,7 @@
 #include "stagehand/actors/dispatch_client.hpp"
 #include "bench/bench_load.hpp"
 #include "bench/bench_commit.hpp"
+#include "bench/bench_copy.hpp"
 #include "bench/bench_metadata.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/synthetic_state.hpp"
@@ -352,6 +353,7 @@ int main(int argc, char** argv) {
   const stagehand::bench::BenchCommand load = stagehand::bench::add_load_command(app);
   const stagehand::bench::BenchCommand metadata = stagehand::bench::add_metadata_command(app);
   const stagehand::bench::BenchCommand commit = stagehand::bench::add_commit_command(app);
+  const stagehand::bench::BenchCommand copy = stagehand::bench::add_copy_command(app);
   try {
     app.parse(argc, argv);
     parse_size(args.state.bytes_per_rank);
@@ -364,5 +366,6 @@ int main(int argc, char** argv) {
   if (load.command->parsed()) return load.run();
   if (metadata.command->parsed()) return metadata.run();
   if (commit.command->parsed()) return commit.run();
+  if (copy.command->parsed()) return copy.run();
   return run_save(args);
 }

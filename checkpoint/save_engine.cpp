@@ -36,7 +36,23 @@ Result<std::unique_ptr<SaveEngine>> SaveEngine::create(int rank, SaveEngineOptio
   if (rank < 0) return Status{ErrorCode::invalid_argument, "rank must not be negative"};
   SH_RETURN_IF_ERROR(check_save_buckets(options.thread_count, options.staging_buckets));
   if (!fs) return Status{ErrorCode::invalid_argument, "no file system"};
-  return std::unique_ptr<SaveEngine>(new SaveEngine(rank, std::move(options), std::move(fs)));
+  std::unique_ptr<SaveEngine> engine(new SaveEngine(rank, std::move(options), std::move(fs)));
+  // One copy stream per writer thread, owned by the engine: the copies of one bucket's pieces
+  // run on its stream while other buckets are hashed and written.
+  for (int t = 0; t < engine->options_.thread_count; ++t) {
+    auto stream = engine->copies_.create_stream();
+    if (!stream.is_ok()) return stream.status().with_context("rank " + std::to_string(rank) + "'s copy streams");
+    engine->streams_.push_back(*stream);
+  }
+  return engine;
+}
+
+SaveEngine::~SaveEngine() {
+  for (const auto& stream : streams_) (void)copies_.destroy_stream(stream);
+}
+
+CopyStream SaveEngine::stream_of(const PlannedBucket& bucket) const {
+  return streams_[static_cast<std::size_t>(bucket.index) % streams_.size()];
 }
 
 SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<FileSystem> fs)
@@ -152,7 +168,8 @@ Status SaveEngine::begin_async(const StateDict& state) {
       done.push_back(writers_.submit([&, i] {
         const Staged& s = staged[i];
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
-        results[i] = stage_range(bucket, s.begin, s.end, state, staging_.data(s.slot)).with_context(bucket_context(bucket));
+        results[i] = stage_range(bucket, s.begin, s.end, state, staging_.data(s.slot), copies_, stream_of(bucket))
+                         .with_context(bucket_context(bucket));
       }));
     }
     for (auto& f : done) f.get();
@@ -269,7 +286,10 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
         } else {
           slot = staging_.acquire(bytes);
           Status staged = timed(result.phases.copy_s,
-                                [&] { return stage_range(bucket, begin, begin + bytes, state, staging_.data(slot)); });
+                                [&] {
+                                  return stage_range(bucket, begin, begin + bytes, state, staging_.data(slot), copies_,
+                                                     stream_of(bucket));
+                                });
           if (unstaged_.fetch_sub(1) == 1) all_staged();
           if (!staged.is_ok()) {
             staging_.give_back(slot);

@@ -55,6 +55,9 @@ class SaveEngine {
   /// Checks the options; errors name the bad option.
   static Result<std::unique_ptr<SaveEngine>> create(int rank, SaveEngineOptions options,
                                                     std::shared_ptr<FileSystem> fs = local_file_system());
+  ~SaveEngine();
+  SaveEngine(const SaveEngine&) = delete;
+  SaveEngine& operator=(const SaveEngine&) = delete;
 
   // -- properties --
 
@@ -98,6 +101,8 @@ class SaveEngine {
 
  private:
   SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<FileSystem> fs);
+  /// The copy stream that stages `bucket`'s pieces.
+  CopyStream stream_of(const PlannedBucket& bucket) const;
 
   /// Whether saves of `state` copy it out through staging slots even when sync.
   bool copies_out(const StateDict& state) const;
@@ -118,6 +123,9 @@ class SaveEngine {
 
   int rank_;
   SaveEngineOptions options_;
+  /// The process's copy engine and this engine's streams on it (one per writer thread).
+  CopyEngine& copies_ = copy_engine();
+  std::vector<CopyStream> streams_;
   std::shared_ptr<FileSystem> fs_;
   std::optional<SavePlan> plan_;
   /// Objects of the state that begin_async() staged.

@@ -125,18 +125,28 @@ void StagingPool::release_all() {
 }
 
 Status stage_range(const PlannedBucket& bucket, std::uint64_t begin, std::uint64_t end, const StateDict& state,
-                   std::uint8_t* dst) {
+                   std::uint8_t* dst, CopyEngine& engine, CopyStream stream) {
+  bool on_device = false;
   for (const PlannedItem& item : bucket.items) {
     const std::uint64_t from = std::max(begin, item.data_offset);
     const std::uint64_t to = std::min(end, item.data_offset + item.nbytes);
     if (from >= to) continue;
     const Tensor& tensor = state.tensors[item.tensor_index].tensor;
     const auto* src = static_cast<const std::uint8_t*>(tensor.data()) + (from - item.data_offset);
-    if (!copy_to_host(tensor.device(), src, dst + (from - begin), static_cast<std::size_t>(to - from))) {
-      return {ErrorCode::io_error, "staging '" + item.key + "': the copy to host memory failed"};
+    const auto bytes = static_cast<std::size_t>(to - from);
+    if (!tensor.device().is_cuda()) {
+      std::memcpy(dst + (from - begin), src, bytes);
+      continue;
     }
+    on_device = true;
+    Status copied = engine.copy_async(stream, CopyKind::device_to_host, dst + (from - begin), src, bytes);
+    if (!copied.is_ok()) return copied.with_context("staging '" + item.key + "'");
   }
-  return Status::ok();
+  if (!on_device) return Status::ok();
+  auto event = engine.record(stream);
+  Status st = event.is_ok() ? engine.wait(*event) : event.status();
+  if (!st.is_ok()) return st.with_context("staging bucket bytes " + std::to_string(begin) + "-" + std::to_string(end));
+  return engine.check_readable(dst, static_cast<std::size_t>(end - begin));
 }
 
 }  // namespace stagehand

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 
@@ -70,8 +71,10 @@ class StagingPool {
 };
 
 /// Copies bytes [begin, end) of `bucket`'s data section from the tensors of `state` (device or
-/// host memory) into `dst`, laid out exactly as in the file.
+/// host memory) into `dst`, laid out exactly as in the file. Device memory is copied on `stream`
+/// of `engine`: every piece enqueued at once, then one event waited for, after which `dst` is the
+/// writer's (checked by engine.check_readable).
 Status stage_range(const PlannedBucket& bucket, std::uint64_t begin, std::uint64_t end, const StateDict& state,
-                   std::uint8_t* dst);
+                   std::uint8_t* dst, CopyEngine& engine, CopyStream stream);
 
 }  // namespace stagehand

@@ -1,5 +1,7 @@
 #include "stagehand/core/device.hpp"
 
+#include "stagehand/core/copy_engine.hpp"
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -21,6 +23,14 @@ constexpr std::size_t kHugePage = 2u << 20;
 
 DeviceInfo detect() {
   DeviceInfo info;
+  if (simulated_gpu_requested()) {
+    info.simulated = true;
+    info.gpu_count = 1;
+#ifdef STAGEHAND_HAVE_CUDA
+    info.cuda_compiled = true;
+#endif
+    return info;
+  }
 #ifdef STAGEHAND_HAVE_CUDA
   info.cuda_compiled = true;
   const char* force_host = std::getenv("STAGEHAND_FORCE_HOST");
@@ -46,6 +56,8 @@ DeviceInfo detect() {
   return info;
 }
 
+bool simulated() { return device_info().simulated; }
+
 }  // namespace
 
 std::string Device::to_string() const {
@@ -67,7 +79,7 @@ void* host_alloc(std::size_t bytes, bool pinned) {
   std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
   if (rounded == 0) rounded = kHostAlignment;
 #ifdef STAGEHAND_HAVE_CUDA
-  if (pinned) {
+  if (pinned && !simulated()) {
     void* ptr = nullptr;
     if (cudaHostAlloc(&ptr, rounded, cudaHostAllocDefault) != cudaSuccess) return nullptr;
     return ptr;
@@ -87,7 +99,7 @@ void* host_alloc(std::size_t bytes, bool pinned) {
 void host_free(void* ptr, bool pinned) {
   if (ptr == nullptr) return;
 #ifdef STAGEHAND_HAVE_CUDA
-  if (pinned) {
+  if (pinned && !simulated()) {
     cudaFreeHost(ptr);
     return;
   }
@@ -98,6 +110,7 @@ void host_free(void* ptr, bool pinned) {
 }
 
 void* device_alloc(Device device, std::size_t bytes) {
+  if (device.is_cuda() && simulated()) return copy_engine().alloc_device(bytes);
 #ifdef STAGEHAND_HAVE_CUDA
   if (device.is_cuda()) {
     void* ptr = nullptr;
@@ -110,6 +123,12 @@ void* device_alloc(Device device, std::size_t bytes) {
 }
 
 void device_free(Device device, void* ptr) {
+  if (device.is_cuda() && simulated()) {
+    // A free the simulated device refuses (a copy still uses the memory) was logged and
+    // counted by it; the memory is kept rather than freed under the copy.
+    (void)copy_engine().free_device(ptr);
+    return;
+  }
 #ifdef STAGEHAND_HAVE_CUDA
   if (device.is_cuda()) {
     cudaFree(ptr);
@@ -121,6 +140,7 @@ void device_free(Device device, void* ptr) {
 
 bool copy_to_host(Device src_device, const void* src, void* dst, std::size_t bytes) {
   if (bytes == 0) return true;
+  if (src_device.is_cuda() && simulated()) return copy_engine().copy(CopyKind::device_to_host, dst, src, bytes).is_ok();
 #ifdef STAGEHAND_HAVE_CUDA
   if (src_device.is_cuda()) {
     return cudaSetDevice(src_device.index) == cudaSuccess &&
@@ -135,6 +155,7 @@ bool copy_to_host(Device src_device, const void* src, void* dst, std::size_t byt
 
 bool copy_from_host(Device dst_device, const void* src, void* dst, std::size_t bytes) {
   if (bytes == 0) return true;
+  if (dst_device.is_cuda() && simulated()) return copy_engine().copy(CopyKind::host_to_device, dst, src, bytes).is_ok();
 #ifdef STAGEHAND_HAVE_CUDA
   if (dst_device.is_cuda()) {
     return cudaSetDevice(dst_device.index) == cudaSuccess &&

@@ -28,6 +28,9 @@ struct DeviceInfo {
   int gpu_count = 0;
   /// Why no GPU is used, when gpu_count is 0 ("no GPU visible: cudaGetDeviceCount ...").
   std::string reason;
+  /// STAGEHAND_SIMULATED_GPU=1: gpu_count is 1, a simulated device (copy_engine.hpp) whose
+  /// memory is host memory allocated through it; copies to and from it take time and are checked.
+  bool simulated = false;
 };
 
 /// Detects GPUs once per process. Thread-safe.
@@ -47,7 +50,8 @@ void device_free(Device device, void* ptr);
 void* host_alloc(std::size_t bytes, bool pinned);
 void host_free(void* ptr, bool pinned);
 
-/// Copies `bytes` between host memory and `device` (plain memcpy for host memory).
+/// Copies `bytes` between host memory and `device` (plain memcpy for host memory; through
+/// copy_engine() for a simulated GPU).
 /// @return false when the CUDA runtime reported an error.
 bool copy_to_host(Device src_device, const void* src, void* dst, std::size_t bytes);
 bool copy_from_host(Device dst_device, const void* src, void* dst, std::size_t bytes);

@@ -123,7 +123,10 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                             : "async";
     std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) %s on %s, checkpoints %s in %s\n",
                 to_string(c.trainer.kind), layout.world_size(), layout.tensor_parallel, layout.data_parallel,
-                where.c_str(), default_device(0).to_string().c_str(), saves, c.trainer.ckpt_path.c_str());
+                where.c_str(),
+                (default_device(0).to_string() + (device_info().simulated ? " (a simulated GPU: STAGEHAND_SIMULATED_GPU=1)" : ""))
+                    .c_str(),
+                saves, c.trainer.ckpt_path.c_str());
   }
   auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights, fs}, summary);
   int code = 0;

@@ -104,7 +104,8 @@ class CudaGemm final : public Gemm {
 
 Result<std::unique_ptr<Gemm>> Gemm::create(Device device) {
 #ifdef STAGEHAND_HAVE_CUDA
-  if (device.is_cuda()) {
+  // A simulated GPU's memory is host memory: its products run on the host.
+  if (device.is_cuda() && !device_info().simulated) {
     if (cudaError_t err = cudaSetDevice(device.index); err != cudaSuccess) return cuda_failed("cudaSetDevice", err);
     cublasHandle_t handle = nullptr;
     if (cublasStatus_t st = cublasCreate(&handle); st != CUBLAS_STATUS_SUCCESS) return cuda_failed("cublasCreate", st);

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=build/devpack
 rm -rf "$pack" && mkdir -p "$pack/bin" "$pack/lib"
-bins=(core_test load_test save_engine_test async_save_test bandit_mlp_test dispatch_test train_test
+bins=(core_test copy_engine_test load_test save_engine_test async_save_test bandit_mlp_test dispatch_test train_test
       stagehand-bench stagehand-ckpt stagehand-train)
 for b in "${bins[@]}"; do
   cp "build/bin/$b" "$pack/bin/" && strip "$pack/bin/$b"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite under AddressSanitizer and UndefinedBehaviorSanitizer: its own build folder
 # (build-asan), every finding fatal. Run after scripts/test.sh (which installs the packages).
+# It runs on the simulated GPU (STAGEHAND_SIMULATED_GPU=1; core/copy_engine.hpp): device memory
+# and copies of every test go through the simulated device, which reports misuse, while
+# scripts/test.sh runs the suite on plain host memory.
 #
 #   scripts/sanitize.sh [BUILD_DIR]
 set -euo pipefail
@@ -21,5 +24,6 @@ cmake --build "$build" -j"$(nproc)"
 # Leaks are not checked: CAF keeps process-wide singletons alive until exit by design.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export STAGEHAND_SIMULATED_GPU=1
 cd "$build"
 ctest --output-on-failure --timeout 900 -j2
