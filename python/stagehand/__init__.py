@@ -12,7 +12,8 @@ with every process of the job (one process per rank, as torchrun starts them).
 
 A state is a dict, nested as deep as you like, of tensors and small objects. Tensors are numpy
 arrays (bf16 and fp8 through ml_dtypes) or anything with ``__dlpack__`` (torch tensors), saved
-where they are, without a copy; a ``Shard`` says where a rank's block lies in a global tensor.
+where they are, without a copy; a ``Shard`` says where a rank's block lies in a global tensor, and
+a torch ``DTensor`` (Shard and Replicate placements) says it itself.
 Everything else (ints, floats, strings, lists, dicts of those) is saved as JSON and comes back
 from ``load``. Nested keys are joined with ".": ``{"model": {"w": ...}}`` saves tensor "model.w",
 as ``{"model.w": ...}`` (a torch ``state_dict()``) does.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -108,6 +110,37 @@ def _to_array(name: str, value: Any, writable: bool):
     return value, ""  # another __dlpack__ producer: its own dtype
 
 
+def _is_dtensor(value: Any) -> bool:
+    if "torch" not in sys.modules or not type(value).__module__.startswith("torch.distributed"):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _dtensor_shard(name: str, value: Any) -> Shard:
+    """A torch DTensor as the Shard it is: its local tensor at its offset in the global tensor;
+    of the copies a Replicate placement makes, all but one are replicas."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as TorchShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh, placements = value.device_mesh, value.placements
+    for p in placements:
+        if not isinstance(p, (Replicate, TorchShard)):
+            raise TypeError(f"tensor '{name}': a DTensor placed {p} cannot be saved as it is: "
+                            "redistribute it to Shard or Replicate first")
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"tensor '{name}': this rank is not in the DTensor's device mesh")
+    _, offsets = compute_local_shape_and_global_offset(value.shape, mesh, placements)
+    replica = 0
+    for dim, p in enumerate(placements):
+        if isinstance(p, Replicate):
+            replica = replica * mesh.size(dim) + coordinate[dim]
+    return Shard(value.to_local(), list(value.shape), list(offsets), replica)
+
+
 def _holds_tensor(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_holds_tensor(v) for v in value.values())
@@ -144,7 +177,7 @@ class _Bound:
                 raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
             self.names.add(name)
             if is_tensor:
-                shard = value if isinstance(value, Shard) else None
+                shard = value if isinstance(value, Shard) else _dtensor_shard(name, value) if _is_dtensor(value) else None
                 array, dtype = _to_array(name, shard.tensor if shard else value, writable)
                 self.arrays.append(array)
                 try:

@@ -345,3 +345,42 @@ def test_torch_cpu_tensors_round_trip_without_copies(tmp_path):
     load_from(tmp_path, target)
     for key in state:
         assert target[key].view(torch.uint8).equal(state[key].view(torch.uint8)), key
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed for this Python (CI installs numpy only; "
+                                          "the Shard tests cover the same layouts)")
+def test_torch_dtensors_save_from_a_2d_mesh_and_load_resharded(tmp_path):
+    worker = pathlib.Path(__file__).with_name("dtensor_worker.py")
+    env = {**os.environ, "GRACE_S": "10"}
+    saved = subprocess.run([SOURCE / "scripts" / "launch-local.sh", "4", sys.executable, worker, "save", tmp_path],
+                           capture_output=True, text=True, timeout=180, env=env)
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert saved.stdout.count("saved") == 4, saved.stdout
+    # Saved once each: "w" by mesh row 0 and 1 only (replicas skipped), "b" by one rank.
+    subprocess.run([BIN / "stagehand-ckpt", "verify", tmp_path], check=True, capture_output=True)
+    loaded = subprocess.run([SOURCE / "scripts" / "launch-local.sh", "2", sys.executable, worker, "load", tmp_path],
+                            capture_output=True, text=True, timeout=180, env=env)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert loaded.stdout.count("loaded ok") == 2, loaded.stdout
+    # Plain tensors in one process read the global values.
+    target = {"w": torch.zeros(8, 6), "m": torch.zeros(16, dtype=torch.float64), "b": torch.zeros(6, dtype=torch.bfloat16),
+              "step": 0}
+    load_from(tmp_path, target)
+    assert torch.equal(target["w"], torch.arange(48, dtype=torch.float32).reshape(8, 6) * 0.5)
+    assert target["step"] == 3
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed for this Python")
+def test_a_partial_dtensor_is_refused_naming_it(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    partial = DTensor.from_local(torch.ones(4), mesh, [Partial()])
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        with pytest.raises(TypeError, match="tensor 'g': a DTensor placed .* redistribute"):
+            ckpt.save(1, {"g": partial})
+
