@@ -5,10 +5,12 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
 #include "stagehand/checkpoint/reshard.hpp"
+#include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/host_buffer.hpp"
 
 namespace stagehand {
@@ -28,6 +30,27 @@ struct PhaseTimes {
   double copy_s = 0;
   std::uint64_t bytes = 0;
   std::uint64_t reads = 0;
+};
+
+/// A reader thread's copies into device memory: enqueued on its own stream, waited for before the
+/// buffer they read from is reused and before the thread ends.
+struct DeviceCopies {
+  std::optional<CopyStream> stream;
+  bool pending = false;
+  /// Elements converted to a live dtype on their way (a copy may still read them: it lives as
+  /// long as the thread).
+  std::vector<std::uint8_t> converted;
+
+  const CopyStream* enqueue() {
+    pending = stream.has_value();
+    return stream ? &*stream : nullptr;
+  }
+  Status drain() {
+    if (!pending) return Status::ok();
+    pending = false;
+    SH_ASSIGN_OR_RETURN(CopyEvent event, copy_engine().record(*stream));
+    return copy_engine().wait(event);
+  }
 };
 
 /// Runs the reads of one load on a few threads: the first error stops the rest.
@@ -78,11 +101,27 @@ class ParallelLoad {
  private:
   void work(PhaseTimes& times) {
     HostBuffer buffer;
+    DeviceCopies device;
+    if (pinned_) {
+      // Device targets: their copies run on this thread's stream.
+      auto stream = copy_engine().create_stream();
+      if (!stream.is_ok()) {
+        fail(stream.status().with_context("a load's copy stream"));
+        return;
+      }
+      device.stream = *stream;
+    }
     for (std::size_t i = next_.fetch_add(1); i < tasks_.size() && !failed_.load();
          i = next_.fetch_add(1)) {
       const ReadTask& task = tasks_[i];
-      Status st = task.direct ? read_direct(task, times) : read_buffered(task, buffer, times);
+      Status st = task.direct ? read_direct(task, times, device) : read_buffered(task, buffer, times, device);
+      if (st.is_ok()) st = device.drain();
       if (!st.is_ok()) fail(st);
+    }
+    if (device.stream) {
+      Status drained = device.drain();
+      if (!drained.is_ok()) fail(drained);
+      (void)copy_engine().destroy_stream(*device.stream);
     }
     if (buffer.valid()) buffer_current_.fetch_sub(buffer.size());
   }
@@ -105,11 +144,10 @@ class ParallelLoad {
 
   /// Reads the task's range straight into the tensors in reads of at most max_read_bytes (one
   /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
-  Status read_direct(const ReadTask& task, PhaseTimes& times) {
+  Status read_direct(const ReadTask& task, PhaseTimes& times, DeviceCopies& device) {
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
     std::vector<ReadSegment> segments;
-    std::vector<std::uint8_t> converted;
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
       segments.clear();
@@ -144,7 +182,7 @@ class ParallelLoad {
           const auto count = static_cast<std::int64_t>((p.end - p.begin) / dtype_size(j.saved));
           start = Clock::now();
           for (ShardedTensor* target : j.copies) {
-            SH_RETURN_IF_ERROR(fill(j, *target, 0, count, j.direct, converted));
+            SH_RETURN_IF_ERROR(fill(j, *target, 0, count, j.direct, device));
           }
           times.copy_s += seconds_since(start);
           start = Clock::now();
@@ -160,7 +198,7 @@ class ParallelLoad {
 
   /// Reads the task's range in buffer-sized pieces; each piece feeds its chunks' hashes and is
   /// copied into their blocks.
-  Status read_buffered(const ReadTask& task, HostBuffer& buffer, PhaseTimes& times) {
+  Status read_buffered(const ReadTask& task, HostBuffer& buffer, PhaseTimes& times, DeviceCopies& device) {
     if (!buffer.valid()) {
       const auto bytes = static_cast<std::size_t>(std::min<std::uint64_t>(
           std::max<std::size_t>(options_.buffer_bytes, kMinBufferBytes), largest_buffered_));
@@ -176,7 +214,6 @@ class ParallelLoad {
     }
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
-    std::vector<std::uint8_t> converted;
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       std::uint64_t n = std::min<std::uint64_t>(buffer.size(), task.end() - pos);
       // End the piece on an element boundary of the chunk it cuts.
@@ -187,6 +224,9 @@ class ParallelLoad {
           break;
         }
       }
+      // The copies from the buffer's last contents are done before it is overwritten.
+      SH_RETURN_IF_ERROR(device.drain());
+      SH_RETURN_IF_ERROR(copy_engine().check_writable(buffer.data(), static_cast<std::size_t>(n)));
       auto start = Clock::now();
       Status st = task.file->file->read(pos, buffer.data(), static_cast<std::size_t>(n));
       times.read_s += seconds_since(start);
@@ -207,9 +247,9 @@ class ParallelLoad {
         start = Clock::now();
         const auto first = static_cast<std::int64_t>((lo - p.begin) / elem);
         const auto last = static_cast<std::int64_t>((hi - p.begin) / elem);
-        SH_RETURN_IF_ERROR(fill(j, *j.live, first, last, src, converted));
+        SH_RETURN_IF_ERROR(fill(j, *j.live, first, last, src, device));
         for (ShardedTensor* target : j.copies) {
-          SH_RETURN_IF_ERROR(fill(j, *target, first, last, src, converted));
+          SH_RETURN_IF_ERROR(fill(j, *target, first, last, src, device));
         }
         times.copy_s += seconds_since(start);
         if (hi < p.end) break;
@@ -226,8 +266,12 @@ class ParallelLoad {
   /// Copies the chunk's elements [first, last), held at `src` in the saved dtype, into the
   /// part of `target`'s block that they overlap, converted to its dtype where it differs.
   static Status fill(const ChunkJob& job, ShardedTensor& target, std::int64_t first, std::int64_t last,
-                     const std::uint8_t* src, std::vector<std::uint8_t>& converted) {
+                     const std::uint8_t* src, DeviceCopies& device) {
+    std::vector<std::uint8_t>& converted = device.converted;
     const DType live = target.desc.dtype;
+    const bool on_device = target.tensor.device().is_cuda();
+    // `converted` is reused by the next fill: copies from it are waited for here.
+    if (on_device && job.saved != live) SH_RETURN_IF_ERROR(device.drain());
     if (job.saved != live) {
       // Converted into the live dtype first; the copy below then moves live-sized elements.
       const auto count = static_cast<std::size_t>(last - first);
@@ -236,8 +280,9 @@ class ParallelLoad {
       if (!conversion.is_ok()) return conversion.with_context("loading tensor '" + target.desc.name + "'");
       src = converted.data();
     }
+    const CopyStream* stream = on_device ? device.enqueue() : nullptr;
     if (!copy_overlap_part(*job.chunk, target.desc, dtype_size(live), first, last, src,
-                           static_cast<std::uint8_t*>(target.tensor.data()), target.tensor.device())) {
+                           static_cast<std::uint8_t*>(target.tensor.data()), target.tensor.device(), stream)) {
       return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + target.desc.name + "' on " +
                                              target.tensor.device().to_string() + " failed"};
     }

@@ -49,11 +49,15 @@ std::optional<std::int64_t> contiguous_offset(const ChunkMeta& chunk,
 
 bool copy_overlap_part(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
                        std::int64_t first, std::int64_t last, const std::uint8_t* src,
-                       std::uint8_t* dst, Device device) {
+                       std::uint8_t* dst, Device device, const CopyStream* stream) {
   auto copy = [&](std::int64_t from, std::int64_t to, std::int64_t dst_elem) {
-    return copy_from_host(device, src + static_cast<std::size_t>(from - first) * elem,
-                          dst + static_cast<std::size_t>(dst_elem) * elem,
-                          static_cast<std::size_t>(to - from) * elem);
+    const std::uint8_t* from_ptr = src + static_cast<std::size_t>(from - first) * elem;
+    std::uint8_t* to_ptr = dst + static_cast<std::size_t>(dst_elem) * elem;
+    const auto bytes = static_cast<std::size_t>(to - from) * elem;
+    if (stream != nullptr && device.is_cuda()) {
+      return copy_engine().copy_async(*stream, CopyKind::host_to_device, to_ptr, from_ptr, bytes).is_ok();
+    }
+    return copy_from_host(device, from_ptr, to_ptr, bytes);
   };
   if (auto offset = contiguous_offset(chunk, block)) {
     const std::int64_t end = std::min(last, chunk.shape.numel());

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "stagehand/checkpoint/format.hpp"
+#include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 
@@ -27,10 +28,12 @@ std::optional<std::int64_t> contiguous_offset(const ChunkMeta& chunk,
 
 /// Copies the elements of the overlap of a saved chunk and a live block (both row-major) whose
 /// index in the chunk lies in [first, last): `src` holds the chunk's elements from `first` on,
-/// `dst` is the block's memory on `device`; `elem` is the live element size.
+/// `dst` is the block's memory on `device`; `elem` is the live element size. With `stream`, the
+/// copies into device memory are enqueued on it (`src` must then stay as it is until an event
+/// recorded after them completes); without, each is a blocking copy.
 /// @return false when a copy to the device failed.
 bool copy_overlap_part(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
                        std::int64_t first, std::int64_t last, const std::uint8_t* src,
-                       std::uint8_t* dst, Device device);
+                       std::uint8_t* dst, Device device, const CopyStream* stream = nullptr);
 
 }  // namespace stagehand

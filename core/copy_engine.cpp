@@ -183,6 +183,18 @@ class SimulatedEngine final : public CopyEngine {
     return Status::ok();
   }
 
+  Status check_writable(const void* ptr, std::size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+    for (const auto& f : in_flight_) {
+      if (overlaps(f.dst, f.bytes, p, bytes) || overlaps(f.src, f.bytes, p, bytes)) {
+        return misuse("a write of " + std::to_string(bytes) + " bytes of host memory that a copy on stream " +
+                      std::to_string(f.stream) + " still uses (reused before its event)");
+      }
+    }
+    return Status::ok();
+  }
+
   std::uint64_t misuse_count() const override { return misuses_.load(); }
 
   std::vector<CopyRecord> copy_log() const override {

@@ -76,6 +76,14 @@ class CopyEngine {
   /// (simulated; the others always say yes). Called before staged bytes are hashed or written.
   virtual Status check_readable(const void* ptr, std::size_t bytes) = 0;
 
+  /// Checks that host memory [ptr, ptr + bytes) may be overwritten now: no copy in flight reads
+  /// or writes it (simulated; the others always say yes). Called before a buffer is reused.
+  virtual Status check_writable(const void* ptr, std::size_t bytes) {
+    (void)ptr;
+    (void)bytes;
+    return Status::ok();
+  }
+
   /// Misuse errors found so far (simulated; 0 for the others).
   virtual std::uint64_t misuse_count() const { return 0; }
   /// The copies finished so far (simulated; empty for the others).

@@ -153,3 +153,52 @@ BOOST_AUTO_TEST_CASE(staging_copies_overlap_other_buckets_writes_and_the_files_e
   }
   BOOST_TEST(copy_engine().misuse_count() == 0u);
 }
+
+BOOST_AUTO_TEST_CASE(a_resharded_load_into_device_memory_copies_on_the_readers_streams) {
+  // Saved from host memory by two ranks as column halves of a 256 x 512 f32 weight and a bf16
+  // vector; loaded into device memory as an inner block (rows 64-191, columns 128-383: row
+  // segments of both saved chunks) and the vector converted to f32.
+  constexpr std::int64_t kRows = 256, kCols = 512;
+  auto value = [](std::int64_t i, std::int64_t j) { return static_cast<float>(i * kCols + j) * 0.25f; };
+  std::vector<std::vector<float>> halves(2, std::vector<float>(kRows * kCols / 2));
+  std::vector<std::uint16_t> bias(kCols);
+  for (std::int64_t j = 0; j < kCols; ++j) bias[static_cast<std::size_t>(j)] = static_cast<std::uint16_t>(0x3f80 + (j % 64));  // bf16 1.0 .. 1.98
+  std::vector<StateDict> states(2);
+  for (int r = 0; r < 2; ++r) {
+    for (std::int64_t i = 0; i < kRows; ++i) {
+      for (std::int64_t j = 0; j < kCols / 2; ++j) halves[static_cast<std::size_t>(r)][static_cast<std::size_t>(i * kCols / 2 + j)] = value(i, r * kCols / 2 + j);
+    }
+    states[static_cast<std::size_t>(r)].add(
+        "w", *Tensor::from_blob(halves[static_cast<std::size_t>(r)].data(), DType::f32, Shape{kRows, kCols / 2}, Device::host()),
+        Shape{kRows, kCols}, Shape{0, r * kCols / 2});
+    states[static_cast<std::size_t>(r)].add_full("b", *Tensor::from_blob(bias.data(), DType::bf16, Shape{kCols}, Device::host()), r);
+  }
+  TempDir dir;
+  auto e0 = *SaveEngine::create(0, {2, 0, false, {}});
+  auto e1 = *SaveEngine::create(1, {2, 0, false, {}});
+  BOOST_REQUIRE(save_checkpoint_in_process(dir / "ckpt", 1, {e0.get(), e1.get()}, {&states[0], &states[1]}).is_ok());
+
+  auto w = *Tensor::empty(DType::f32, Shape{128, 256}, Device::cuda(0));
+  auto b = *Tensor::empty(DType::f32, Shape{kCols}, Device::cuda(0));
+  StateDict target;
+  target.add("w", w, Shape{kRows, kCols}, Shape{64, 128});
+  target.add_full("b", b);
+  LoadOptions options;
+  options.convert_dtypes = true;
+  options.buffer_bytes = 64 << 10;  // many buffer refills, each after the copies from it are done
+  const std::uint64_t misuses = copy_engine().misuse_count();
+  Status loaded = load_checkpoint(*local_file_system(), dir / "ckpt/global_step_1", target, options);
+  BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
+  std::vector<float> got(128 * 256), got_b(kCols);
+  BOOST_REQUIRE(w.copy_to_host(got.data()).is_ok());
+  BOOST_REQUIRE(b.copy_to_host(got_b.data()).is_ok());
+  for (std::int64_t i = 0; i < 128; ++i) {
+    for (std::int64_t j = 0; j < 256; ++j) {
+      if (got[static_cast<std::size_t>(i * 256 + j)] != value(64 + i, 128 + j)) {
+        BOOST_FAIL("w[" << 64 + i << "," << 128 + j << "] differs");
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < kCols; ++j) BOOST_TEST(got_b[static_cast<std::size_t>(j)] == 1.0f + static_cast<float>(j % 64) / 128.0f);
+  BOOST_TEST(copy_engine().misuse_count() == misuses);
+}

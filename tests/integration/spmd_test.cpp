@@ -35,9 +35,13 @@ struct JobResult {
 };
 
 /// Runs `args_of(rank)` in `world` processes, one per rank, and waits (at most `limit`) for all.
+/// With `kill_rank`, sends it `signal` `kill_after` after `begun` exists (the step's folder, which
+/// rank 0 prepares once every rank has joined: so the victim dies mid-save, however slowly the
+/// processes start).
 template <class ArgsOf>
 JobResult run_job(int world, const std::string& logs, ArgsOf args_of, std::chrono::seconds limit = std::chrono::seconds(60),
-                  int kill_rank = -1, std::chrono::milliseconds kill_after = {}, int signal = SIGKILL) {
+                  int kill_rank = -1, std::chrono::milliseconds kill_after = {}, int signal = SIGKILL,
+                  const std::string& begun = "") {
   const int port = test::free_port();
   const auto start = Clock::now();
   std::vector<std::unique_ptr<RankProcess>> ranks;
@@ -46,6 +50,9 @@ JobResult run_job(int world, const std::string& logs, ArgsOf args_of, std::chron
                                                   logs + "/rank" + std::to_string(r) + ".log"));
   }
   if (kill_rank >= 0) {
+    while (!begun.empty() && !fs::exists(begun) && Clock::now() - start < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::this_thread::sleep_for(kill_after);
     auto& victim = *ranks[static_cast<std::size_t>(kill_rank)];
     if (signal == SIGKILL) {
@@ -151,10 +158,10 @@ BOOST_AUTO_TEST_CASE(a_rank_killed_mid_save_fails_every_other_rank_naming_it_and
       TempDir dir;
       const std::string root = dir / "ckpt";
       expect_all_ok(run_job(4, dir.path(), [&](int) { return "save " + root + " 1 sync"; }));
-      // About 2 s of writing per rank at 200 kB/s; the victim dies 0.7 s in.
+      // About 2 s of writing per rank at 200 kB/s; the victim dies 0.5 s after the step began.
       auto job = run_job(
           4, dir.path(), [&](int) { return "save " + root + " 2 sync --slow 200000 --timeout-s 6"; },
-          std::chrono::seconds(40), victim, std::chrono::milliseconds(700));
+          std::chrono::seconds(40), victim, std::chrono::milliseconds(500), SIGKILL, root + "/global_step_2.tmp");
       BOOST_TEST(job.seconds < 30.0);
       for (int r = 0; r < 4; ++r) {
         if (r == victim) continue;
@@ -204,10 +211,10 @@ BOOST_AUTO_TEST_CASE(a_stalled_rank_fails_every_other_rank_within_the_timeout_na
   TempDir dir;
   const std::string root = dir / "ckpt";
   expect_all_ok(run_job(4, dir.path(), [&](int) { return "save " + root + " 1 sync"; }));
-  // Rank 3 stops (SIGSTOP) 0.7 s into a save of about 2 s; the limit is 4 s.
+  // Rank 3 stops (SIGSTOP) 0.5 s into a save of about 2 s; the limit is 4 s.
   auto job = run_job(
       4, dir.path(), [&](int) { return "save " + root + " 2 sync --slow 200000 --timeout-s 4"; },
-      std::chrono::seconds(30), 3, std::chrono::milliseconds(700), SIGSTOP);
+      std::chrono::seconds(30), 3, std::chrono::milliseconds(500), SIGSTOP, root + "/global_step_2.tmp");
   for (int r = 0; r < 3; ++r) {
     const std::string& out = job.outputs[static_cast<std::size_t>(r)];
     BOOST_TEST(job.codes[static_cast<std::size_t>(r)] == 1, "rank " << r << ": " << out);
