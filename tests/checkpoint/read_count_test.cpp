@@ -137,6 +137,15 @@ struct Loaders {
   }
 };
 
+/// Every rank of `loaders` holds the values of step 3 (and `results`, when given, are all ok).
+void expect_loaded(const Loaders& loaders, const std::vector<Status>& results = {}) {
+  for (std::size_t r = 0; r < loaders.ranks.size(); ++r) {
+    if (!results.empty()) BOOST_TEST(results[r].is_ok(), results[r].to_string());
+    const std::string wrong = loaders.ranks[r]->check(3, loaders.states[r]);
+    BOOST_TEST(wrong.empty(), "rank " << r << ": " << wrong);
+  }
+}
+
 /// Loads `dir` into each rank of `loaders` on its own thread through `group`, rank r starting
 /// after delays[r]; returns each rank's status.
 std::vector<Status> load_in_threads(FileSystem& fs, const std::string& dir, Loaders& loaders, LoadGroup& group,
@@ -161,30 +170,15 @@ std::vector<Status> load_in_threads(FileSystem& fs, const std::string& dir, Load
 BOOST_AUTO_TEST_CASE(a_load_of_four_ranks_in_one_process_reads_the_metadata_once) {
   TempDir dir;
   const std::string root = dir / "ckpt";
+  save_four_ranks(root);
   auto counting = std::make_shared<CountingFileSystem>(local_file_system());
-  std::vector<std::unique_ptr<test::SpmdRank>> ranks;
-  std::vector<StateDict> states;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(std::make_unique<test::SpmdRank>(r, test::SpmdLayout{2, 2}, 3));
-    states.push_back(ranks.back()->state);
-  }
-  {
-    Checkpointer saver({.root = root, .world_size = 4, .thread_count = 4});
-    BOOST_REQUIRE(saver.save(3, states).is_ok());
-  }
-  // Load into zeros under another layout (tensor 4 x data 1): each rank reads other blocks.
-  std::vector<std::unique_ptr<test::SpmdRank>> loaders;
-  std::vector<StateDict> targets;
-  for (int r = 0; r < 4; ++r) {
-    loaders.push_back(std::make_unique<test::SpmdRank>(r, test::SpmdLayout{4, 1}, 3, /*zeros=*/true));
-    targets.push_back(loaders.back()->state);
-  }
+  Loaders loaders;  // another layout (tensor 4 x data 1): each rank reads other blocks
   CheckpointerOptions options{.root = root, .world_size = 4, .thread_count = 4};
   options.file_system = counting;
   Checkpointer ckpt(options);
-  Status loaded = ckpt.load(targets, root);
+  Status loaded = ckpt.load(loaders.states, root);
   BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
-  for (int r = 0; r < 4; ++r) BOOST_TEST(loaders[r]->check(3, targets[r]).empty(), loaders[r]->check(3, targets[r]));
+  expect_loaded(loaders);
 
   int metadata_opens = 0;
   int metadata_full_reads = 0;
@@ -212,10 +206,10 @@ BOOST_AUTO_TEST_CASE(a_load_of_four_ranks_in_one_process_reads_the_metadata_once
 
   // The next load of the same Checkpointer is the group's next round: once again.
   counting->reset();
-  for (auto& l : loaders) l->weight.assign(l->weight.size(), 0.0f);
-  loaded = ckpt.load(targets, root);
+  for (auto& l : loaders.ranks) l->weight.assign(l->weight.size(), 0.0f);
+  loaded = ckpt.load(loaders.states, root);
   BOOST_REQUIRE_MESSAGE(loaded.is_ok(), loaded.to_string());
-  for (int r = 0; r < 4; ++r) BOOST_TEST(loaders[r]->check(3, targets[r]).empty(), loaders[r]->check(3, targets[r]));
+  expect_loaded(loaders);
   const auto [again, again_distinct] = data_bytes(*counting);
   BOOST_TEST(again == again_distinct);
 }
@@ -273,18 +267,12 @@ BOOST_AUTO_TEST_CASE(a_late_rank_loads_alone_and_so_do_the_ranks_that_waited_for
   using std::chrono::milliseconds;
   auto results = load_in_threads(*local_file_system(), step_dir, loaders, group,
                                  {milliseconds(0), milliseconds(0), milliseconds(0), milliseconds(1500)});
-  for (int r = 0; r < 4; ++r) {
-    BOOST_TEST(results[r].is_ok(), results[r].to_string());
-    BOOST_TEST(loaders.ranks[r]->check(3, loaders.states[r]).empty(), loaders.ranks[r]->check(3, loaders.states[r]));
-  }
+  expect_loaded(loaders, results);
   // The next round is whole again: shared.
   CountingFileSystem counting(local_file_system());
   Loaders again;
   results = load_in_threads(counting, step_dir, again, group);
-  for (int r = 0; r < 4; ++r) {
-    BOOST_TEST(results[r].is_ok(), results[r].to_string());
-    BOOST_TEST(again.ranks[r]->check(3, again.states[r]).empty(), again.ranks[r]->check(3, again.states[r]));
-  }
+  expect_loaded(again, results);
   const auto [read_bytes, distinct_bytes] = data_bytes(counting);
   BOOST_TEST(read_bytes == distinct_bytes);
 }
@@ -334,8 +322,5 @@ BOOST_AUTO_TEST_CASE(ranks_that_load_different_folders_each_read_their_own) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < 4; ++r) {
-    BOOST_TEST(results[r].is_ok(), results[r].to_string());
-    BOOST_TEST(loaders.ranks[r]->check(3, loaders.states[r]).empty(), loaders.ranks[r]->check(3, loaders.states[r]));
-  }
+  expect_loaded(loaders, results);
 }
