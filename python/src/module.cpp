@@ -17,6 +17,9 @@
 #include <thread>
 
 #include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
 
@@ -145,6 +148,31 @@ NB_MODULE(_stagehand, m) {
       // Where the saved bytes are read from: the array's own memory (no copy was made).
       .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
   // noconvert: never a converted copy (a load would fill the copy).
+  // stagehand-ckpt verify: a root (the step its tracker names) or one step folder.
+  m.def("verify", [](const std::string& path) {
+    std::string dir;
+    Result<VerifyResult> result = Status{ErrorCode::internal, "not run"};
+    {
+      nb::gil_scoped_release release;
+      auto fs = default_file_system(ObjectStoreOptions::from_environment());
+      auto resolved = resolve_checkpoint(*fs, path);
+      if (resolved.is_ok()) {
+        dir = *resolved;
+        result = verify_checkpoint(*fs, dir);
+      } else {
+        result = resolved.status();
+      }
+    }
+    check(result.status());
+    nb::dict out;
+    out["checkpoint"] = dir;
+    out["ok"] = result->ok();
+    out["problems"] = result->problems;
+    out["files_checked"] = result->files_checked;
+    out["chunks_checked"] = result->chunks_checked;
+    out["bytes_checked"] = result->bytes_checked;
+    return out;
+  }, nb::arg("path"));
   m.def("make_entry", &make_entry<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
   m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),

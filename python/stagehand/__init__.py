@@ -31,9 +31,18 @@ from typing import Any, Iterator
 import numpy as np
 
 from ._stagehand import Error, PendingSave, make_entry, make_load_entry
+from ._stagehand import verify as _verify
 from ._stagehand import Checkpointer as _Checkpointer
 
-__all__ = ["Checkpointer", "PendingSave", "Shard", "Error"]
+__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "verify"]
+
+
+def verify(path) -> dict:
+    """Checks a checkpoint as ``stagehand-ckpt verify`` does: the metadata and headers as a load
+    reads them, every file's and chunk's checksum. ``path`` is a root (the step its tracker names)
+    or one global_step_N folder. Returns ``{"checkpoint", "ok", "problems", "files_checked",
+    "chunks_checked", "bytes_checked"}``; raises ``stagehand.Error`` when it cannot be checked."""
+    return _verify(os.fspath(path))
 
 
 class Shard:

@@ -384,3 +384,23 @@ def test_a_partial_dtensor_is_refused_naming_it(tmp_path):
         with pytest.raises(TypeError, match="tensor 'g': a DTensor placed .* redistribute"):
             ckpt.save(1, {"g": partial})
 
+
+
+def test_python_m_stagehand_verify_checks_every_chunk(tmp_path):
+    save_in(tmp_path, 4, {"w": random_array(np.float32, (256, 64), 3), "step": 4})
+    run = lambda path: subprocess.run([sys.executable, "-m", "stagehand", "verify", str(path)],
+                                      capture_output=True, text=True, timeout=60)
+    good = run(tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.startswith(f"OK {tmp_path}/global_step_4: ") and "0 problems" in good.stdout
+    assert stagehand.verify(tmp_path / "global_step_4")["chunks_checked"] >= 1
+    # A flipped byte in a data file is found and named.
+    data = next((tmp_path / "global_step_4" / "policy").glob("*.safetensors"))
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    bad = run(tmp_path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert data.name in bad.stdout and "FAILED" in bad.stdout
+    missing = run(tmp_path / "nothing-here")
+    assert missing.returncode == 2 and "nothing-here" in missing.stderr
