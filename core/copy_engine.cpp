@@ -130,8 +130,11 @@ class SimulatedEngine final : public CopyEngine {
   Status wait(CopyEvent event) override {
     std::unique_lock lock(mutex_);
     auto found = events_.find(event.id);
-    if (found == events_.end()) return misuse("a wait on event " + std::to_string(event.id) + ", which does not exist");
+    if (found == events_.end()) {
+      return misuse("a wait on event " + std::to_string(event.id) + ", which does not exist or was waited for");
+    }
     const EventAt at = found->second;
+    events_.erase(found);  // used up, as a CUDA event destroyed after its wait
     changed_.wait(lock, [&] {
       auto s = streams_.find(at.stream);
       // A destroyed stream finished every copy first.
@@ -143,7 +146,9 @@ class SimulatedEngine final : public CopyEngine {
   Result<bool> done(CopyEvent event) override {
     std::lock_guard lock(mutex_);
     auto found = events_.find(event.id);
-    if (found == events_.end()) return misuse("a query of event " + std::to_string(event.id) + ", which does not exist");
+    if (found == events_.end()) {
+      return misuse("a query of event " + std::to_string(event.id) + ", which does not exist or was waited for");
+    }
     auto s = streams_.find(found->second.stream);
     return s == streams_.end() || s->second->completed >= found->second.seq;
   }

@@ -6,8 +6,8 @@
 //   memory allocated through the engine; each stream runs its copies in order on a thread of its
 //   own at a set bandwidth and latency; events complete when the copies before them have; misuse
 //   a GPU would not report (a host read of memory a copy still writes, freeing memory a copy still
-//   uses, a copy on a destroyed stream, a pointer the engine did not allocate as device memory) is
-//   an error, logged and counted.
+//   uses, a copy on a destroyed stream, an event used after its wait, a pointer the engine did not
+//   allocate as device memory) is an error, logged and counted.
 // - Host (no GPU, not simulated): copies are memcpy at once, events complete when recorded.
 
 #include <cstddef>
@@ -62,9 +62,10 @@ class CopyEngine {
   virtual Status copy_async(CopyStream stream, CopyKind kind, void* dst, const void* src, std::size_t bytes) = 0;
   /// An event after every copy enqueued on `stream` so far.
   virtual Result<CopyEvent> record(CopyStream stream) = 0;
-  /// Blocks until `event` is complete (the copies before it, and any error they met).
+  /// Blocks until `event` is complete (the copies before it, and any error they met). The event
+  /// is used up: no later wait() or done() may name it (the CUDA engine destroys it).
   virtual Status wait(CopyEvent event) = 0;
-  /// Whether `event` is complete, without blocking.
+  /// Whether `event` is complete, without blocking (the event stays to be waited for).
   virtual Result<bool> done(CopyEvent event) = 0;
 
   /// Device memory (cudaMalloc; the simulated engine's own host memory). nullptr on failure.

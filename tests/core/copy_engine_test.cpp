@@ -9,7 +9,7 @@
 // The simulated device: copies take the time their bytes and latency say, run in order on their
 // stream and alongside other streams' copies, complete their events, and every misuse a GPU would
 // let pass silently (a read before the event, a free under a copy, a copy on a destroyed stream,
-// memory that is not the device's) is an error, logged and counted.
+// an event used after its wait, memory that is not the device's) is an error, logged and counted.
 
 using namespace stagehand;
 
@@ -46,8 +46,10 @@ BOOST_AUTO_TEST_CASE(a_copy_takes_its_time_and_completes_its_event) {
   BOOST_REQUIRE(event.is_ok());
   BOOST_TEST(!*engine->done(*event));  // 2 x 9.4 ms of copies were just enqueued
   BOOST_REQUIRE(engine->wait(*event).is_ok());
-  BOOST_TEST(*engine->done(*event));
   BOOST_TEST((back == src));
+  auto after = engine->record(*stream);  // nothing enqueued since: complete at once
+  BOOST_TEST(*engine->done(*after));
+  BOOST_REQUIRE(engine->wait(*after).is_ok());
   const auto log = engine->copy_log();
   BOOST_REQUIRE(log.size() == 2u);
   // In order on the stream, each as long as its bytes and latency make it.
@@ -109,7 +111,15 @@ BOOST_AUTO_TEST_CASE(every_misuse_is_an_error_logged_and_counted) {
   BOOST_TEST(late.message().find("which was destroyed") != std::string::npos, late.to_string());
   BOOST_TEST(!engine->record(stream).is_ok());
   BOOST_TEST(!engine->wait(CopyEvent{12345}).is_ok());
-  BOOST_TEST(engine->misuse_count() == 8u);
+  // An event used after its wait (the CUDA engine has destroyed it by then).
+  auto second = *engine->create_stream();
+  auto event = *engine->record(second);
+  BOOST_REQUIRE(engine->wait(event).is_ok());
+  Status again = engine->wait(event);
+  BOOST_TEST(again.message().find("was waited for") != std::string::npos, again.to_string());
+  BOOST_TEST(!engine->done(event).is_ok());
+  BOOST_TEST(engine->destroy_stream(second).is_ok());
+  BOOST_TEST(engine->misuse_count() == 10u);
   BOOST_TEST(engine->free_device(device).is_ok());
 }
 
