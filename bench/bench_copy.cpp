@@ -52,8 +52,8 @@ int run_copy(const CopyArgs& args) {
   }
   for (std::size_t i = 0; i < bytes; i += 4096) pinned.data()[i] = static_cast<std::uint8_t>(i >> 12);
   auto stream = engine.create_stream();
-  int code = stream.is_ok() ? 0 : 2;
-  for (int k = 0; k < args.repeat && code == 0; ++k) {
+  int code = 0;
+  for (int k = 0; k < args.repeat && stream.is_ok(); ++k) {
     auto h2d = timed_copy(engine, *stream, CopyKind::host_to_device, on_device, pinned.data(), bytes);
     auto d2h = h2d.is_ok() ? timed_copy(engine, *stream, CopyKind::device_to_host, pinned.data(), on_device, bytes)
                            : Result<double>(h2d.status());
@@ -70,8 +70,12 @@ int run_copy(const CopyArgs& args) {
     line["d2h_gbps"] = static_cast<double>(bytes) / *d2h / 1e9;
     std::cout << line.dump() << std::endl;
   }
-  if (stream.is_ok()) (void)engine.destroy_stream(*stream);
-  if (!stream.is_ok()) std::cerr << "stagehand-bench copy: " << stream.status().to_string() << "\n";
+  if (stream.is_ok()) {
+    (void)engine.destroy_stream(*stream);
+  } else {
+    std::cerr << "stagehand-bench copy: " << stream.status().to_string() << "\n";
+    code = 2;
+  }
   device_free(device, on_device);
   return code;
 }

@@ -86,7 +86,6 @@ class SimulatedEngine final : public CopyEngine {
       live.stopping = true;
       s = std::move(found->second);
       streams_.erase(found);
-      destroyed_.push_back(stream.id);
     }
     changed_.notify_all();
     s->worker.join();
@@ -97,7 +96,8 @@ class SimulatedEngine final : public CopyEngine {
     std::lock_guard lock(mutex_);
     auto found = streams_.find(stream.id);
     if (found == streams_.end()) {
-      const bool was = std::find(destroyed_.begin(), destroyed_.end(), stream.id) != destroyed_.end();
+      // Ids are handed out in order and never reused: one handed out and gone was destroyed.
+      const bool was = stream.id != 0 && stream.id <= next_stream_;
       return misuse("a copy on stream " + std::to_string(stream.id) + (was ? ", which was destroyed" : ", which does not exist"));
     }
     const void* device_side = kind == CopyKind::device_to_host ? src : dst;
@@ -281,7 +281,6 @@ class SimulatedEngine final : public CopyEngine {
   std::uint64_t next_stream_ = 0;
   std::uint64_t next_event_ = 0;
   std::map<std::uint64_t, std::unique_ptr<Stream>> streams_;
-  std::vector<std::uint64_t> destroyed_;
   std::map<std::uint64_t, EventAt> events_;
   std::map<std::uintptr_t, std::size_t> device_;  // start -> bytes
   std::vector<InFlight> in_flight_;
