@@ -6,7 +6,8 @@ see the same machine. Prints each op's seconds by position (round) in the proces
 stagehand / DCP at each position, and each op's peak resident memory above its start (sampled
 every 2 ms from /proc/self/statm). A raw write of the same bytes (one file per thread, os.write
 from the tensors' memory, fsync of each file and the folder) runs interleaved with the sync saves,
-as the physical limit both are measured against.
+as the physical limit both are measured against. For each op it also prints the process's CPU
+seconds per GiB (time.process_time over the op, an async save's background writing included).
 
     PYTHONPATH=build/python /work/peers-venv/bin/python bench/compare_python.py \\
         [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py]
@@ -74,6 +75,7 @@ def main():
     writer = lambda path: FileSystemWriter(path, thread_count=args.threads, sync_files=True)
     ckpt = stagehand.Checkpointer(sh_root, thread_count=args.threads, load_thread_count=args.threads)
     times = {}   # (system, op) -> [seconds by position]
+    cpu = {}     # (system, op) -> [process CPU seconds by position]
     peaks = {}   # (system, op) -> [bytes by position]
     step = [0]
     dcp_dirs = []
@@ -121,6 +123,13 @@ def main():
         os.close(fd)
 
     def run(system, op):
+        cpu0 = time.process_time()
+        run_op(system, op)
+        # The process's CPU seconds over the whole op, its background writing included (an async
+        # save's until it is durable): what the save takes from the cores that training uses.
+        cpu.setdefault((system, op), []).append(time.process_time() - cpu0)
+
+    def run_op(system, op):
         if system == "raw":
             with PeakRss() as m:
                 t0 = time.perf_counter()
@@ -194,6 +203,12 @@ def main():
         print("  stagehand" + " ".join(f"{x:7.3f}" for x in s) + f"  {statistics.median(s):7.3f}")
         print("  ratio    " + " ".join(f"{x:7.2f}" for x in ratios) + f"  {statistics.median(ratios):7.2f}"
               + ("   ok" if max(ratios) <= targets[op] else "   ABOVE TARGET at some position"))
+        gib = total / 2**30
+        per_gib = {name: statistics.median(cpu[(name, op)]) / gib
+                   for name in ("dcp", "stagehand", "raw") if (name, op) in cpu}
+        # Median over positions of the whole process's user + system seconds over the op (an
+        # async save's until it is durable), per GiB.
+        print("  CPU s per GiB: " + ", ".join(f"{name} {x:.2f}" for name, x in per_gib.items()))
         if op == "save":
             w = times[("raw", op)]
             print("  raw write" + " ".join(f"{x:7.3f}" for x in w) + f"  {statistics.median(w):7.3f}")

@@ -110,7 +110,11 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
                         {"step", step},
                         {"accuracy", *accuracy},
                         {rl ? "reward" : "loss", rl ? metrics->reward : metrics->loss},
-                        {"fence_wait_s", metrics->fence_wait_s}};
+                        {"fence_wait_s", metrics->fence_wait_s},
+                        // Seconds from the first step's start to this step's end, for steps
+                        // per second (bench/interference.py); a save at this step runs after
+                        // the line, so its stall lands in the next step's figure.
+                        {"elapsed_s", std::chrono::duration<double>(Clock::now() - started).count()}};
     fill_metrics(step, line);
     write_metrics(line);
     if (policy_.should_save(step)) {

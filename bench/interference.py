@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""How much training slows down while checkpoints save: stagehand-train (the reference bandit,
+4 ranks in one process, a state of --state-mib or more) run without saves and with async saves
+every --interval steps (ckpt_save_staging_buckets 0 and 2 of 8 writer threads), the arms
+interleaved round by round so that they see the same machine. For each arm it prints steps per
+second over the whole run (from the step lines' elapsed_s, so a save's stall and its background
+writes are inside), the ratio to the run without saves in the same round, and the CPU seconds
+(user + system, from the child's rusage) the saves cost per GiB saved: (CPU of the arm - CPU of
+the run without saves) / (GiB saved by the arm - GiB saved by the run without saves; that run saves
+only its last step).
+
+    python3 bench/interference.py [--bin build/bin] [--rounds 3] [--steps 40] [--interval 10]
+                                  [--state-mib 512] [--dir /work/interference]
+
+Target (issue 29): training with async saves every 10 steps at least 0.95x the steps per second
+of training without saves (median over rounds), for both staging settings.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def model_for(state_mib):
+    """A bandit whose checkpoint holds at least state_mib MiB: the weights (context_dim x hidden,
+    hidden x arms) with Adam's two moments, fp32, 12 bytes a parameter."""
+    context, arms = 2048, 64
+    hidden = -(-state_mib * 2**20 // (12 * (context + arms)))
+    hidden = -(-hidden // 512) * 512  # a multiple of 512: splits evenly across tensor-parallel ranks
+    return {"model.context_dim": context, "model.num_arms": arms, "model.hidden": hidden,
+            "model.batch_size": 16, "model.group_size": 4}
+
+
+def run_arm(args, name, settings):
+    out = os.path.join(args.dir, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    metrics = os.path.join(out, "metrics.jsonl")
+    sets = {"trainer.total_steps": args.steps, "trainer.ckpt_path": os.path.join(out, "ckpt"),
+            "trainer.max_ckpts_to_keep": 2, "trainer.resume_mode": "none",
+            "megatron_config.ckpt_save_thread_count": 8, **model_for(args.state_mib), **settings}
+    cmd = [os.path.join(args.bin, "stagehand-train"), "--config",
+           os.path.join(ROOT, "examples", "configs", "sync_rl.yaml"), "--quiet", "--metrics-out", metrics]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"interference: {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    steps, saves = [], []
+    with open(metrics) as f:
+        for line in f:
+            row = json.loads(line)
+            (steps if row.get("type") == "step" else saves).append(row)
+    shutil.rmtree(os.path.join(out, "ckpt"), ignore_errors=True)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"steps_per_s": len(steps) / steps[-1]["elapsed_s"],
+            "cpu_s": cpu,
+            "saved_bytes": sum(s.get("bytes", 0) for s in saves),
+            "saves": len(saves),
+            "stall_s": [s.get("stall_s", 0.0) for s in saves]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--interval", type=int, default=10)
+    ap.add_argument("--state-mib", type=int, default=512)
+    ap.add_argument("--dir", default="/work/interference")
+    args = ap.parse_args()
+    if args.steps < 2 * args.interval:
+        sys.exit("interference: --steps must allow at least two saves (2 x --interval)")
+    arms = {
+        "no saves": {"trainer.ckpt_interval": 0, "megatron_config.async_dist_ckpt_save": True},
+        "async, staging 0": {"trainer.ckpt_interval": args.interval,
+                             "megatron_config.async_dist_ckpt_save": True,
+                             "megatron_config.ckpt_save_staging_buckets": 0},
+        "async, staging 2 of 8": {"trainer.ckpt_interval": args.interval,
+                                  "megatron_config.async_dist_ckpt_save": True,
+                                  "megatron_config.ckpt_save_staging_buckets": 2},
+    }
+    results = {name: [] for name in arms}
+    names = list(arms)
+    for r in range(args.rounds):
+        # Each round in another order, so that no arm always runs first or last.
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            results[name].append(run_arm(args, name.replace(" ", "_").replace(",", ""), arms[name]))
+            time.sleep(1)
+    base = results["no saves"]
+    model = model_for(args.state_mib)
+    print(f"stagehand-train sync_rl, 4 ranks in one process, hidden {model['model.hidden']} "
+          f"(a {base[0]['saved_bytes'] / 2**20:.0f} MiB checkpoint), {args.steps} steps, async saves "
+          f"every {args.interval} steps, 8 writer threads, {args.rounds} interleaved rounds")
+    print(f"{'arm':<24}{'steps/s by round':<28}{'ratio to no saves':<26}{'median':>7}"
+          f"{'CPU s/GiB saved':>17}")
+    for name in names:
+        rows = results[name]
+        sps = [row["steps_per_s"] for row in rows]
+        ratios = [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(rows, base)]
+        if name == "no saves":
+            cpu = "-"
+        else:
+            per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)
+                       for row, b in zip(rows, base)]
+            cpu = f"{statistics.median(per_gib):.2f}"
+        print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in ratios):<26}"
+              f"{statistics.median(ratios):7.3f}{cpu:>17}")
+        if name != "no saves":
+            stalls = [s for row in rows for s in row["stall_s"]]
+            print(f"{'':<24}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s "
+                  f"over {len(stalls)} saves")
+    worst = min(statistics.median(row["steps_per_s"] / b["steps_per_s"] for row, b in zip(results[n], base))
+                for n in names[1:])
+    print("target (>= 0.95x the steps per second without saves): " + ("met" if worst >= 0.95 else
+          f"NOT met (worst median {worst:.3f})"))
+
+
+if __name__ == "__main__":
+    main()

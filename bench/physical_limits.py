@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The machine's physical limits for one checkpoint's bytes, and Stagehand's figures as ratios to
+them, measured interleaved round by round in one run (medians over rounds):
+
+  memcpy           a copy of the state in memory (numpy, both buffers written first; best of 2)
+  dd O_DIRECT      one stream, `dd oflag=direct conv=fsync` of the same byte count
+  buffered write   the same files' sizes written in parallel from memory, then fsync (stagehand-bench
+                   save --baseline-only: one stream per data file)
+  cold / warm read the checkpoint's files read by --threads threads, the page cache dropped first
+                   (cold) or not (warm) (stagehand-bench load's raw read of the same files)
+
+and Stagehand's sync save (staging 0), async stall (the caller's wait), cold load and warm load
+of the same synthetic state, each a ratio to its limit (limit / Stagehand: 1.0 is at the limit).
+
+    python3 bench/physical_limits.py [--bin build/bin] [--bytes 1GiB] [--ranks 1] [--threads 8]
+                                     [--rounds 3] [--dir /work/limits]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def parse_size(text):
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * scale)
+    return int(text)
+
+
+def bench(args, *argv):
+    cmd = [os.path.join(args.bin, "stagehand-bench"), *argv]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
+    if proc.returncode != 0:
+        sys.exit(f"physical_limits: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def memcpy_s(nbytes):
+    # np.full writes every page (np.zeros would map them lazily, and the copy would time the
+    # page faults); the best of two copies, as a copy into memory already in use is what a save's
+    # staging into its persistent buffers is.
+    src = np.full(nbytes, 1, dtype=np.uint8)
+    dst = np.full(nbytes, 2, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def dd_direct_s(path, nbytes):
+    block = 64 * 2**20
+    count = -(-nbytes // block)
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", f"bs={block}", f"count={count}", "oflag=direct",
+                    "conv=fsync", "status=none"], check=True)
+    elapsed = time.perf_counter() - t0
+    os.remove(path)
+    return elapsed * nbytes / (count * block)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--bytes", default="1GiB", help="bytes per rank")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default="/work/limits")
+    args = ap.parse_args()
+    nbytes = parse_size(args.bytes) * args.ranks
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir)
+    ckpt = os.path.join(args.dir, "ckpt")
+    state = ["--bytes-per-rank", args.bytes, "--ranks", str(args.ranks)]
+    threads = ["--thread-count", str(args.threads)]
+    f = {k: [] for k in ("memcpy", "dd", "buffered", "cold_read", "warm_read",
+                         "save", "stall", "cold_load", "warm_load")}
+    for _ in range(args.rounds):
+        f["memcpy"].append(memcpy_s(nbytes))
+        f["dd"].append(dd_direct_s(os.path.join(args.dir, "dd.bin"), nbytes))
+        raw = bench(args, "save", "--out", ckpt, *state, *threads, "--baseline-only")
+        f["buffered"].append(next(x["raw_write_parallel_s"] for x in raw if x.get("baseline")))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        save = bench(args, "save", "--out", ckpt, *state, *threads)
+        f["save"].append(next(x["save_s"] for x in save if "save_s" in x and not x.get("summary")))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        stall = bench(args, "save", "--out", ckpt, *state, *threads, "--async")
+        f["stall"].append(next(x["stall_s"] for x in stall if "stall_s" in x and not x.get("summary")))
+        cold = bench(args, "load", "--out", ckpt, *state, *threads, "--cold")
+        f["cold_load"].append(cold[0]["load_s"])
+        f["cold_read"].append(cold[0]["raw_read_s"])
+        warm = bench(args, "load", "--out", ckpt, *state, *threads)
+        f["warm_load"].append(warm[0]["load_s"])
+        f["warm_read"].append(warm[0]["raw_read_s"])
+        shutil.rmtree(ckpt, ignore_errors=True)
+    m = {k: statistics.median(v) for k, v in f.items()}
+    gib = nbytes / 2**30
+    print(f"{nbytes / 2**20:.0f} MiB ({args.ranks} rank(s) x {args.bytes}), {args.threads} threads, "
+          f"{args.rounds} interleaved rounds; medians")
+    print(f"{'limit':<34}{'s':>8}{'GiB/s':>8}")
+    for key, name in (("memcpy", "memcpy of the state"), ("dd", "dd O_DIRECT + fsync, one stream"),
+                      ("buffered", "buffered write + fsync, parallel"), ("cold_read", "cold read"),
+                      ("warm_read", "warm read")):
+        print(f"{name:<34}{m[key]:8.3f}{gib / m[key]:8.2f}")
+    print(f"\n{'stagehand':<34}{'s':>8}{'limit / stagehand':>20}   against")
+    for key, limit, name, against in (
+            ("save", min(m["dd"], m["buffered"]), "sync save (staging 0)", "the faster write"),
+            ("stall", m["memcpy"], "async stall", "memcpy of the state"),
+            ("cold_load", m["cold_read"], "cold load", "cold read"),
+            ("warm_load", m["warm_read"], "warm load", "warm read")):
+        print(f"{name:<34}{m[key]:8.3f}{limit / m[key]:20.2f}   {against}")
+    print("by round: " + json.dumps({k: [round(x, 4) for x in v] for k, v in f.items()}))
+
+
+if __name__ == "__main__":
+    main()
