@@ -67,7 +67,6 @@ def run_arm(args, name, settings):
     return {"steps_per_s": len(steps) / steps[-1]["elapsed_s"],
             "cpu_s": cpu,
             "saved_bytes": sum(s.get("bytes", 0) for s in saves),
-            "saves": len(saves),
             "stall_s": [s.get("stall_s", 0.0) for s in saves]}
 
 

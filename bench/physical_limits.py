@@ -30,14 +30,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def parse_size(text):
-    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * scale)
-    return int(text)
+sys.path.insert(0, os.path.join(HERE, "peers"))
+from bench_common import baseline_lines, save_lines  # noqa: E402
+from peer_common import parse_size  # noqa: E402
 
 
 def bench(args, *argv):
@@ -45,7 +40,12 @@ def bench(args, *argv):
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
     if proc.returncode != 0:
         sys.exit(f"physical_limits: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.stdout
+
+
+def load_lines(stdout):
+    """The per-load JSON lines of `stagehand-bench load` (not its summary)."""
+    return [line for line in save_lines(stdout) if "load_s" in line]
 
 
 def memcpy_s(nbytes):
@@ -93,19 +93,17 @@ def main():
     for _ in range(args.rounds):
         f["memcpy"].append(memcpy_s(nbytes))
         f["dd"].append(dd_direct_s(os.path.join(args.dir, "dd.bin"), nbytes))
-        raw = bench(args, "save", "--out", ckpt, *state, *threads, "--baseline-only")
-        f["buffered"].append(next(x["raw_write_parallel_s"] for x in raw if x.get("baseline")))
+        raw = baseline_lines(bench(args, "save", "--out", ckpt, *state, *threads, "--baseline-only"))
+        f["buffered"].append(raw[0]["raw_write_parallel_s"])
         shutil.rmtree(ckpt, ignore_errors=True)
-        save = bench(args, "save", "--out", ckpt, *state, *threads)
-        f["save"].append(next(x["save_s"] for x in save if "save_s" in x and not x.get("summary")))
+        f["save"].append(save_lines(bench(args, "save", "--out", ckpt, *state, *threads))[0]["save_s"])
         shutil.rmtree(ckpt, ignore_errors=True)
-        stall = bench(args, "save", "--out", ckpt, *state, *threads, "--async")
-        f["stall"].append(next(x["stall_s"] for x in stall if "stall_s" in x and not x.get("summary")))
-        cold = bench(args, "load", "--out", ckpt, *state, *threads, "--cold")
+        f["stall"].append(save_lines(bench(args, "save", "--out", ckpt, *state, *threads, "--async"))[0]["stall_s"])
+        cold = load_lines(bench(args, "load", "--out", ckpt, *state, *threads, "--cold"))
         f["cold_load"].append(cold[0]["load_s"])
         f["cold_read"].append(cold[0]["raw_read_s"])
         # Warm: the median of 3 loads and 3 raw reads, interleaved in one process.
-        warm = [x for x in bench(args, "load", "--out", ckpt, *state, *threads, "--repeat", "3") if "load_s" in x]
+        warm = load_lines(bench(args, "load", "--out", ckpt, *state, *threads, "--repeat", "3"))
         f["warm_load"].append(statistics.median(x["load_s"] for x in warm))
         f["warm_read"].append(statistics.median(x["raw_read_s"] for x in warm))
         shutil.rmtree(ckpt, ignore_errors=True)

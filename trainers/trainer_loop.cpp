@@ -103,8 +103,8 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
     summary_->last_step = step;
     summary_->last_accuracy = *accuracy;
     report_exports();
-    const double rate = double(step - summary_->first_step + 1) /
-                        std::max(1e-9, std::chrono::duration<double>(Clock::now() - started).count());
+    const double elapsed_s = std::chrono::duration<double>(Clock::now() - started).count();
+    const double rate = double(step - summary_->first_step + 1) / std::max(1e-9, elapsed_s);
     const bool rl = objective() == Objective::rl;
     nlohmann::json line{{"type", "step"},
                         {"step", step},
@@ -114,7 +114,7 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
                         // Seconds from the first step's start to this step's end, for steps
                         // per second (bench/interference.py); a save at this step runs after
                         // the line, so its stall lands in the next step's figure.
-                        {"elapsed_s", std::chrono::duration<double>(Clock::now() - started).count()}};
+                        {"elapsed_s", elapsed_s}};
     fill_metrics(step, line);
     write_metrics(line);
     if (policy_.should_save(step)) {
