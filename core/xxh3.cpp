@@ -1,6 +1,12 @@
 #include "stagehand/core/xxh3.hpp"
 
 #include <xxhash.h>
+#if STAGEHAND_XXH3_DISPATCH
+// Replaces XXH3_64bits and XXH3_64bits_update with versions that use the widest vector unit this
+// CPU has (the digests are the same by XXH3's definition; core_test checks them against the
+// scalar code).
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstdio>
 
@@ -8,6 +14,14 @@ namespace stagehand {
 
 std::uint64_t xxh3(const void* data, std::size_t bytes) {
   return XXH3_64bits(data, bytes);
+}
+
+const char* xxh3_implementation() {
+#if STAGEHAND_XXH3_DISPATCH
+  return "run-time dispatch (SSE2, AVX2 or AVX-512)";
+#else
+  return "the xxhash library's default";
+#endif
 }
 
 std::string xxh3_hex(std::uint64_t hash) {

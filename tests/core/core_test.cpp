@@ -2,6 +2,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,13 @@
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/core/tensor.hpp"
+#include "stagehand/core/xxh3.hpp"
+
+// The reference: xxhash's portable scalar code, inlined into this file, whatever vector code the
+// library's entry points use.
+#define XXH_INLINE_ALL
+#define XXH_VECTOR 0  // XXH_SCALAR
+#include <xxhash.h>
 
 using namespace stagehand;
 
@@ -285,4 +293,25 @@ BOOST_AUTO_TEST_CASE(sharded_descriptors_are_checked) {
   state.add_full("x", *Tensor::empty(DType::u8, Shape{3}, Device::host()));
   Status st = state.validate();
   BOOST_TEST(st.message().find("appears twice") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(xxh3_digests_equal_the_scalar_reference_at_every_length_and_split) {
+  BOOST_TEST_MESSAGE("XXH3 code: " << xxh3_implementation());
+  // Lengths around XXH3's internal boundaries (16, 128, 240 bytes; 64-byte stripes; 1 KiB blocks)
+  // and offsets that misalign the input.
+  std::vector<std::uint8_t> bytes((1u << 20) + 4096);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>((i * 2654435761u) >> 13);
+  for (std::size_t length : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096, 65537, 1 << 20}) {
+    for (std::size_t offset : {0, 1, 7}) {
+      const std::uint8_t* data = bytes.data() + offset;
+      const std::uint64_t expected = XXH3_64bits(data, length);
+      BOOST_TEST(xxh3(data, length) == expected, "length " << length << " offset " << offset);
+      // Streamed in uneven pieces, the digest is the same.
+      Xxh3Stream stream;
+      for (std::size_t at = 0, piece = 1; at < length; at += piece, piece = piece * 3 + 5) {
+        stream.update(data + at, std::min(piece, length - at));
+      }
+      BOOST_TEST(stream.digest() == expected, "streamed, length " << length << " offset " << offset);
+    }
+  }
 }
