@@ -17,11 +17,14 @@
 #include <thread>
 
 #include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
+#include "stagehand/core/xxh3.hpp"
 
 namespace nb = nanobind;
 using namespace stagehand;
@@ -173,6 +176,106 @@ NB_MODULE(_stagehand, m) {
     out["bytes_checked"] = result->bytes_checked;
     return out;
   }, nb::arg("path"));
+  // stagehand-ckpt inspect: the metadata of a root's tracked step or one step folder.
+  m.def("inspect", [](const std::string& path) {
+    std::string dir;
+    Result<CheckpointMetadata> metadata = Status{ErrorCode::internal, "not run"};
+    std::optional<std::string> trainer_state;
+    {
+      nb::gil_scoped_release release;
+      auto fs = default_file_system(ObjectStoreOptions::from_environment());
+      auto resolved = resolve_checkpoint(*fs, path);
+      if (resolved.is_ok()) {
+        dir = *resolved;
+        metadata = read_checkpoint_metadata(*fs, dir);
+        if (metadata.is_ok() && metadata->trainer_state) {
+          auto text = read_trainer_state_text(*fs, dir, *metadata);
+          if (!text.is_ok()) metadata = text.status();
+          else trainer_state = std::move(*text);
+        }
+      } else {
+        metadata = resolved.status();
+      }
+    }
+    check(metadata.status());
+    nb::dict tensors;
+    for (const auto& [name, t] : metadata->tensors) {
+      std::uint64_t bytes = 0;
+      nb::list chunks;
+      for (const auto& c : t.chunks) {
+        bytes += c.end - c.begin;
+        nb::dict chunk;
+        chunk["offsets"] = std::vector<std::int64_t>(c.offsets.dims().begin(), c.offsets.dims().end());
+        chunk["shape"] = std::vector<std::int64_t>(c.shape.dims().begin(), c.shape.dims().end());
+        chunk["file"] = c.file;
+        chunk["bytes"] = c.end - c.begin;
+        chunk["xxh3"] = xxh3_hex(c.xxh3);
+        chunks.append(chunk);
+      }
+      nb::dict entry;
+      entry["dtype"] = std::string(dtype_name(t.dtype));
+      entry["global_shape"] = std::vector<std::int64_t>(t.global_shape.dims().begin(), t.global_shape.dims().end());
+      entry["bytes"] = bytes;
+      entry["chunks"] = chunks;
+      tensors[name.c_str()] = entry;
+    }
+    nb::dict files;
+    for (const auto& [name, f] : metadata->files) {
+      nb::dict file;
+      file["size"] = f.size;
+      file["xxh3"] = xxh3_hex(f.xxh3);
+      files[name.c_str()] = file;
+    }
+    nb::dict out;
+    out["checkpoint"] = dir;
+    out["step"] = metadata->step;
+    out["tensors"] = tensors;
+    out["files"] = files;
+    out["objects"] = metadata->objects;
+    out["trainer_state"] = trainer_state;
+    return out;
+  }, nb::arg("path"));
+  // stagehand-ckpt export: consolidated tensors in the Hugging Face layout.
+  m.def("export", [](const std::string& checkpoint, const std::string& out, const std::string& what,
+                     const std::string& dtype, const std::string& max_shard_size, int threads) {
+    ExportOptions options;
+    if (what == "all") {
+      options.what = ExportOptions::What::all;
+    } else if (what != "model") {
+      throw nb::value_error(("what: '" + what + "' is neither 'model' nor 'all'").c_str());
+    }
+    if (dtype == "bf16") {
+      options.dtype = DType::bf16;
+    } else if (dtype == "fp32") {
+      options.dtype = DType::f32;
+    } else if (dtype != "as-saved") {
+      throw nb::value_error(("dtype: '" + dtype + "' is none of 'as-saved', 'bf16', 'fp32'").c_str());
+    }
+    if (threads < 1 || threads > 256) {
+      throw nb::value_error(("threads: " + std::to_string(threads) + " is outside 1 to 256").c_str());
+    }
+    options.thread_count = threads;
+    auto max_bytes = parse_byte_size(max_shard_size);
+    if (!max_bytes.is_ok()) throw nb::value_error(("max_shard_size: " + max_bytes.status().message()).c_str());
+    options.max_shard_bytes = *max_bytes;
+    ExportReport report;
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      auto fs = default_file_system(ObjectStoreOptions::from_environment());
+      status = export_checkpoint(*fs, checkpoint, out, options, &report);
+    }
+    check(status);
+    nb::dict result;
+    result["tensors"] = report.tensors;
+    result["bytes"] = report.bytes;
+    result["files"] = report.files_written;
+    result["largest_tensor_bytes"] = report.largest_tensor_bytes;
+    result["buffer_peak_bytes"] = report.buffer_peak_bytes;
+    result["total_s"] = report.total_s;
+    return result;
+  }, nb::arg("checkpoint"), nb::arg("out"), nb::arg("what"), nb::arg("dtype"), nb::arg("max_shard_size"),
+     nb::arg("threads"));
   m.def("make_entry", &make_entry<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
   m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),

@@ -31,10 +31,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from ._stagehand import Error, PendingSave, make_entry, make_load_entry
+from ._stagehand import export as _export
+from ._stagehand import inspect as _inspect
 from ._stagehand import verify as _verify
 from ._stagehand import Checkpointer as _Checkpointer
 
-__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "verify"]
+__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "export", "inspect", "verify"]
 
 
 def verify(path) -> dict:
@@ -43,6 +45,34 @@ def verify(path) -> dict:
     or one global_step_N folder. Returns ``{"checkpoint", "ok", "problems", "files_checked",
     "chunks_checked", "bytes_checked"}``; raises ``stagehand.Error`` when it cannot be checked."""
     return _verify(os.fspath(path))
+
+
+def inspect(path) -> dict:
+    """What ``stagehand-ckpt inspect`` lists, as data: ``{"checkpoint", "step", "tensors",
+    "files", "objects", "trainer_state"}``. ``tensors`` maps each saved tensor's name to
+    ``{"dtype", "global_shape", "bytes", "chunks"}`` (each chunk: ``offsets``, ``shape``,
+    ``file``, ``bytes``, ``xxh3``); ``files`` maps each data file to ``{"size", "xxh3"}``;
+    ``objects`` holds the saved objects' JSON text; ``trainer_state`` the text of
+    trainer_state.json, or None. ``path`` is a root (the step its tracker names) or one
+    global_step_N folder; the metadata is read and checked as a load reads it (its checksum, its
+    fields), the data files are not read. Raises ``stagehand.Error`` when it cannot be read."""
+    return _inspect(os.fspath(path))
+
+
+def export(checkpoint, out, *, what: str = "model", dtype: str | None = None, max_shard_size="5GiB",
+           threads: int = 4) -> dict:
+    """Writes the checkpoint's tensors as consolidated full tensors with their plain names, in the
+    Hugging Face layout (``model.safetensors``, or numbered shards and
+    ``model.safetensors.index.json``), as ``stagehand-ckpt export`` does, verifying every chunk it
+    reads. ``what``: "model" (tensors named model.*) or "all"; ``dtype``: None (as saved),
+    "bf16" or "fp32" (floating point tensors converted); ``max_shard_size``: bytes, or text such
+    as "5GB" or "2GiB". ``out`` must not exist or be empty; it appears whole or not at all.
+    Returns ``{"tensors", "bytes", "files", "largest_tensor_bytes", "buffer_peak_bytes",
+    "total_s"}``."""
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, (int, str)):
+        raise TypeError(f"max_shard_size: {max_shard_size!r} is neither a byte count nor a size text")
+    return _export(os.fspath(checkpoint), os.fspath(out), what, "as-saved" if dtype is None else dtype,
+                   str(max_shard_size), threads)
 
 
 class Shard:

@@ -404,3 +404,84 @@ def test_python_m_stagehand_verify_checks_every_chunk(tmp_path):
     assert data.name in bad.stdout and "FAILED" in bad.stdout
     missing = run(tmp_path / "nothing-here")
     assert missing.returncode == 2 and "nothing-here" in missing.stderr
+
+
+def test_inspect_lists_what_was_saved_and_python_m_prints_it(tmp_path):
+    w = random_array(np.float32, (256, 64), 5)
+    b = random_array(ml_dtypes.bfloat16, (64,), 6)
+    save_in(tmp_path, 7, {"model": {"w": w, "b": b}, "scheduler": {"step": 7}})
+    info = stagehand.inspect(tmp_path)
+    assert info["checkpoint"] == f"{tmp_path}/global_step_7" and info["step"] == 7
+    assert set(info["tensors"]) == {"model.w", "model.b"}
+    tw = info["tensors"]["model.w"]
+    assert tw["dtype"] == "F32" and tw["global_shape"] == [256, 64] and tw["bytes"] == w.nbytes
+    assert info["tensors"]["model.b"]["dtype"] == "BF16" and info["tensors"]["model.b"]["bytes"] == b.nbytes
+    # Each chunk names its file, and the files are listed with the sizes they have on disk.
+    policy = tmp_path / "global_step_7" / "policy"
+    for t in info["tensors"].values():
+        for chunk in t["chunks"]:
+            assert chunk["file"] in info["files"] and len(chunk["xxh3"]) == 16
+        assert sum(c["bytes"] for c in t["chunks"]) == t["bytes"]
+    for name, f in info["files"].items():
+        assert (policy / name).stat().st_size == f["size"]
+    assert json.loads(info["objects"]["scheduler"]) == {"step": 7}
+    # python -m stagehand inspect: the same as text and as JSON.
+    text = subprocess.run([sys.executable, "-m", "stagehand", "inspect", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert "model.w" in text.stdout and "[256, 64]" in text.stdout and "2 tensors" in text.stdout
+    as_json = subprocess.run([sys.executable, "-m", "stagehand", "inspect", "--json", str(tmp_path / "global_step_7")],
+                             capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == info
+    # A folder that holds no checkpoint: an Error naming it (exit 2 from python -m).
+    with pytest.raises(stagehand.Error, match="nothing-here"):
+        stagehand.inspect(tmp_path / "nothing-here")
+    missing = subprocess.run([sys.executable, "-m", "stagehand", "inspect", str(tmp_path / "nothing-here")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "nothing-here" in missing.stderr
+
+
+def test_export_writes_hugging_face_files_that_safetensors_reads(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    w = random_array(np.float32, (128, 64), 8)
+    b = random_array(np.float32, (64,), 9)
+    m = random_array(np.float32, (128, 64), 10)
+    save_in(tmp_path / "ckpt", 3, {"model": {"w": w, "b": b}, "optim": {"m": m}, "step": 3})
+    # The model's tensors, as saved: one file.
+    report = stagehand.export(tmp_path / "ckpt", tmp_path / "hf")
+    assert report["files"] == ["model.safetensors"] and report["tensors"] == 2
+    loaded = safetensors_numpy.load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(loaded) == {"model.w", "model.b"}
+    assert np.array_equal(loaded["model.w"], w) and np.array_equal(loaded["model.b"], b)
+    # Every tensor, converted to bf16, in shards of at most 20 KB: numbered files and an index.
+    report = stagehand.export(tmp_path / "ckpt" / "global_step_3", tmp_path / "all", what="all", dtype="bf16",
+                              max_shard_size="20KB")
+    assert "model.safetensors.index.json" in report["files"] and len(report["files"]) > 2
+    index = json.loads((tmp_path / "all" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {"model.w", "model.b", "optim.m"}
+    m_file = tmp_path / "all" / index["weight_map"]["optim.m"]
+    m_bf16 = safetensors_numpy.load_file(m_file)["optim.m"]
+    assert m_bf16.dtype == np.dtype(ml_dtypes.bfloat16) or m_bf16.dtype.itemsize == 2
+    assert np.array_equal(m_bf16.view(np.uint16), m.astype(ml_dtypes.bfloat16).view(np.uint16))
+    # Bad arguments are refused naming them; a folder that is not empty is never written into.
+    with pytest.raises(ValueError, match="what: 'everything'"):
+        stagehand.export(tmp_path / "ckpt", tmp_path / "x", what="everything")
+    with pytest.raises(ValueError, match="dtype: 'fp8'"):
+        stagehand.export(tmp_path / "ckpt", tmp_path / "x", dtype="fp8")
+    with pytest.raises(ValueError, match="max_shard_size"):
+        stagehand.export(tmp_path / "ckpt", tmp_path / "x", max_shard_size="lots")
+    before = files_of(tmp_path / "hf")
+    with pytest.raises(stagehand.Error, match="hf"):
+        stagehand.export(tmp_path / "ckpt", tmp_path / "hf")
+    assert files_of(tmp_path / "hf") == before
+    # python -m stagehand export.
+    run = subprocess.run([sys.executable, "-m", "stagehand", "export", str(tmp_path / "ckpt"), str(tmp_path / "cli"),
+                          "--what", "all"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "exported 3 tensors" in run.stdout
+    assert set(safetensors_numpy.load_file(tmp_path / "cli" / "model.safetensors")) == {"model.w", "model.b",
+                                                                                        "optim.m"}
+    again = subprocess.run([sys.executable, "-m", "stagehand", "export", str(tmp_path / "ckpt"), str(tmp_path / "cli")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "cli" in again.stderr
