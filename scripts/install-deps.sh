@@ -8,7 +8,7 @@ packages=(
   libcaf-dev libyaml-cpp-dev libboost-test-dev libxxhash-dev nlohmann-json3-dev
   libcurl4-openssl-dev libopenblas-dev libspdlog-dev libcli11-dev libpugixml-dev
   libgloo-dev             # collectives between processes (models/process_collectives)
-  python3 python3-pip python3-dev time
+  python3 python3-pip python3-dev python3-venv time   # venv: scripts/pip-check.sh
   iproute2                # ip netns and ss for scripts/two-host-check.sh (two_host_test)
   clang libclang-rt-dev   # libFuzzer for scripts/fuzz.sh (libclang-rt is only recommended by clang)
 )
