@@ -8,9 +8,14 @@
 #include <caf/all.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "stagehand/actors/dispatch_client.hpp"
@@ -44,6 +49,56 @@ extern "C" void on_stop_signal(int sig) {
 int fail(const std::string& what, int code = 2) {
   std::fprintf(stderr, "stagehand-train: %s\n", what.c_str());
   return code;
+}
+
+/// Ends the process when its teardown (its actors stopping, the actor system shutting down)
+/// outlasts a limit after its run ended: a rank of a failed world whose actors do not stop (one
+/// still waiting on a peer that is gone) must not stay forever. By then nothing it could still do
+/// commits: the trainer finished every save before returning, and a save left pending by a failed
+/// run has no commit. Declared before the actor system, so that its destructor, which disarms
+/// it, runs after the system's.
+class TeardownLimit {
+ public:
+  TeardownLimit() = default;
+  TeardownLimit(const TeardownLimit&) = delete;
+  TeardownLimit& operator=(const TeardownLimit&) = delete;
+  ~TeardownLimit() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// Starts the limit (once): past it, prints what did not stop and exits with `code` (1 if 0).
+  void arm(std::chrono::seconds limit, std::string who, std::string setting, int code) {
+    if (thread_.joinable()) return;
+    thread_ = std::thread([this, limit, who = std::move(who), setting = std::move(setting), code] {
+      std::unique_lock lock(mutex_);
+      if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+      std::fprintf(stderr,
+                   "stagehand-train: %s: the process did not stop within %lld s (%s) after its run ended "
+                   "(exit code %d): an actor is still running; leaving without it\n",
+                   who.c_str(), static_cast<long long>(limit.count()), setting.c_str(), code);
+      std::fflush(stderr);
+      std::_Exit(code != 0 ? code : 1);
+    });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+/// STAGEHAND_TEST_STUCK_TEARDOWN=1 (tests only): an actor that never stops, so that the teardown
+/// limit must end the process.
+void spawn_stuck_actor_for_tests(caf::actor_system& system) {
+  const char* stuck = std::getenv("STAGEHAND_TEST_STUCK_TEARDOWN");
+  if (stuck == nullptr || std::string(stuck) != "1") return;
+  system.spawn<caf::detached>([](caf::blocking_actor*) { std::this_thread::sleep_for(std::chrono::hours(1)); });
 }
 
 /// The file system of every path in the config: local folders, and object stores reached as
@@ -212,7 +267,7 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 
 /// One rank of a world of processes.
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
-                     const std::string& metrics_out, bool quiet) {
+                     const std::string& metrics_out, bool quiet, TeardownLimit& teardown) {
   const auto fs = config_file_system(c);
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s),
                                  "trainer.call_timeout_s");
@@ -249,6 +304,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     (*host)->shutdown(code);
     if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
       fail("rank 0: closing the collectives: " + closed.message());
+    teardown.arm(std::chrono::seconds(c.trainer.call_timeout_s), "rank 0", "trainer.call_timeout_s", code);
     caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
@@ -287,6 +343,8 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down"); !closed.is_ok())
       fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
   }
+  teardown.arm(std::chrono::seconds(c.trainer.call_timeout_s), "rank " + std::to_string(rank),
+               "trainer.call_timeout_s", code);
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }
@@ -349,7 +407,9 @@ int main(int argc, char** argv) {
   caf::actor_system_config cfg;
   register_stagehand_errors(cfg);
   if (launch->multi_process()) register_wire_types(cfg);
+  TeardownLimit teardown;  // outlives the system: bounds its shutdown
   caf::actor_system system{cfg};
   if (!launch->multi_process()) return run_in_process(system, c, layout, metrics_out, quiet);
-  return run_rank_process(system, c, layout, *launch, metrics_out, quiet);
+  spawn_stuck_actor_for_tests(system);
+  return run_rank_process(system, c, layout, *launch, metrics_out, quiet, teardown);
 }

@@ -191,6 +191,35 @@ BOOST_AUTO_TEST_CASE(a_stalled_worker_process_fails_rank_0_within_the_limit_nami
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_rank_whose_actors_do_not_stop_leaves_within_the_call_limit_after_its_run) {
+  // Rank 3 runs an actor that never stops (a test hook): its teardown cannot finish, and the
+  // process must leave on its own within trainer.call_timeout_s, saying so, with the run's work
+  // intact.
+  TempDir dir;
+  const int port = test::free_port();
+  const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=20",
+                                         "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=0",
+                                         "trainer.call_timeout_s=3"});
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, 4, port, (r == 3 ? "env STAGEHAND_TEST_STUCK_TEARDOWN=1 " : "") + cmd,
+                                                  dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  const int code0 = ranks[0]->wait_for(std::chrono::seconds(120));
+  BOOST_TEST(code0 == 0, ranks[0]->output());
+  const auto rank0_done = Clock::now();
+  for (int r : {1, 2}) BOOST_TEST(ranks[static_cast<std::size_t>(r)]->wait_for(std::chrono::seconds(30)) == 0);
+  const int code3 = ranks[3]->wait_for(std::chrono::seconds(30));
+  const double after_s = std::chrono::duration<double>(Clock::now() - rank0_done).count();
+  const std::string out3 = ranks[3]->output();
+  BOOST_TEST(code3 == 1, "exit " << code3 << " (-1: still running): " << out3);
+  BOOST_TEST(out3.find("rank 3: the process did not stop within 3 s (trainer.call_timeout_s) after its run ended") !=
+                 std::string::npos,
+             out3);
+  BOOST_TEST(after_s < 20.0);
+  BOOST_TEST((test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{10, 20}));
+}
+
 BOOST_AUTO_TEST_CASE(bad_starts_fail_clearly_within_the_join_limit) {
   TempDir dir;
   const std::string ckpt = "trainer.ckpt_path=" + dir / "ckpt";
