@@ -9,9 +9,12 @@ them, measured interleaved round by round in one run (medians over rounds):
   cold / warm read the checkpoint's files read by --threads threads into buffers written before,
                    the page cache dropped first (cold) or not (warm; the median of 3 in one
                    process) (stagehand-bench load's raw read of the same files)
+  ... + XXH3       the same reads, each hashed as it lands (what a load that checks every byte
+                   cannot do without)
 
 and Stagehand's sync save (staging 0), async stall (the caller's wait), cold load and warm load
-of the same synthetic state, each a ratio to its limit (limit / Stagehand: 1.0 is at the limit).
+of the same synthetic state, each a ratio to its limit (limit / Stagehand: 1.0 is at the limit);
+the loads also against the hashed reads.
 
     python3 bench/physical_limits.py [--bin build/bin] [--bytes 1GiB] [--ranks 1] [--threads 8]
                                      [--rounds 3] [--dir /work/limits]
@@ -89,7 +92,7 @@ def main():
     state = ["--bytes-per-rank", args.bytes, "--ranks", str(args.ranks)]
     threads = ["--thread-count", str(args.threads)]
     f = {k: [] for k in ("memcpy", "dd", "buffered", "cold_read", "warm_read",
-                         "save", "stall", "cold_load", "warm_load")}
+                         "cold_read_hashed", "warm_read_hashed", "save", "stall", "cold_load", "warm_load")}
     for _ in range(args.rounds):
         f["memcpy"].append(memcpy_s(nbytes))
         f["dd"].append(dd_direct_s(os.path.join(args.dir, "dd.bin"), nbytes))
@@ -102,10 +105,12 @@ def main():
         cold = load_lines(bench(args, "load", "--out", ckpt, *state, *threads, "--cold"))
         f["cold_load"].append(cold[0]["load_s"])
         f["cold_read"].append(cold[0]["raw_read_s"])
+        f["cold_read_hashed"].append(cold[0]["raw_read_hashed_s"])
         # Warm: the median of 3 loads and 3 raw reads, interleaved in one process.
         warm = load_lines(bench(args, "load", "--out", ckpt, *state, *threads, "--repeat", "3"))
         f["warm_load"].append(statistics.median(x["load_s"] for x in warm))
         f["warm_read"].append(statistics.median(x["raw_read_s"] for x in warm))
+        f["warm_read_hashed"].append(statistics.median(x["raw_read_hashed_s"] for x in warm))
         shutil.rmtree(ckpt, ignore_errors=True)
     m = {k: statistics.median(v) for k, v in f.items()}
     gib = nbytes / 2**30
@@ -114,14 +119,17 @@ def main():
     print(f"{'limit':<34}{'s':>8}{'GiB/s':>8}")
     for key, name in (("memcpy", "memcpy of the state"), ("dd", "dd O_DIRECT + fsync, one stream"),
                       ("buffered", "buffered write + fsync, parallel"), ("cold_read", "cold read"),
-                      ("warm_read", "warm read")):
+                      ("warm_read", "warm read"), ("cold_read_hashed", "cold read + XXH3"),
+                      ("warm_read_hashed", "warm read + XXH3")):
         print(f"{name:<34}{m[key]:8.3f}{gib / m[key]:8.2f}")
     print(f"\n{'stagehand':<34}{'s':>8}{'limit / stagehand':>20}   against")
     for key, limit, name, against in (
             ("save", min(m["dd"], m["buffered"]), "sync save (staging 0)", "the faster write"),
             ("stall", m["memcpy"], "async stall", "memcpy of the state"),
             ("cold_load", m["cold_read"], "cold load", "cold read"),
-            ("warm_load", m["warm_read"], "warm load", "warm read")):
+            ("warm_load", m["warm_read"], "warm load", "warm read"),
+            ("cold_load", m["cold_read_hashed"], "cold load", "cold read + XXH3"),
+            ("warm_load", m["warm_read_hashed"], "warm load", "warm read + XXH3")):
         print(f"{name:<34}{m[key]:8.3f}{limit / m[key]:20.2f}   {against}")
     print("by round: " + json.dumps({k: [round(x, 4) for x in v] for k, v in f.items()}))
 
