@@ -40,6 +40,21 @@ Result<std::optional<std::string>> CheckpointPolicy::resume_dir() const {
   return Status{ErrorCode::internal, "unknown resume_mode"};
 }
 
+Result<CheckpointPolicy::ResumeCandidates> CheckpointPolicy::resume_candidates() const {
+  ResumeCandidates found;
+  SH_ASSIGN_OR_RETURN(auto tracked, store_.tracker());
+  if (!tracked) return found;
+  SH_ASSIGN_OR_RETURN(auto steps, store_.committed_steps());
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it <= *tracked) found.steps.push_back(*it);
+  }
+  if (found.steps.empty() || found.steps.front() != *tracked) {
+    found.stale = "the tracker '" + store_.layout().tracker() + "' names step " + std::to_string(*tracked) +
+                  ", but '" + store_.step_dir(*tracked) + "' is not a committed checkpoint";
+  }
+  return found;
+}
+
 Status CheckpointPolicy::check_fresh_start() const {
   if (config_.overwrite_checkpoints) return Status::ok();
   const std::string& root = config_.ckpt_path;
@@ -73,12 +88,12 @@ Status CheckpointPolicy::check_fresh_start() const {
               from_path + overwrite};
 }
 
-Status CheckpointPolicy::check_resume(std::int64_t step) const {
+Status CheckpointPolicy::check_resume(std::int64_t step, const std::set<std::int64_t>& rejected) const {
   if (config_.overwrite_checkpoints) return Status::ok();
   SH_ASSIGN_OR_RETURN(auto steps, store_.committed_steps());
   std::vector<std::int64_t> later;
   for (auto s : steps) {
-    if (s > step) later.push_back(s);
+    if (s > step && rejected.count(s) == 0) later.push_back(s);
   }
   if (later.empty()) return Status::ok();
   std::string held = "global_step_" + std::to_string(later.front());

@@ -28,8 +28,18 @@ class CheckpointPolicy {
   bool should_save(std::int64_t step) const;
 
   /// The checkpoint folder to resume from: none for resume_mode none (or latest without a
-  /// tracker); an error when from_path names a missing or uncommitted checkpoint.
+  /// tracker); an error when from_path names a missing or uncommitted checkpoint. For latest,
+  /// the tracker's step (see resume_candidates for what a resume that checks tries).
   Result<std::optional<std::string>> resume_dir() const;
+
+  /// What resume_mode latest may start from, newest first: the committed steps up to the one the
+  /// tracker names. `stale` says why the tracker's own step is not among them (its folder is
+  /// missing or not committed); empty when it is. No steps and no `stale` without a tracker.
+  struct ResumeCandidates {
+    std::vector<std::int64_t> steps;
+    std::string stale;
+  };
+  Result<ResumeCandidates> resume_candidates() const;
 
   /// Refuses to start from scratch (no resume_dir) over a ckpt_path that holds committed
   /// checkpoints, which the run's saves and retention would replace or delete, unless
@@ -38,8 +48,9 @@ class CheckpointPolicy {
 
   /// Refuses to resume at `step` into a ckpt_path that holds committed checkpoints of later
   /// steps (a from_path resume from elsewhere, say), which the run's saves would replace, unless
-  /// `overwrite_checkpoints` allows it. The error names the steps and the settings.
-  Status check_resume(std::int64_t step) const;
+  /// `overwrite_checkpoints` allows it. The error names the steps and the settings. Steps in
+  /// `rejected` (a resume found them corrupt) do not count: a save of the same step replaces them.
+  Status check_resume(std::int64_t step, const std::set<std::int64_t>& rejected = {}) const;
 
   /// The step the tracker names; none when there is no tracker.
   Result<std::optional<std::int64_t>> tracked_step() const { return store_.tracker(); }

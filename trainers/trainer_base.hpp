@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,9 +100,17 @@ class TrainerBase : public caf::blocking_actor {
 
   // -- where training starts (trainer_resume.cpp) --
 
-  /// Resumes from `dir`, or starts afresh (init_from when set) without one.
+  /// Resumes from `dir`, or starts afresh (init_from when set) without one. Committed steps in
+  /// `rejected` may be replaced by the run's saves (CheckpointPolicy::check_resume).
   /// @return the step training continues after.
-  Result<std::int64_t> start_from(const std::optional<std::string>& dir);
+  Result<std::int64_t> start_from(const std::optional<std::string>& dir, const std::set<std::int64_t>& rejected = {});
+  /// resume_mode latest, checking before it trusts: resumes the newest of `found` that loads
+  /// whole (every chunk read is checked, and the trainer state), saying which steps it rejected
+  /// and why; a step whose load fails as corrupt or missing (not for other errors, such as a
+  /// model that does not match) is passed over for the next older one. Each step is tried once.
+  /// @return the step training continues after; an error naming every rejected step when none
+  ///         loads.
+  Result<std::int64_t> resume_latest(const CheckpointPolicy::ResumeCandidates& found);
   /// A fresh run's start from another checkpoint's weights (trainer.init_from).
   Status init_from(const std::string& path);
   /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what

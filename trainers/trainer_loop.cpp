@@ -54,7 +54,19 @@ Status TrainerBase::run() {
   SH_RETURN_IF_ERROR(policy_.check_destination());
   // Before anything is cleaned: another run's .tmp folder is its save in flight.
   SH_ASSIGN_OR_RETURN(summary_->root_lock, policy_.lock_destination());
-  SH_ASSIGN_OR_RETURN(auto resume, policy_.resume_dir());
+  // resume_mode latest checks before it trusts: it tries the committed steps newest first.
+  CheckpointPolicy::ResumeCandidates candidates;
+  std::optional<std::string> resume;
+  if (t.resume_mode == ResumeMode::latest) {
+    SH_ASSIGN_OR_RETURN(candidates, policy_.resume_candidates());
+    if (!candidates.steps.empty()) resume = policy_.store().step_dir(candidates.steps.front());
+    if (candidates.steps.empty() && !candidates.stale.empty()) {
+      return Status{ErrorCode::corruption, "trainer.resume_mode latest: " + candidates.stale +
+                                               ", and no committed step before it is in '" + t.ckpt_path + "'"};
+    }
+  } else {
+    SH_ASSIGN_OR_RETURN(resume, policy_.resume_dir());
+  }
   if (!resume) {
     SH_RETURN_IF_ERROR(policy_.check_fresh_start());
     if (t.resume_mode == ResumeMode::latest) {
@@ -63,7 +75,8 @@ Status TrainerBase::run() {
   }
   SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
   if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, fs_);
-  SH_ASSIGN_OR_RETURN(std::int64_t step, start_from(resume));
+  SH_ASSIGN_OR_RETURN(std::int64_t step, t.resume_mode == ResumeMode::latest && resume ? resume_latest(candidates)
+                                                                                     : start_from(resume));
   if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
   summary_->first_step = step + 1;
   summary_->last_step = step;

@@ -5,7 +5,41 @@
 
 namespace stagehand {
 
-Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& dir) {
+Result<std::int64_t> TrainerBase::resume_latest(const CheckpointPolicy::ResumeCandidates& found) {
+  std::vector<std::string> rejected;
+  if (!found.stale.empty()) {
+    rejected.push_back(found.stale);
+    warn("resume_mode latest: %s; trying the newest committed step before it\n", found.stale.c_str());
+  }
+  std::set<std::int64_t> rejected_steps;
+  auto all = [&] {
+    std::string out;
+    for (std::size_t i = 0; i < rejected.size(); ++i) out += (i ? "; " : "") + rejected[i];
+    return out;
+  };
+  for (std::int64_t step : found.steps) {
+    auto started = start_from(policy_.store().step_dir(step), rejected_steps);
+    if (started.is_ok()) {
+      if (!rejected.empty()) {
+        say("resume_mode latest: resumed step %lld after rejecting what is newer: %s\n", static_cast<long long>(step),
+            all().c_str());
+      }
+      return started;
+    }
+    const ErrorCode code = started.status().code();
+    if (code != ErrorCode::corruption && code != ErrorCode::not_found) return started.status();
+    rejected.push_back("step " + std::to_string(step) + " rejected: " + started.status().message());
+    rejected_steps.insert(step);
+    warn("resume_mode latest: step %lld rejected: %s\n", static_cast<long long>(step),
+         started.status().message().c_str());
+  }
+  return Status{ErrorCode::corruption, "trainer.resume_mode latest: no committed checkpoint in '" +
+                                           options_.config.trainer.ckpt_path + "' could be resumed (" + all() +
+                                           "); nothing was changed"};
+}
+
+Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& dir,
+                                             const std::set<std::int64_t>& rejected) {
   const auto& t = options_.config.trainer;
   if (!dir) {
     if (!t.init_from.empty()) SH_RETURN_IF_ERROR(init_from(t.init_from));
@@ -25,7 +59,7 @@ Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& d
     return Status{ErrorCode::invalid_argument, "checkpoint '" + *dir + "' is at step " + std::to_string(state.step) +
                                                    ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
   }
-  SH_RETURN_IF_ERROR(policy_.check_resume(state.step));
+  SH_RETURN_IF_ERROR(policy_.check_resume(state.step, rejected));
   const LoadScope scope{t.load_optimizer.value_or(true), t.load_rng.value_or(true), t.load_strict};
   SH_ASSIGN_OR_RETURN(LoadReport load, load_everywhere(*dir, scope, "resume"));
   say("resumed from %s at step %lld, saved %s (load %.3f s, %llu bytes; slowest rank's thread-seconds: read "

@@ -453,6 +453,92 @@ BOOST_AUTO_TEST_CASE(malformed_model_objects_fail_the_run_naming_the_object_and_
 
 // Issue 12 case 5: the step a run resumes at is the checkpoint's, proven by its checksums and by
 // agreement of the tracker, the folder name, metadata.json and trainer_state.json.
+// Issue 30: resume_mode latest checks before it trusts. A step that does not load whole (a flipped
+// byte, a missing file) or a tracker that names a step that is not there is passed over for the
+// next older step, named in the output; the run then equals an uninterrupted one bit for bit, and
+// the steps it saves again replace the corrupt ones.
+BOOST_AUTO_TEST_CASE(resume_latest_falls_back_to_the_newest_step_that_loads_naming_what_it_rejected) {
+  TempDir dir;
+  auto sets = [&](const std::string& root, int total, bool resume) {
+    std::vector<std::string> out{"trainer.ckpt_path=" + root, "trainer.total_steps=" + std::to_string(total),
+                                 "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=0"};
+    if (resume) out.push_back("trainer.resume_mode=latest");
+    return out;
+  };
+  Run straight = train("sync_rl.yaml", sets(dir / "straight", 40, false));
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  Run base = train("sync_rl.yaml", sets(dir / "base", 30, false));
+  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  const std::string root = dir / "run";
+  auto data_file = [&](int step, const std::string& name) {
+    return root + "/global_step_" + std::to_string(step) + "/policy/" + name;
+  };
+  auto flip = [&](int step) {
+    const std::string path = data_file(step, "__0_0.safetensors");
+    std::string bytes = test::read_file(path);
+    BOOST_REQUIRE(bytes.size() > 200);
+    bytes[bytes.size() - 100] = static_cast<char>(bytes[bytes.size() - 100] ^ 0x5a);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  struct Case {
+    std::string what;
+    std::function<void()> spoil;
+    std::int64_t resumed;
+    std::vector<std::string> said;
+  };
+  const std::vector<Case> cases{
+      {"a flipped byte in step 30", [&] { flip(30); }, 20, {"step 30 rejected: ", "checksum mismatch"}},
+      {"a missing file in step 30, a flipped byte in step 20",
+       [&] {
+         fs::remove(data_file(30, "__1_0.safetensors"));
+         flip(20);
+       },
+       10,
+       {"step 30 rejected: ", "__1_0.safetensors", "step 20 rejected: ", "checksum mismatch"}},
+      {"a stale tracker", [&] { std::ofstream(root + "/latest_ckpt_global_step.txt") << "50\n"; }, 30,
+       {"names step 50, but '" + root + "/global_step_50' is not a committed checkpoint"}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      fs::remove_all(root);
+      fs::copy(dir / "base", root, fs::copy_options::recursive);
+      c.spoil();
+      Run r = train_verbose("sync_rl.yaml", sets(root, 40, true));
+      BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+      const std::string resumed = "resumed from " + root + "/global_step_" + std::to_string(c.resumed) + " at step " +
+                                  std::to_string(c.resumed);
+      BOOST_TEST(r.output.find(resumed) != std::string::npos, r.output);
+      BOOST_TEST(r.output.find("resume_mode latest: resumed step " + std::to_string(c.resumed) +
+                               " after rejecting") != std::string::npos,
+                 r.output);
+      for (const auto& said : c.said) BOOST_TEST(r.output.find(said) != std::string::npos, said << " in: " << r.output);
+      BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{10, 20, 30, 40}));
+      auto a = test::files_of(dir / "straight/global_step_40");
+      auto b = test::files_of(root + "/global_step_40");
+      BOOST_TEST(a.size() == b.size());
+      for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs after the fallback");
+      // The steps saved again replaced the corrupt ones.
+      for (int step : {20, 30}) {
+        Run verify = test::run_command(kBin + "/stagehand-ckpt verify " + root + "/global_step_" + std::to_string(step));
+        BOOST_TEST(verify.code == 0, verify.output);
+      }
+    }
+  }
+  // Nothing loads: the run fails naming every step it rejected, and changes nothing.
+  fs::remove_all(root);
+  fs::copy(dir / "base", root, fs::copy_options::recursive);
+  for (int step : {10, 20, 30}) flip(step);
+  Run none = train_verbose("sync_rl.yaml", sets(root, 40, true));
+  BOOST_TEST(none.code == 1, none.output);
+  for (const std::string& said : std::vector<std::string>{"no committed checkpoint in '" + root + "' could be resumed", "step 30 rejected",
+                                 "step 20 rejected", "step 10 rejected", "nothing was changed"}) {
+    BOOST_TEST(none.output.find(said) != std::string::npos, said << " in: " << none.output);
+  }
+  BOOST_TEST(none.output.find("resumed from") == std::string::npos, none.output);
+  BOOST_TEST(test::read_file(root + "/latest_ckpt_global_step.txt") == "30\n");
+  BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{10, 20, 30}));
+}
+
 BOOST_AUTO_TEST_CASE(edited_steps_and_states_are_refused_not_resumed) {
   TempDir dir;
   Run base = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "base", "trainer.total_steps=3"});
