@@ -212,10 +212,14 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   failed_ = false;
   const std::size_t buckets = plan_->buckets.size();
   std::vector<BucketWriteResult> results(buckets);
+  // Started off the writers' threads (a full device queue blocks it); this save's only.
+  std::optional<BackgroundWriteback> writeback;
+  if (options_.early_writeback) writeback.emplace();
+  BackgroundWriteback* early = writeback ? &*writeback : nullptr;
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
-      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, all_staged);
+      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, all_staged, early);
     }));
   }
   for (auto& f : done) f.get();
@@ -238,7 +242,8 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
 }
 
 Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher,
-                                  std::uint64_t at, const std::uint8_t* data, std::size_t bytes, SavePhases& phases) {
+                                  std::uint64_t at, const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
+                                  BackgroundWriteback* writeback) {
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t n = std::min(kBlockBytes, bytes - done);
     timed(phases.hash_s, [&] {
@@ -246,8 +251,7 @@ Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucke
       return 0;
     });
     SH_RETURN_IF_ERROR(timed(phases.write_s, [&] {
-      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n,
-                                       options_.early_writeback);
+      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n, writeback);
     }));
     done += n;
   }
@@ -255,7 +259,8 @@ Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucke
 }
 
 BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
-                                           const std::string& policy_dir, const std::function<void()>& all_staged) {
+                                           const std::string& policy_dir, const std::function<void()>& all_staged,
+                                           BackgroundWriteback* writeback) {
   BucketWriteResult result;
   result.bucket = bucket.index;
   result.file = bucket.file_name;
@@ -264,6 +269,15 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
   Status st = [&]() -> Status {
     SH_ASSIGN_OR_RETURN(auto file,
                         timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
+    // No write-back of the file is left running or queued once this scope ends (before the file
+    // is destroyed, on every path) or the file is synced.
+    struct Forget {
+      BackgroundWriteback* writeback;
+      WritableFile& file;
+      ~Forget() {
+        if (writeback != nullptr) writeback->forget(file);
+      }
+    } forget{writeback, *file};
     BucketHasher hasher(bucket, result.chunks);
     if (direct) {
       for (const PlannedItem& item : bucket.items) {
@@ -271,7 +285,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
         const Tensor& tensor = state.tensors[item.tensor_index].tensor;
         SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, hasher, item.data_offset,
                                           static_cast<const std::uint8_t*>(tensor.data()),
-                                          static_cast<std::size_t>(item.nbytes), result.phases));
+                                          static_cast<std::size_t>(item.nbytes), result.phases, writeback));
       }
     } else {
       const std::size_t piece = staging_.piece_bytes();
@@ -296,7 +310,8 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
             return staged;
           }
         }
-        Status written = hash_and_write(*file, bucket, hasher, begin, staging_.data(slot), bytes, result.phases);
+        Status written =
+            hash_and_write(*file, bucket, hasher, begin, staging_.data(slot), bytes, result.phases, writeback);
         staging_.give_back(slot);
         written_pieces = k + 1;
         SH_RETURN_IF_ERROR(written);
@@ -306,6 +321,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     result.xxh3 = hasher.file_digest();
     // Making an object durable is its upload.
     double& durable_s = fs_->capabilities(policy_dir).uploads ? result.phases.upload_s : result.phases.fsync_s;
+    if (writeback != nullptr) writeback->forget(*file);
     return timed(durable_s, [&] {
       Status synced = file->sync();
       return synced.is_ok() ? file->close() : synced;

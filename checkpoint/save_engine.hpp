@@ -34,8 +34,9 @@ struct SaveEngineOptions {
   /// (stagehand-bench --source device on a machine without a GPU). Otherwise a sync save writes
   /// host-resident tensors straight from their memory.
   bool stage_host_memory = false;
-  /// Start the write-back of every written range at once (sync_file_range), so that the fsync
-  /// at the end has little left to do and dirty pages never pile up.
+  /// Start the write-back of every written range at once (sync_file_range, on a thread of the
+  /// save's own: BackgroundWriteback), so that the fsync at the end has little left to do and
+  /// dirty pages never pile up.
   bool early_writeback = true;
 };
 
@@ -112,11 +113,14 @@ class SaveEngine {
   /// staging slots; `on_all_staged` as for write_async.
   RankSaveReport write_buckets(const StateDict& state, bool direct, const std::string& policy_dir, std::int64_t step,
                                const std::function<void()>& on_all_staged);
+  /// @param writeback where the write-back of written ranges starts (null: left to the fsync).
   BucketWriteResult write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
-                                 const std::string& policy_dir, const std::function<void()>& all_staged);
+                                 const std::string& policy_dir, const std::function<void()>& all_staged,
+                                 BackgroundWriteback* writeback);
   /// Hashes and writes `bytes` of `bucket`'s data section from `data`, at data offset `at`.
   Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                        const std::uint8_t* data, std::size_t bytes, SavePhases& phases);
+                        const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
+                        BackgroundWriteback* writeback);
   std::string bucket_context(const PlannedBucket& bucket) const;
   /// Gives back the slots of staged pieces that no bucket will write any more.
   void give_back_prestaged(std::size_t bucket, std::size_t from_piece);

@@ -1,5 +1,7 @@
 #include "stagehand/checkpoint/writer.hpp"
 
+#include <algorithm>
+
 namespace stagehand {
 
 Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std::string& dir,
@@ -44,10 +46,68 @@ void BucketHasher::consume(const std::uint8_t* data, std::size_t bytes) {
   }
 }
 
+BackgroundWriteback::BackgroundWriteback() : thread_([this] { run(); }) {}
+
+BackgroundWriteback::~BackgroundWriteback() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void BackgroundWriteback::request(WritableFile& file, std::uint64_t offset, std::size_t bytes) {
+  {
+    std::lock_guard lock(mutex_);
+    const std::uint64_t end = offset + bytes;
+    for (Range& r : queue_) {
+      if (r.file == &file && offset <= r.end && r.begin <= end) {
+        r.begin = std::min(r.begin, offset);
+        r.end = std::max(r.end, end);
+        return;
+      }
+    }
+    queue_.push_back({&file, offset, end});
+  }
+  wake_.notify_one();
+}
+
+void BackgroundWriteback::forget(WritableFile& file) {
+  std::unique_lock lock(mutex_);
+  std::erase_if(queue_, [&](const Range& r) { return r.file == &file; });
+  idle_.wait(lock, [&] { return running_ != &file; });
+}
+
+std::uint64_t BackgroundWriteback::started() const {
+  std::lock_guard lock(mutex_);
+  return started_;
+}
+
+void BackgroundWriteback::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    const Range r = queue_.front();
+    queue_.pop_front();
+    running_ = r.file;
+    ++started_;
+    lock.unlock();
+    // A hint: its errors are the sync's to report.
+    (void)r.file->start_writeback(r.begin, static_cast<std::size_t>(r.end - r.begin));
+    lock.lock();
+    running_ = nullptr;
+    idle_.notify_all();
+  }
+}
+
 Status write_and_start_writeback(WritableFile& file, std::uint64_t offset, const std::uint8_t* data,
-                                 std::size_t bytes, bool early_writeback) {
+                                 std::size_t bytes, BackgroundWriteback* writeback) {
   SH_RETURN_IF_ERROR(file.write_at(offset, data, bytes));
-  return early_writeback ? file.start_writeback(offset, bytes) : Status::ok();
+  if (writeback != nullptr) writeback->request(file, offset, bytes);
+  return Status::ok();
 }
 
 }  // namespace stagehand

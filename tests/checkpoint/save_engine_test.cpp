@@ -2,6 +2,10 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <filesystem>
 
@@ -10,6 +14,7 @@
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/writer.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/test_util.hpp"
 
@@ -302,4 +307,190 @@ BOOST_AUTO_TEST_CASE(a_rate_limited_backend_paces_writes_and_keeps_their_bytes) 
   // 512 KiB at 1 MiB/s cannot take less than half a second (sleeping only adds to it).
   BOOST_TEST((std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(450)));
   BOOST_TEST((test::read_file(dir / "f") == bytes));
+}
+
+namespace {
+
+/// A file that records its start_writeback calls; with `hold`, each call waits until released.
+class WritebackProbe final : public WritableFile {
+ public:
+  Status append(const void*, std::size_t) override { return Status::ok(); }
+  Status write_at(std::uint64_t, const void*, std::size_t) override { return Status::ok(); }
+  Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+    std::unique_lock lock(mutex);
+    calls.emplace_back(offset, offset + bytes);
+    entered.notify_all();
+    released.wait(lock, [&] { return !hold; });
+    return Status::ok();
+  }
+  Status sync() override { return Status::ok(); }
+  Status close() override { return Status::ok(); }
+
+  void wait_for_calls(std::size_t n) {
+    std::unique_lock lock(mutex);
+    entered.wait(lock, [&] { return calls.size() >= n; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex);
+      hold = false;
+    }
+    released.notify_all();
+  }
+
+  std::mutex mutex;
+  std::condition_variable entered;
+  std::condition_variable released;
+  bool hold = false;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(background_writeback_merges_a_file_s_queued_ranges_and_forget_drops_and_waits) {
+  WritebackProbe a;
+  WritebackProbe b;
+  a.hold = true;
+  {
+    BackgroundWriteback writeback;
+    writeback.request(a, 0, 10);
+    a.wait_for_calls(1);  // [0, 10) runs and is held
+    // Queued behind it: a's touching ranges merge into one; b's stays its own.
+    writeback.request(a, 10, 10);
+    writeback.request(b, 0, 4);
+    writeback.request(a, 20, 10);
+    writeback.request(a, 100, 5);  // not touching: a range of its own
+    // forget(b) drops b's queued range at once, though the thread is held on a.
+    writeback.forget(b);
+    // forget(a) drops a's queued ranges and waits for the running one: it cannot return while
+    // that call is held.
+    std::atomic<bool> forgotten{false};
+    std::thread forgetting([&] {
+      writeback.forget(a);
+      forgotten = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    BOOST_TEST(!forgotten.load());
+    a.release();
+    forgetting.join();
+    BOOST_TEST(forgotten.load());
+    BOOST_TEST(writeback.started() == 1u);
+    // After forget, the file may be used again.
+    writeback.request(a, 0, 8);
+    a.wait_for_calls(2);
+    writeback.forget(a);
+  }
+  BOOST_TEST(b.calls.empty());
+  BOOST_REQUIRE(a.calls.size() == 2u);
+  BOOST_TEST((a.calls[0] == std::pair<std::uint64_t, std::uint64_t>{0, 10}));
+  BOOST_TEST((a.calls[1] == std::pair<std::uint64_t, std::uint64_t>{0, 8}));
+
+  // Touching ranges queued while the thread is busy run as one.
+  WritebackProbe c;
+  c.hold = true;
+  BackgroundWriteback writeback;
+  writeback.request(c, 0, 1);
+  c.wait_for_calls(1);
+  for (std::uint64_t at = 1; at < 64; ++at) writeback.request(c, at, 1);
+  c.release();
+  c.wait_for_calls(2);
+  writeback.forget(c);
+  BOOST_REQUIRE(c.calls.size() == 2u);
+  BOOST_TEST((c.calls[1] == std::pair<std::uint64_t, std::uint64_t>{1, 64}));
+}
+
+namespace {
+
+/// The local file system, recording for every file the threads that wrote it, the threads that
+/// started its write-back, and write-backs that came after its sync. A file's third write waits
+/// (at most 10 s) until the write-back of one of its ranges has started, so that the background
+/// thread is seen to work however the threads are scheduled.
+class WritebackRecorder final : public FileSystemWrapper {
+ public:
+  WritebackRecorder() : FileSystemWrapper(local_file_system()) {}
+
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto inner, inner().create_file(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<File>(std::move(inner), *this));
+  }
+
+  bool wait_for_writeback = false;
+  std::mutex mutex;
+  std::condition_variable started;
+  std::set<std::thread::id> writers;
+  std::set<std::thread::id> starters;
+  std::uint64_t started_bytes = 0;
+  int after_sync = 0;
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> inner, WritebackRecorder& fs) : inner_(std::move(inner)), fs_(fs) {}
+    Status append(const void* data, std::size_t bytes) override { return inner_->append(data, bytes); }
+    Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
+      {
+        std::unique_lock lock(fs_.mutex);
+        fs_.writers.insert(std::this_thread::get_id());
+        if (++writes_ == 3 && fs_.wait_for_writeback) {
+          fs_.started.wait_for(lock, std::chrono::seconds(10), [&] { return started_ > 0; });
+        }
+      }
+      return inner_->write_at(offset, data, bytes);
+    }
+    Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
+      {
+        std::lock_guard lock(fs_.mutex);
+        fs_.starters.insert(std::this_thread::get_id());
+        fs_.started_bytes += bytes;
+        ++started_;
+        if (synced_) ++fs_.after_sync;
+      }
+      fs_.started.notify_all();
+      return inner_->start_writeback(offset, bytes);
+    }
+    Status sync() override {
+      {
+        std::lock_guard lock(fs_.mutex);
+        synced_ = true;
+      }
+      return inner_->sync();
+    }
+    Status close() override { return inner_->close(); }
+
+   private:
+    std::unique_ptr<WritableFile> inner_;
+    WritebackRecorder& fs_;
+    // Under fs_.mutex:
+    bool synced_ = false;
+    int writes_ = 0;
+    int started_ = 0;
+  };
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(early_writeback_starts_off_the_writer_threads_and_never_after_a_file_s_sync) {
+  for (bool early : {true, false}) {
+    BOOST_TEST_CONTEXT("early_writeback " << early) {
+      TempDir dir;
+      auto recorder = std::make_shared<WritebackRecorder>();
+      recorder->wait_for_writeback = early;
+      SaveEngineOptions options;
+      options.thread_count = 2;
+      options.early_writeback = early;
+      // Files of several 2 MiB writes each.
+      Ranks ranks(SyntheticStateSpec{2, 24u << 20, 8, 7}, options, recorder);
+      auto reports = ranks.save(dir / "ckpt", 1);
+      BOOST_REQUIRE_MESSAGE(reports.is_ok(), reports.status().to_string());
+      std::lock_guard lock(recorder->mutex);
+      BOOST_TEST(!recorder->writers.empty());
+      BOOST_TEST(recorder->after_sync == 0);
+      if (!early) {
+        BOOST_TEST(recorder->starters.empty());
+        continue;
+      }
+      BOOST_TEST(recorder->started_bytes > 0u);
+      for (const auto& id : recorder->starters) BOOST_TEST(recorder->writers.count(id) == 0u);
+    }
+  }
 }
