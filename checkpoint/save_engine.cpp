@@ -212,9 +212,10 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   failed_ = false;
   const std::size_t buckets = plan_->buckets.size();
   std::vector<BucketWriteResult> results(buckets);
-  // Started off the writers' threads (a full device queue blocks it); this save's only.
+  // Started off the writers' threads (a full device queue blocks it), at their priority; this
+  // save's only.
   std::optional<BackgroundWriteback> writeback;
-  if (options_.early_writeback) writeback.emplace();
+  if (options_.early_writeback) writeback.emplace(options_.writer_thread_start);
   BackgroundWriteback* early = writeback ? &*writeback : nullptr;
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {

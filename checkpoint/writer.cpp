@@ -46,7 +46,8 @@ void BucketHasher::consume(const std::uint8_t* data, std::size_t bytes) {
   }
 }
 
-BackgroundWriteback::BackgroundWriteback() : thread_([this] { run(); }) {}
+BackgroundWriteback::BackgroundWriteback(const std::function<void()>& thread_start)
+    : thread_([this, thread_start] { run(thread_start); }) {}
 
 BackgroundWriteback::~BackgroundWriteback() {
   {
@@ -85,7 +86,8 @@ std::uint64_t BackgroundWriteback::started() const {
   return started_;
 }
 
-void BackgroundWriteback::run() {
+void BackgroundWriteback::run(const std::function<void()>& thread_start) {
+  if (thread_start) thread_start();
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });

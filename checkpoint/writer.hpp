@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,7 +59,9 @@ class BucketHasher {
 /// object's thread while their writers go on writing (WritableFile allows it).
 class BackgroundWriteback {
  public:
-  BackgroundWriteback();
+  /// @param thread_start run first on the thread (the writers' priority: its requests carry the
+  ///        thread's I/O priority); may be empty.
+  explicit BackgroundWriteback(const std::function<void()>& thread_start = nullptr);
   ~BackgroundWriteback();
   BackgroundWriteback(const BackgroundWriteback&) = delete;
   BackgroundWriteback& operator=(const BackgroundWriteback&) = delete;
@@ -76,7 +79,7 @@ class BackgroundWriteback {
     std::uint64_t begin;
     std::uint64_t end;
   };
-  void run();
+  void run(const std::function<void()>& thread_start);
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

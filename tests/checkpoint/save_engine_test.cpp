@@ -400,6 +400,39 @@ BOOST_AUTO_TEST_CASE(background_writeback_merges_a_file_s_queued_ranges_and_forg
 }
 
 namespace {
+thread_local bool g_started_here = false;
+
+class StartProbe final : public WritableFile {
+ public:
+  Status append(const void*, std::size_t) override { return Status::ok(); }
+  Status write_at(std::uint64_t, const void*, std::size_t) override { return Status::ok(); }
+  Status start_writeback(std::uint64_t, std::size_t) override {
+    std::lock_guard lock(mutex);
+    seen.push_back(g_started_here);
+    return Status::ok();
+  }
+  Status sync() override { return Status::ok(); }
+  Status close() override { return Status::ok(); }
+  std::mutex mutex;
+  std::vector<bool> seen;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(background_writeback_runs_its_thread_start_first) {
+  // The writers' priority (nice 10, I/O priority 7) reaches the write-back requests too.
+  StartProbe file;
+  {
+    BackgroundWriteback writeback([] { g_started_here = true; });
+    writeback.request(file, 0, 4096);
+    for (int i = 0; i < 1000 && writeback.started() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    writeback.forget(file);
+  }
+  BOOST_REQUIRE(file.seen.size() == 1u);
+  BOOST_TEST(file.seen[0]);
+  BOOST_TEST(!g_started_here);  // not on this thread
+}
+
+namespace {
 
 /// The local file system, recording for every file the threads that wrote it, the threads that
 /// started its write-back, and write-backs that came after its sync. A file's third write waits
