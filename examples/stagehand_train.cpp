@@ -98,7 +98,10 @@ class TeardownLimit {
 void spawn_stuck_actor_for_tests(caf::actor_system& system) {
   const char* stuck = std::getenv("STAGEHAND_TEST_STUCK_TEARDOWN");
   if (stuck == nullptr || std::string(stuck) != "1") return;
-  system.spawn<caf::detached>([](caf::blocking_actor*) { std::this_thread::sleep_for(std::chrono::hours(1)); });
+  // With an argument: CAF 0.17 binds a null reference to the empty argument tuple of a function
+  // actor without one (UBSan reports it).
+  system.spawn<caf::detached>([](caf::blocking_actor*, int hours) { std::this_thread::sleep_for(std::chrono::hours(hours)); },
+                              1);
 }
 
 /// The file system of every path in the config: local folders, and object stores reached as
