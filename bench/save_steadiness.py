@@ -10,7 +10,9 @@ the slowest save.
         --arm "new, no early write-back=build/bin/stagehand-bench --no-early-writeback" \\
         --rounds 3 --saves 10 [--bytes-per-rank 1G] [--tensors 32] [--threads 8] [--dir /work/steady]
 
-An arm's flags are passed to `stagehand-bench save` as they are (--async, --staging-buckets 2,
+An older build to compare with: `git worktree add /work/head <commit>`, then
+`cmake -S /work/head -B /work/head/build -DCMAKE_BUILD_TYPE=Release && cmake --build
+/work/head/build --target stagehand-bench`. An arm's flags are passed to `stagehand-bench save` as they are (--async, --staging-buckets 2,
 ...); the figure is save_s (for --async: until the commit; the stall is stall_s, also printed).
 """
 import argparse
