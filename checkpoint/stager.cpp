@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 namespace stagehand {
 
@@ -60,11 +61,25 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
     for (const auto& s : slots_) sum += s.size();
     bytes_.store(sum, std::memory_order_relaxed);
   };
+  // A buffer of the same size is kept whatever slot it was (the first save's plan may order its
+  // pieces otherwise than the plan the slots were reserved for): it is already allocated and
+  // touched. Only the sizes that are new are allocated; buffers no size asks for are freed.
+  std::multimap<std::size_t, HostBuffer> kept;
+  for (auto& slot : slots_) {
+    if (slot.valid()) kept.emplace(slot.size(), std::move(slot));
+  }
+  slots_.clear();
   slots_.resize(sizes.size());
   free_.assign(sizes.size(), true);
   for (std::size_t j = 0; j < sizes.size(); ++j) {
-    if (slots_[j].size() == sizes[j] && slots_[j].valid()) continue;
-    slots_[j] = HostBuffer();
+    if (auto same = kept.find(sizes[j]); same != kept.end()) {
+      slots_[j] = std::move(same->second);
+      kept.erase(same);
+    }
+  }
+  kept.clear();
+  for (std::size_t j = 0; j < sizes.size(); ++j) {
+    if (slots_[j].valid()) continue;
     slots_[j] = HostBuffer(sizes[j], pinned_, &staging_memory());
     if (!slots_[j].valid()) {
       slots_.resize(j);
