@@ -2,6 +2,8 @@
 its command line, and its JSON output lines."""
 import argparse
 import json
+import subprocess
+import sys
 
 
 def parser(doc, bytes_per_rank, tensors, thread_count, rounds, repeat, repeat_help=None):
@@ -34,3 +36,19 @@ def save_lines(stdout):
 def baseline_lines(stdout):
     """The raw-write lines of `stagehand-bench save --baseline[-only]`."""
     return [json.loads(l) for l in stdout.splitlines() if l.startswith("{") and '"baseline"' in l]
+
+
+def run_bench(cmd, who, timeout=1800):
+    """Runs a stagehand-bench command line and returns its stdout; exits naming `who` (the
+    script), the command and the end of its stderr when it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        sys.exit(f"{who}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def rotated(items, round_index):
+    """`items` in the order of round `round_index`: started one further each round, so that none
+    always runs first or last."""
+    k = round_index % len(items)
+    return items[k:] + items[:k]

@@ -20,17 +20,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 
 import bench_common
 
 
 def run(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
-    return bench_common.save_lines(proc.stdout)
+    return bench_common.save_lines(bench_common.run_bench(cmd, "compare_binaries"))
 
 
 def save(args, binary, out, keep=False):

@@ -28,6 +28,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from bench_common import rotated  # noqa: E402
 
 
 def model_for(state_mib):
@@ -93,9 +95,7 @@ def main():
     results = {name: [] for name in arms}
     names = list(arms)
     for r in range(args.rounds):
-        # Each round in another order, so that no arm always runs first or last.
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in rotated(names, r):
             results[name].append(run_arm(args, name.replace(" ", "_").replace(",", ""), arms[name]))
             time.sleep(1)
     base = results["no saves"]
@@ -105,24 +105,23 @@ def main():
           f"every {args.interval} steps, 8 writer threads, {args.rounds} interleaved rounds")
     print(f"{'arm':<24}{'steps/s by round':<28}{'ratio to no saves':<26}{'median':>7}"
           f"{'CPU s/GiB saved':>17}")
+    ratios = {name: [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(results[name], base)] for name in names}
     for name in names:
         rows = results[name]
         sps = [row["steps_per_s"] for row in rows]
-        ratios = [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(rows, base)]
         if name == "no saves":
             cpu = "-"
         else:
             per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)
                        for row, b in zip(rows, base)]
             cpu = f"{statistics.median(per_gib):.2f}"
-        print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in ratios):<26}"
-              f"{statistics.median(ratios):7.3f}{cpu:>17}")
+        print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in ratios[name]):<26}"
+              f"{statistics.median(ratios[name]):7.3f}{cpu:>17}")
         if name != "no saves":
             stalls = [s for row in rows for s in row["stall_s"]]
             print(f"{'':<24}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s "
                   f"over {len(stalls)} saves")
-    worst = min(statistics.median(row["steps_per_s"] / b["steps_per_s"] for row, b in zip(results[n], base))
-                for n in names[1:])
+    worst = min(statistics.median(ratios[n]) for n in names[1:])
     print("target (>= 0.95x the steps per second without saves): " + ("met" if worst >= 0.95 else
           f"NOT met (worst median {worst:.3f})"))
 

@@ -35,16 +35,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
-from bench_common import baseline_lines, save_lines  # noqa: E402
+from bench_common import baseline_lines, run_bench, save_lines  # noqa: E402
 from peer_common import parse_size  # noqa: E402
 
 
 def bench(args, *argv):
-    cmd = [os.path.join(args.bin, "stagehand-bench"), *argv]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
-    if proc.returncode != 0:
-        sys.exit(f"physical_limits: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run_bench([os.path.join(args.bin, "stagehand-bench"), *argv], "physical_limits", timeout=1200)
 
 
 def load_lines(stdout):

@@ -20,12 +20,11 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_common import save_lines  # noqa: E402
+from bench_common import rotated, run_bench, save_command, save_lines  # noqa: E402
 
 
 def parse_arm(text):
@@ -39,13 +38,11 @@ def parse_arm(text):
 def run_process(args, binary, flags):
     out = os.path.join(args.dir, "ckpt")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [binary, "save", "--out", out, "--ranks", "1", "--bytes-per-rank", args.bytes_per_rank,
-           "--tensors", str(args.tensors), "--thread-count", str(args.threads), "--repeat", str(args.saves), *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    state = argparse.Namespace(bench=binary, ranks=1, bytes_per_rank=args.bytes_per_rank, tensors=args.tensors,
+                               thread_count=args.threads)
+    stdout = run_bench(save_command(state, out, args.saves, *flags), "save_steadiness")
     shutil.rmtree(out, ignore_errors=True)
-    if proc.returncode != 0:
-        sys.exit(f"save_steadiness: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [x for x in save_lines(proc.stdout) if "save_s" in x]
+    return [x for x in save_lines(stdout) if "save_s" in x]
 
 
 def main():
@@ -63,8 +60,7 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     saves = {name: [] for name, _, _ in args.arm}
     for r in range(args.rounds):
-        arms = args.arm[r % len(args.arm):] + args.arm[:r % len(args.arm)]
-        for name, binary, flags in arms:
+        for name, binary, flags in rotated(args.arm, r):
             saves[name].append(run_process(args, binary, flags))
     print(f"1 rank x {args.bytes_per_rank} in {args.tensors} tensors, {args.threads} threads, {args.rounds} rounds "
           f"of {args.saves} saves per process; seconds, medians over the processes")

@@ -49,9 +49,8 @@ class BucketHasher {
 
 /// Starts the write-back of written ranges (WritableFile::start_writeback: sync_file_range) on a
 /// thread of its own, so that no writer waits for it. A sync_file_range blocks while the device's
-/// request queue is full (on this project's virtual disks: up to 90 ms a call, p99 68 ms), and
-/// inline, the writes of that bucket waited behind it; such waits made some saves twice as slow as
-/// the others. Requests for a file that are still queued when it is synced are dropped: the sync
+/// request queue is full, and inline, the writes of that bucket waited behind it; such waits made
+/// some saves twice as slow as the others (docs/benchmarks.md, "Steadiness of saves"). Requests for a file that are still queued when it is synced are dropped: the sync
 /// writes everything back. A file's queued ranges that touch are merged, so the queue stays about
 /// one range per file open for writing however far the thread falls behind.
 ///

@@ -16,14 +16,6 @@ std::uint64_t xxh3(const void* data, std::size_t bytes) {
   return XXH3_64bits(data, bytes);
 }
 
-const char* xxh3_implementation() {
-#if STAGEHAND_XXH3_DISPATCH
-  return "run-time dispatch (SSE2, AVX2 or AVX-512)";
-#else
-  return "the xxhash library's default";
-#endif
-}
-
 std::string xxh3_hex(std::uint64_t hash) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));

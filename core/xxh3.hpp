@@ -20,10 +20,6 @@ std::string xxh3_hex(std::uint64_t hash);
 /// hex digits.
 std::optional<std::uint64_t> parse_xxh3_hex(const std::string& text);
 
-/// Which XXH3 code hashes: "run-time dispatch ..." where the xxhash library picks the CPU's widest
-/// vector unit, else the library's default (SSE2 on x86-64).
-const char* xxh3_implementation();
-
 /// Streaming XXH3 over a sequence of byte ranges: the digest equals xxh3() of their
 /// concatenation. Not safe to share between threads without a lock.
 class Xxh3Stream {

@@ -71,16 +71,17 @@ class TeardownLimit {
     if (thread_.joinable()) thread_.join();
   }
 
-  /// Starts the limit (once): past it, prints what did not stop and exits with `code` (1 if 0).
-  void arm(std::chrono::seconds limit, std::string who, std::string setting, int code) {
+  /// Starts the limit of `limit` seconds (trainer.call_timeout_s), once: past it, prints what did
+  /// not stop and exits with `code` (1 if 0).
+  void arm(std::int64_t limit, std::string who, int code) {
     if (thread_.joinable()) return;
-    thread_ = std::thread([this, limit, who = std::move(who), setting = std::move(setting), code] {
+    thread_ = std::thread([this, limit, who = std::move(who), code] {
       std::unique_lock lock(mutex_);
-      if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+      if (cv_.wait_for(lock, std::chrono::seconds(limit), [this] { return done_; })) return;
       std::fprintf(stderr,
-                   "stagehand-train: %s: the process did not stop within %lld s (%s) after its run ended "
-                   "(exit code %d): an actor is still running; leaving without it\n",
-                   who.c_str(), static_cast<long long>(limit.count()), setting.c_str(), code);
+                   "stagehand-train: %s: the process did not stop within %lld s (trainer.call_timeout_s) after "
+                   "its run ended (exit code %d): an actor is still running; leaving without it\n",
+                   who.c_str(), static_cast<long long>(limit), code);
       std::fflush(stderr);
       std::_Exit(code != 0 ? code : 1);
     });
@@ -307,7 +308,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     (*host)->shutdown(code);
     if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
       fail("rank 0: closing the collectives: " + closed.message());
-    teardown.arm(std::chrono::seconds(c.trainer.call_timeout_s), "rank 0", "trainer.call_timeout_s", code);
+    teardown.arm(c.trainer.call_timeout_s, "rank 0", code);
     caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
@@ -346,8 +347,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down"); !closed.is_ok())
       fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
   }
-  teardown.arm(std::chrono::seconds(c.trainer.call_timeout_s), "rank " + std::to_string(rank),
-               "trainer.call_timeout_s", code);
+  teardown.arm(c.trainer.call_timeout_s, "rank " + std::to_string(rank), code);
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }

@@ -25,12 +25,8 @@ Result<std::optional<std::string>> CheckpointPolicy::resume_dir() const {
   switch (config_.resume_mode) {
     case ResumeMode::none:
       return std::optional<std::string>{};
-    case ResumeMode::latest: {
-      SH_ASSIGN_OR_RETURN(auto tracked, store_.tracker());
-      if (!tracked) return std::optional<std::string>{};
-      SH_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(store_.fs(), store_.root()));
-      return std::optional<std::string>{dir};
-    }
+    case ResumeMode::latest:
+      return Status{ErrorCode::internal, "resume_mode latest resumes through resume_candidates()"};
     case ResumeMode::from_path: {
       auto dir = resolve_checkpoint(store_.fs(), config_.resume_path);
       if (!dir.is_ok()) return dir.status().with_context("trainer.resume_path");

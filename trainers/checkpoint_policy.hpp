@@ -27,9 +27,9 @@ class CheckpointPolicy {
   /// Every `ckpt_interval` steps (when > 0) and always at the last step.
   bool should_save(std::int64_t step) const;
 
-  /// The checkpoint folder to resume from: none for resume_mode none (or latest without a
-  /// tracker); an error when from_path names a missing or uncommitted checkpoint. For latest,
-  /// the tracker's step (see resume_candidates for what a resume that checks tries).
+  /// The checkpoint folder to resume from: none for resume_mode none; an error when from_path
+  /// names a missing or uncommitted checkpoint.
+  /// @pre resume_mode is not latest (resume_candidates serves it).
   Result<std::optional<std::string>> resume_dir() const;
 
   /// What resume_mode latest may start from, newest first: the committed steps up to the one the

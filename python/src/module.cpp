@@ -15,6 +15,8 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "stagehand/actors/checkpointer.hpp"
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
@@ -128,6 +130,29 @@ StateDict state_of(const std::vector<const Entry*>& entries, const std::map<std:
   return state;
 }
 
+/// Resolves `path` (a root, through its tracker, or one step folder) on the default file system
+/// and runs `read(fs, dir)` on the folder, the GIL released throughout.
+/// @return the folder and what `read` returned; raises stagehand.Error on a failure of either.
+template <class Read>
+auto read_resolved(const std::string& path, Read read) {
+  using Value = std::remove_cvref_t<decltype(*read(std::declval<FileSystem&>(), std::string()))>;
+  std::string dir;
+  Result<Value> result = Status{ErrorCode::internal, "not run"};
+  {
+    nb::gil_scoped_release release;
+    auto fs = default_file_system(ObjectStoreOptions::from_environment());
+    auto resolved = resolve_checkpoint(*fs, path);
+    if (resolved.is_ok()) {
+      dir = *resolved;
+      result = read(*fs, dir);
+    } else {
+      result = resolved.status();
+    }
+  }
+  check(result.status());
+  return std::pair<std::string, Value>(std::move(dir), std::move(*result));
+}
+
 struct PyCheckpointer {
   std::unique_ptr<Checkpointer> impl;
   int rank = 0;
@@ -153,60 +178,43 @@ NB_MODULE(_stagehand, m) {
   // noconvert: never a converted copy (a load would fill the copy).
   // stagehand-ckpt verify: a root (the step its tracker names) or one step folder.
   m.def("verify", [](const std::string& path) {
-    std::string dir;
-    Result<VerifyResult> result = Status{ErrorCode::internal, "not run"};
-    {
-      nb::gil_scoped_release release;
-      auto fs = default_file_system(ObjectStoreOptions::from_environment());
-      auto resolved = resolve_checkpoint(*fs, path);
-      if (resolved.is_ok()) {
-        dir = *resolved;
-        result = verify_checkpoint(*fs, dir);
-      } else {
-        result = resolved.status();
-      }
-    }
-    check(result.status());
+    auto [dir, result] = read_resolved(path, [](FileSystem& fs, const std::string& dir) {
+      return verify_checkpoint(fs, dir);
+    });
     nb::dict out;
     out["checkpoint"] = dir;
-    out["ok"] = result->ok();
-    out["problems"] = result->problems;
-    out["files_checked"] = result->files_checked;
-    out["chunks_checked"] = result->chunks_checked;
-    out["bytes_checked"] = result->bytes_checked;
+    out["ok"] = result.ok();
+    out["problems"] = result.problems;
+    out["files_checked"] = result.files_checked;
+    out["chunks_checked"] = result.chunks_checked;
+    out["bytes_checked"] = result.bytes_checked;
     return out;
   }, nb::arg("path"));
   // stagehand-ckpt inspect: the metadata of a root's tracked step or one step folder.
   m.def("inspect", [](const std::string& path) {
-    std::string dir;
-    Result<CheckpointMetadata> metadata = Status{ErrorCode::internal, "not run"};
-    std::optional<std::string> trainer_state;
-    {
-      nb::gil_scoped_release release;
-      auto fs = default_file_system(ObjectStoreOptions::from_environment());
-      auto resolved = resolve_checkpoint(*fs, path);
-      if (resolved.is_ok()) {
-        dir = *resolved;
-        metadata = read_checkpoint_metadata(*fs, dir);
-        if (metadata.is_ok() && metadata->trainer_state) {
-          auto text = read_trainer_state_text(*fs, dir, *metadata);
-          if (!text.is_ok()) metadata = text.status();
-          else trainer_state = std::move(*text);
-        }
-      } else {
-        metadata = resolved.status();
+    struct Read {
+      CheckpointMetadata metadata;
+      std::optional<std::string> trainer_state;
+    };
+    auto [dir, read] = read_resolved(path, [](FileSystem& fs, const std::string& dir) -> Result<Read> {
+      SH_ASSIGN_OR_RETURN(CheckpointMetadata metadata, read_checkpoint_metadata(fs, dir));
+      Read out{std::move(metadata), std::nullopt};
+      if (out.metadata.trainer_state) {
+        SH_ASSIGN_OR_RETURN(out.trainer_state, read_trainer_state_text(fs, dir, out.metadata));
       }
-    }
-    check(metadata.status());
+      return out;
+    });
+    const CheckpointMetadata& metadata = read.metadata;
+    auto dims = [](const Shape& shape) { return std::vector<std::int64_t>(shape.dims().begin(), shape.dims().end()); };
     nb::dict tensors;
-    for (const auto& [name, t] : metadata->tensors) {
+    for (const auto& [name, t] : metadata.tensors) {
       std::uint64_t bytes = 0;
       nb::list chunks;
       for (const auto& c : t.chunks) {
         bytes += c.end - c.begin;
         nb::dict chunk;
-        chunk["offsets"] = std::vector<std::int64_t>(c.offsets.dims().begin(), c.offsets.dims().end());
-        chunk["shape"] = std::vector<std::int64_t>(c.shape.dims().begin(), c.shape.dims().end());
+        chunk["offsets"] = dims(c.offsets);
+        chunk["shape"] = dims(c.shape);
         chunk["file"] = c.file;
         chunk["bytes"] = c.end - c.begin;
         chunk["xxh3"] = xxh3_hex(c.xxh3);
@@ -214,13 +222,13 @@ NB_MODULE(_stagehand, m) {
       }
       nb::dict entry;
       entry["dtype"] = std::string(dtype_name(t.dtype));
-      entry["global_shape"] = std::vector<std::int64_t>(t.global_shape.dims().begin(), t.global_shape.dims().end());
+      entry["global_shape"] = dims(t.global_shape);
       entry["bytes"] = bytes;
       entry["chunks"] = chunks;
       tensors[name.c_str()] = entry;
     }
     nb::dict files;
-    for (const auto& [name, f] : metadata->files) {
+    for (const auto& [name, f] : metadata.files) {
       nb::dict file;
       file["size"] = f.size;
       file["xxh3"] = xxh3_hex(f.xxh3);
@@ -228,11 +236,11 @@ NB_MODULE(_stagehand, m) {
     }
     nb::dict out;
     out["checkpoint"] = dir;
-    out["step"] = metadata->step;
+    out["step"] = metadata.step;
     out["tensors"] = tensors;
     out["files"] = files;
-    out["objects"] = metadata->objects;
-    out["trainer_state"] = trainer_state;
+    out["objects"] = metadata.objects;
+    out["trainer_state"] = read.trainer_state;
     return out;
   }, nb::arg("path"));
   // stagehand-ckpt export: consolidated tensors in the Hugging Face layout.

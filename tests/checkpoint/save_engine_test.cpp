@@ -311,7 +311,11 @@ BOOST_AUTO_TEST_CASE(a_rate_limited_backend_paces_writes_and_keeps_their_bytes) 
 
 namespace {
 
-/// A file that records its start_writeback calls; with `hold`, each call waits until released.
+/// Set by a BackgroundWriteback's thread start, on its thread.
+thread_local bool g_started_here = false;
+
+/// A file that records its start_writeback calls (the range, and whether the thread had run the
+/// thread start); with `hold`, each call waits until released.
 class WritebackProbe final : public WritableFile {
  public:
   Status append(const void*, std::size_t) override { return Status::ok(); }
@@ -319,6 +323,7 @@ class WritebackProbe final : public WritableFile {
   Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
     std::unique_lock lock(mutex);
     calls.emplace_back(offset, offset + bytes);
+    started_here.push_back(g_started_here);
     entered.notify_all();
     released.wait(lock, [&] { return !hold; });
     return Status::ok();
@@ -343,6 +348,7 @@ class WritebackProbe final : public WritableFile {
   std::condition_variable released;
   bool hold = false;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
+  std::vector<bool> started_here;
 };
 
 }  // namespace
@@ -399,36 +405,17 @@ BOOST_AUTO_TEST_CASE(background_writeback_merges_a_file_s_queued_ranges_and_forg
   BOOST_TEST((c.calls[1] == std::pair<std::uint64_t, std::uint64_t>{1, 64}));
 }
 
-namespace {
-thread_local bool g_started_here = false;
-
-class StartProbe final : public WritableFile {
- public:
-  Status append(const void*, std::size_t) override { return Status::ok(); }
-  Status write_at(std::uint64_t, const void*, std::size_t) override { return Status::ok(); }
-  Status start_writeback(std::uint64_t, std::size_t) override {
-    std::lock_guard lock(mutex);
-    seen.push_back(g_started_here);
-    return Status::ok();
-  }
-  Status sync() override { return Status::ok(); }
-  Status close() override { return Status::ok(); }
-  std::mutex mutex;
-  std::vector<bool> seen;
-};
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(background_writeback_runs_its_thread_start_first) {
   // The writers' priority (nice 10, I/O priority 7) reaches the write-back requests too.
-  StartProbe file;
+  WritebackProbe file;
   {
     BackgroundWriteback writeback([] { g_started_here = true; });
     writeback.request(file, 0, 4096);
-    for (int i = 0; i < 1000 && writeback.started() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    file.wait_for_calls(1);
     writeback.forget(file);
   }
-  BOOST_REQUIRE(file.seen.size() == 1u);
-  BOOST_TEST(file.seen[0]);
+  BOOST_REQUIRE(file.started_here.size() == 1u);
+  BOOST_TEST(file.started_here[0]);
   BOOST_TEST(!g_started_here);  // not on this thread
 }
 
