@@ -204,6 +204,25 @@ Status CheckpointStore::write_tracker(std::int64_t step) const {
 
 Result<CommitReport> CheckpointStore::commit(std::int64_t step,
                                              const GatheredMetadata& metadata) const {
+  CommitReport report;
+  for (const auto& [name, file] : metadata.files) {
+    ++report.files;
+    report.bytes += file.size;
+  }
+  SH_RETURN_IF_ERROR(
+      publish(step, [&](WritableFile& file) { return write_metadata_json(metadata, file); }));
+  return report;
+}
+
+Status CheckpointStore::commit_copy(std::int64_t step, const std::string& metadata_json) const {
+  return publish(step, [&](WritableFile& file) {
+    SH_RETURN_IF_ERROR(file.append(metadata_json.data(), metadata_json.size()));
+    return Status::ok();
+  });
+}
+
+Status CheckpointStore::publish(std::int64_t step,
+                                const std::function<Status(WritableFile&)>& write_metadata) const {
   const std::string dir = write_dir(step);
   const std::string final_dir = step_dir(step);
   auto fail = [&](const Status& st) -> Status {
@@ -220,14 +239,7 @@ Result<CommitReport> CheckpointStore::commit(std::int64_t step,
                            "' is complete and in place, but the tracker '" + layout().tracker() +
                            "' was not updated (it " + now + ")");
   };
-  CommitReport report;
-  for (const auto& [name, file] : metadata.files) {
-    ++report.files;
-    report.bytes += file.size;
-  }
-  Status st = write_file_atomic(*fs_, metadata_path(dir), [&](WritableFile& file) {
-    return write_metadata_json(metadata, file);
-  });
+  Status st = write_file_atomic(*fs_, metadata_path(dir), write_metadata);
   // The step folder's entries (policy/, trainer_state.json) become durable with it.
   if (st.is_ok()) st = fs_->sync_dir(dir);
   if (!st.is_ok()) return fail(st);
@@ -250,7 +262,7 @@ Result<CommitReport> CheckpointStore::commit(std::int64_t step,
   }
   st = write_tracker(step);
   if (!st.is_ok()) return tracker_not_updated(st);
-  return report;
+  return Status::ok();
 }
 
 Status CheckpointStore::abort(std::int64_t step) const {

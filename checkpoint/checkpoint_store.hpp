@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -95,6 +96,10 @@ class CheckpointStore {
   /// rename the write folder is removed; after it (the tracker update failed) `global_step_N`
   /// stays in place, complete, and the error says so and which step the tracker still names.
   Result<CommitReport> commit(std::int64_t step, const GatheredMetadata& metadata) const;
+  /// Commits step N whose files were copied into its write folder from another root (the
+  /// durable tier filled from the local one): `metadata_json`, that root's metadata.json byte
+  /// for byte, is written as the step's metadata, then the rest is as commit() does it.
+  Status commit_copy(std::int64_t step, const std::string& metadata_json) const;
   /// Removes what uncommitted step N left: its write folder, or (written in place) its files,
   /// unless a tracker write whose answer was lost committed it after all.
   Status abort(std::int64_t step) const;
@@ -126,6 +131,9 @@ class CheckpointStore {
   /// object store has no folders to sync).
   Status create_root() const;
   std::string metadata_path(const std::string& checkpoint_dir) const;
+  /// commit()'s steps after the data: the metadata (written by `write_metadata`), the rename,
+  /// the syncs, the tracker.
+  Status publish(std::int64_t step, const std::function<Status(WritableFile&)>& write_metadata) const;
   Status write_tracker(std::int64_t step) const;
 
   std::shared_ptr<FileSystem> fs_;

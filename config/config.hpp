@@ -56,7 +56,24 @@ struct TrainerConfig {
   std::int64_t export_interval = 0;
   /// Local folder of the periodic exports: `<export_path>/global_step_<N>/`.
   std::string export_path;
+  /// The local tier (empty: none): a node-local folder (local disk, /dev/shm) that every save
+  /// commits into, in the usual layout with its own tracker, every local_ckpt_interval steps.
+  /// ckpt_path is then the durable tier: every ckpt_interval steps (and at the last step) the
+  /// committed local checkpoint is copied there in the background, checked by size and XXH3,
+  /// its metadata and tracker written last. resume_mode latest takes the newest step that
+  /// loads whole from either tier.
+  std::string local_ckpt_path;
+  /// Steps between saves to the local tier (with local_ckpt_path).
+  std::int64_t local_ckpt_interval = 1;
+  /// Committed checkpoints the local tier keeps; 0 keeps all. Steps still owed to the durable
+  /// tier are kept whatever it says.
+  std::int64_t local_max_ckpts_to_keep = 2;
 };
+
+/// Where saves commit: local_ckpt_path when there is a local tier, else ckpt_path.
+inline const std::string& save_root(const TrainerConfig& t) {
+  return t.local_ckpt_path.empty() ? t.ckpt_path : t.local_ckpt_path;
+}
 
 /// `megatron_config:` keys.
 struct MegatronConfig {

@@ -1,5 +1,6 @@
 #include "stagehand/config/rules.hpp"
 
+#include <filesystem>
 #include <string>
 
 #include "stagehand/config/schema.hpp"
@@ -59,6 +60,30 @@ Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
   return Status::ok();
 }
 
+/// `path` with "." and ".." resolved and no trailing '/', for comparing two settings' folders.
+std::string normalized(const std::string& path) {
+  return std::filesystem::path(path).lexically_normal().string() + "/";
+}
+
+Status check_local_tier(const TrainerConfig& t, const ConfigOrigins& origins) {
+  if (t.local_ckpt_path.empty()) return Status::ok();
+  for (const char* scheme : {"s3://", "gs://"}) {
+    if (t.local_ckpt_path.starts_with(scheme)) {
+      return origins.error({"trainer.local_ckpt_path"},
+                           "must be a node-local folder (a local disk, /dev/shm), got '" + t.local_ckpt_path +
+                               "'; the object store belongs in trainer.ckpt_path, the durable tier");
+    }
+  }
+  const std::string local = normalized(t.local_ckpt_path);
+  const std::string durable = normalized(t.ckpt_path);
+  if (local.starts_with(durable) || durable.starts_with(local)) {
+    return origins.error({"trainer.local_ckpt_path", "trainer.ckpt_path"},
+                         "the local tier '" + t.local_ckpt_path + "' and the durable tier '" + t.ckpt_path +
+                             "' must be separate folders, neither inside the other");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status check_save_buckets(std::int64_t thread_count, std::int64_t staging_buckets,
@@ -80,6 +105,7 @@ Status validate_config(const Config& config) {
   SH_RETURN_IF_ERROR(check_world_size(config.parallel, origins));
   SH_RETURN_IF_ERROR(check_part_size(config.storage.s3, origins));
   SH_RETURN_IF_ERROR(check_resume(config.trainer, origins));
+  SH_RETURN_IF_ERROR(check_local_tier(config.trainer, origins));
   return check_exports(config.trainer, origins);
 }
 

@@ -116,6 +116,9 @@ std::vector<ConfigKey> make_config_keys() {
       {"trainer.load_strict", boolean<kTrainer, &TrainerConfig::load_strict>()},
       {"trainer.export_interval", integer<kTrainer, &TrainerConfig::export_interval>(0)},
       {"trainer.export_path", string<kTrainer, &TrainerConfig::export_path>(true)},
+      {"trainer.local_ckpt_path", string<kTrainer, &TrainerConfig::local_ckpt_path>(true)},
+      {"trainer.local_ckpt_interval", integer<kTrainer, &TrainerConfig::local_ckpt_interval>(1)},
+      {"trainer.local_max_ckpts_to_keep", integer<kTrainer, &TrainerConfig::local_max_ckpts_to_keep>(0)},
 
       {"megatron_config.async_dist_ckpt_save",
        boolean<kMegatron, &MegatronConfig::async_dist_ckpt_save>()},

@@ -177,7 +177,7 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
   if (!quiet) {
     // Saves to an object store are sync whatever async_dist_ckpt_save says (MegatronStrategy).
     const char* saves = !c.megatron_config.async_dist_ckpt_save ? "sync"
-                        : fs->capabilities(c.trainer.ckpt_path).uploads
+                        : fs->capabilities(save_root(c.trainer)).uploads
                             ? "sync (an object store; async_dist_ckpt_save is ignored)"
                             : "async";
     std::printf("stagehand-train: %s trainer, %d ranks (tensor %d x data %d) %s on %s, checkpoints %s in %s\n",
@@ -185,7 +185,14 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                 where.c_str(),
                 (default_device(0).to_string() + (device_info().simulated ? " (a simulated GPU: STAGEHAND_SIMULATED_GPU=1)" : ""))
                     .c_str(),
-                saves, c.trainer.ckpt_path.c_str());
+                saves, save_root(c.trainer).c_str());
+    if (!c.trainer.local_ckpt_path.empty()) {
+      std::printf("stagehand-train: a local tier: saves every %lld steps into %s (keeps %lld), copied every %lld steps "
+                  "in the background into the durable tier %s\n",
+                  static_cast<long long>(c.trainer.local_ckpt_interval), c.trainer.local_ckpt_path.c_str(),
+                  static_cast<long long>(c.trainer.local_max_ckpts_to_keep),
+                  static_cast<long long>(c.trainer.ckpt_interval), c.trainer.ckpt_path.c_str());
+    }
   }
   auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights, fs}, summary);
   int code = 0;
@@ -231,8 +238,13 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
       std::printf("exports: %lld written to %s, %lld failed\n", static_cast<long long>(summary->exports_done),
                   c.trainer.export_path.c_str(), static_cast<long long>(summary->exports_failed));
     }
+    if (!c.trainer.local_ckpt_path.empty()) {
+      std::printf("durable tier: %lld uploads to %s, %lld failed; it holds step %lld\n",
+                  static_cast<long long>(summary->uploads_done), c.trainer.ckpt_path.c_str(),
+                  static_cast<long long>(summary->uploads_failed), static_cast<long long>(summary->durable_step));
+    }
   }
-  if (summary->stopped_by_signal) report_stop(*summary, c.trainer.ckpt_path);
+  if (summary->stopped_by_signal) report_stop(*summary, save_root(c.trainer));
   return code;
 }
 
@@ -247,7 +259,7 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
   }
   const auto fs = config_file_system(c);
   auto coordinator = spawn_checkpoint_coordinator(
-      system, {c.trainer.ckpt_path, layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
+      system, {save_root(c.trainer), layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
   std::vector<worker_actor> workers;
   auto stop_all = [&] {
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
@@ -288,7 +300,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     auto host = WorldHost::open(system, launch);
     if (!host.is_ok()) return fail(host.status().message());
     auto coordinator = spawn_checkpoint_coordinator(
-      system, {c.trainer.ckpt_path, layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
+      system, {save_root(c.trainer), layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
     auto worker0 = spawn_rank(system, c, layout, 0, std::move(groups), weights, fs, coordinator);
     if (!worker0.is_ok()) {
       caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);

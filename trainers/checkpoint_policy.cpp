@@ -16,6 +16,18 @@ bool holds_export(FileSystem& fs, const std::string& dir) {
 
 }  // namespace
 
+CheckpointPolicy CheckpointPolicy::local_tier(TrainerConfig config, std::shared_ptr<FileSystem> fs) {
+  config.ckpt_path = config.local_ckpt_path;
+  config.ckpt_interval = config.local_ckpt_interval;
+  config.max_ckpts_to_keep = config.local_max_ckpts_to_keep;
+  return CheckpointPolicy(std::move(config), std::move(fs), "trainer.local_ckpt_path");
+}
+
+CheckpointPolicy CheckpointPolicy::durable_tier(TrainerConfig config, std::shared_ptr<FileSystem> fs) {
+  config.export_interval = 0;
+  return CheckpointPolicy(std::move(config), std::move(fs), "trainer.ckpt_path");
+}
+
 bool CheckpointPolicy::should_save(std::int64_t step) const {
   return step == config_.total_steps ||
          (config_.ckpt_interval > 0 && step % config_.ckpt_interval == 0);
@@ -63,7 +75,7 @@ Status CheckpointPolicy::check_fresh_start() const {
   if (steps.size() > 2)
     held += " ... " + folder(steps.back()) + ", " + std::to_string(steps.size()) + " in all";
   const std::string exists =
-      "trainer.ckpt_path '" + root + "' holds committed checkpoints (" + held + ")";
+      root_setting_ + " '" + root + "' holds committed checkpoints (" + held + ")";
   const std::string overwrite =
       "or set trainer.overwrite_checkpoints: true to start over in this folder anyway";
   const std::string from_path =
@@ -95,10 +107,10 @@ Status CheckpointPolicy::check_resume(std::int64_t step, const std::set<std::int
   std::string held = "global_step_" + std::to_string(later.front());
   if (later.size() > 1) held += " ... global_step_" + std::to_string(later.back()) + ", " + std::to_string(later.size()) + " in all";
   return {ErrorCode::already_exists,
-          "trainer.ckpt_path '" + config_.ckpt_path + "' holds committed checkpoints of steps after " +
+          root_setting_ + " '" + config_.ckpt_path + "' holds committed checkpoints of steps after " +
               std::to_string(step) + ", the step resumed (" + held +
               "): the run's saves would replace them. Resume the newest (trainer.resume_mode: latest), give the "
-              "run another trainer.ckpt_path, or set trainer.overwrite_checkpoints: true to replace them anyway"};
+              "run another " + root_setting_ + ", or set trainer.overwrite_checkpoints: true to replace them anyway"};
 }
 
 bool CheckpointPolicy::should_export(std::int64_t step) const {

@@ -15,12 +15,24 @@
 namespace stagehand {
 
 /// When to save, what resume starts from, and which committed checkpoints to keep: the policy
-/// every trainer shares, over the CheckpointStore of `ckpt_path`.
+/// every trainer shares, over the CheckpointStore of `ckpt_path`. With a local tier
+/// (trainer.local_ckpt_path) there are two: local_tier() and durable_tier().
 class CheckpointPolicy {
  public:
   /// @param fs what `ckpt_path` (and `resume_path`) are on.
   CheckpointPolicy(TrainerConfig config, std::shared_ptr<FileSystem> fs)
       : config_(std::move(config)), store_(std::move(fs), config_.ckpt_path) {}
+
+  /// The local tier's policy: trainer.local_ckpt_path with local_ckpt_interval and
+  /// local_max_ckpts_to_keep, and the exports (made from the checkpoints saves commit).
+  /// @pre config.local_ckpt_path is set.
+  static CheckpointPolicy local_tier(TrainerConfig config, std::shared_ptr<FileSystem> fs);
+  /// The durable tier's policy beside a local tier: trainer.ckpt_path with ckpt_interval and
+  /// max_ckpts_to_keep, without exports.
+  static CheckpointPolicy durable_tier(TrainerConfig config, std::shared_ptr<FileSystem> fs);
+
+  /// The setting that names this policy's root, for messages ("trainer.ckpt_path").
+  const std::string& root_setting() const { return root_setting_; }
 
   const CheckpointStore& store() const { return store_; }
 
@@ -87,8 +99,12 @@ class CheckpointPolicy {
   Status clean_interrupted_saves() const;
 
  private:
+  CheckpointPolicy(TrainerConfig config, std::shared_ptr<FileSystem> fs, std::string root_setting)
+      : config_(std::move(config)), store_(std::move(fs), config_.ckpt_path), root_setting_(std::move(root_setting)) {}
+
   TrainerConfig config_;
   CheckpointStore store_;
+  std::string root_setting_ = "trainer.ckpt_path";
 };
 
 }  // namespace stagehand

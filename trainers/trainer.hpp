@@ -43,6 +43,11 @@ struct TrainerSummary {
   /// Periodic exports (trainer.export_interval) that were written, and that failed.
   std::int64_t exports_done = 0;
   std::int64_t exports_failed = 0;
+  /// With a local tier: copies into the durable tier that landed, and that failed; the step the
+  /// durable tier's tracker names at the end (-1: none).
+  std::int64_t uploads_done = 0;
+  std::int64_t uploads_failed = 0;
+  std::int64_t durable_step = -1;
   bool stopped_by_signal = false;
   /// After a signal: the step saved on it (the last one trained); -1 when none was trained.
   std::int64_t signal_save_step = -1;
@@ -54,6 +59,8 @@ struct TrainerSummary {
   /// as long as this summary, so that a finalize after the trainer ended (teardown), which may
   /// still commit a save, runs under it.
   std::unique_ptr<FileLock> root_lock;
+  /// With a local tier, the lock on a local durable ckpt_path, as root_lock.
+  std::unique_ptr<FileLock> durable_lock;
 };
 
 /// Spawns the trainer named by `options.config.trainer.kind` (SyncTrainer: GRPO-style RL;

@@ -18,7 +18,9 @@
 
 #include "stagehand/actors/dispatch_client.hpp"
 #include "stagehand/checkpoint/trainer_state.hpp"
-#include "stagehand/trainers/background_export.hpp"
+#include "stagehand/checkpoint/export.hpp"
+#include "stagehand/checkpoint/tier_copy.hpp"
+#include "stagehand/trainers/background_steps.hpp"
 #include "stagehand/trainers/checkpoint_policy.hpp"
 #include "stagehand/trainers/trainer.hpp"
 
@@ -104,13 +106,29 @@ class TrainerBase : public caf::blocking_actor {
   /// `rejected` may be replaced by the run's saves (CheckpointPolicy::check_resume).
   /// @return the step training continues after.
   Result<std::int64_t> start_from(const std::optional<std::string>& dir, const std::set<std::int64_t>& rejected = {});
+  /// A committed step resume_mode latest may start from, and its tier ("local", "durable";
+  /// empty without a local tier).
+  struct Candidate {
+    std::int64_t step;
+    std::string dir;
+    std::string tier;
+  };
+  /// What resume_mode latest may start from: the committed steps of every tier up to the one its
+  /// tracker names, newest first (the local tier's first at the same step), and why a tracker's
+  /// own step is not among them.
+  struct Candidates {
+    std::vector<Candidate> steps;
+    std::vector<std::string> stale;
+  };
+  Result<Candidates> resume_candidates() const;
   /// resume_mode latest, checking before it trusts: resumes the newest of `found` that loads
   /// whole (every chunk read is checked, and the trainer state), saying which steps it rejected
   /// and why; a step whose load fails as corrupt or missing (not for other errors, such as a
-  /// model that does not match) is passed over for the next older one. Each step is tried once.
+  /// model that does not match) is passed over for the next older one, in its tier or the
+  /// other. Each step of each tier is tried once.
   /// @return the step training continues after; an error naming every rejected step when none
   ///         loads.
-  Result<std::int64_t> resume_latest(const CheckpointPolicy::ResumeCandidates& found);
+  Result<std::int64_t> resume_latest(const Candidates& found);
   /// A fresh run's start from another checkpoint's weights (trainer.init_from).
   Status init_from(const std::string& path);
   /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what
@@ -134,6 +152,22 @@ class TrainerBase : public caf::blocking_actor {
   /// Says how the exports that ended went: a line and a metrics line each.
   void report_exports();
 
+  // -- the durable tier, beside a local one (trainer_tiers.cpp) --
+
+  /// Whether `step` is saved: the local or the durable tier's interval says so.
+  bool should_save(std::int64_t step) const;
+  /// Local steps that retention keeps: being uploaded, or owed to the durable tier (a step the
+  /// durable tier's interval names, newer than what it holds).
+  Result<std::set<std::int64_t>> local_steps_in_use() const;
+  /// Queues the uploads owed by committed local steps up to `step`, the step resumed.
+  Status upload_owed(std::int64_t step);
+  /// Says how the uploads that ended went (a line and a metrics line each), and applies the
+  /// durable tier's retention after those that landed.
+  Status report_uploads();
+  /// At the end of training: waits for the uploads; an error when the newest step owed to the
+  /// durable tier did not reach it.
+  Status finish_uploads();
+
   TrainerOptions options_;
   std::shared_ptr<TrainerSummary> summary_;
   std::shared_ptr<FileSystem> fs_;
@@ -143,7 +177,14 @@ class TrainerBase : public caf::blocking_actor {
   std::ofstream metrics_;
   std::optional<PendingCommit> pending_;
   /// trainer.export_interval's exports; null when it is 0.
-  std::unique_ptr<BackgroundExports> exports_;
+  std::unique_ptr<BackgroundSteps<ExportReport>> exports_;
+  /// With a local tier (policy_ is then the local tier's): the durable tier, the copies into it,
+  /// and the step its tracker names (-1: none).
+  std::optional<CheckpointPolicy> durable_;
+  std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
+  std::int64_t durable_step_ = -1;
+  /// The last upload that failed, for the end of the run.
+  std::string upload_error_;
   std::string last_save_ = "none";
 };
 

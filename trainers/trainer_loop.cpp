@@ -15,10 +15,16 @@ TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, Traine
       options_(std::move(options)),
       summary_(std::move(summary)),
       fs_(options_.file_system),
-      policy_(options_.config.trainer, fs_),
+      policy_(options_.config.trainer.local_ckpt_path.empty()
+                  ? CheckpointPolicy(options_.config.trainer, fs_)
+                  : CheckpointPolicy::local_tier(options_.config.trainer, fs_)),
       timeout_(std::chrono::seconds(options_.config.trainer.call_timeout_s)),
       // The dispatch bounds each of its waits by the call limit; a call is a few of them.
-      client_(system(), std::move(dispatch), timeout_ * 6, "6 x trainer.call_timeout_s") {}
+      client_(system(), std::move(dispatch), timeout_ * 6, "6 x trainer.call_timeout_s") {
+  if (!options_.config.trainer.local_ckpt_path.empty()) {
+    durable_.emplace(CheckpointPolicy::durable_tier(options_.config.trainer, fs_));
+  }
+}
 
 void TrainerBase::act() {
   summary_->status = run_catching();
@@ -27,6 +33,11 @@ void TrainerBase::act() {
     // a signal or an error) are dropped, still owed: the run that resumes does them.
     exports_->drop_queued();
     report_exports();
+  }
+  if (uploads_) {
+    // The same for the uploads: the queued ones stay owed, and a resume does them.
+    uploads_->drop_queued();
+    (void)report_uploads();
   }
   on_stop();
   if (!summary_->status.is_ok()) {
@@ -52,32 +63,60 @@ Status TrainerBase::run() {
     if (!metrics_) return Status::from_errno(errno, "cannot write --metrics-out '" + options_.metrics_out + "'");
   }
   SH_RETURN_IF_ERROR(policy_.check_destination());
+  if (durable_) SH_RETURN_IF_ERROR(durable_->check_destination());
   // Before anything is cleaned: another run's .tmp folder is its save in flight.
   SH_ASSIGN_OR_RETURN(summary_->root_lock, policy_.lock_destination());
+  if (durable_) {
+    SH_ASSIGN_OR_RETURN(summary_->durable_lock, durable_->lock_destination());
+  }
   // resume_mode latest checks before it trusts: it tries the committed steps newest first.
-  CheckpointPolicy::ResumeCandidates candidates;
+  Candidates candidates;
   std::optional<std::string> resume;
   if (t.resume_mode == ResumeMode::latest) {
-    SH_ASSIGN_OR_RETURN(candidates, policy_.resume_candidates());
-    if (!candidates.steps.empty()) resume = policy_.store().step_dir(candidates.steps.front());
+    SH_ASSIGN_OR_RETURN(candidates, resume_candidates());
+    if (!candidates.steps.empty()) resume = candidates.steps.front().dir;
     if (candidates.steps.empty() && !candidates.stale.empty()) {
-      return Status{ErrorCode::corruption, "trainer.resume_mode latest: " + candidates.stale +
-                                               ", and no committed step before it is in '" + t.ckpt_path + "'"};
+      std::string stale;
+      for (const auto& s : candidates.stale) stale += (stale.empty() ? "" : "; ") + s;
+      return Status{ErrorCode::corruption, "trainer.resume_mode latest: " + stale +
+                                               ", and no committed step before it is in '" + save_root(t) + "'" +
+                                               (durable_ ? " nor in '" + t.ckpt_path + "'" : "")};
     }
   } else {
     SH_ASSIGN_OR_RETURN(resume, policy_.resume_dir());
   }
   if (!resume) {
     SH_RETURN_IF_ERROR(policy_.check_fresh_start());
+    if (durable_) SH_RETURN_IF_ERROR(durable_->check_fresh_start());
     if (t.resume_mode == ResumeMode::latest) {
-      say("resume_mode latest: nothing to resume in '%s' (no tracker); starting from step 1\n", t.ckpt_path.c_str());
+      say("resume_mode latest: nothing to resume in '%s'%s (no tracker); starting from step 1\n", save_root(t).c_str(),
+          durable_ ? (" nor in '" + t.ckpt_path + "'").c_str() : "");
     }
   }
   SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
-  if (t.export_interval > 0) exports_ = std::make_unique<BackgroundExports>(ExportOptions{}, fs_);
+  if (durable_) {
+    SH_RETURN_IF_ERROR(durable_->clean_interrupted_saves());
+    SH_ASSIGN_OR_RETURN(auto tracked, durable_->tracked_step());
+    durable_step_ = tracked.value_or(-1);
+    uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
+        "the upload", [from = policy_.store(), to = durable_->store()](std::int64_t step, const std::string&,
+                                                                       const std::string&, TierCopyReport& report) {
+          auto copied = copy_committed_step(from, to, step);
+          if (copied.is_ok()) report = *copied;
+          return copied.status();
+        });
+  }
+  if (t.export_interval > 0) {
+    exports_ = std::make_unique<BackgroundSteps<ExportReport>>(
+        "the export", [fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir,
+                                 ExportReport& report) {
+          return export_checkpoint(*fs, checkpoint_dir, out_dir, ExportOptions{}, &report);
+        });
+  }
   SH_ASSIGN_OR_RETURN(std::int64_t step, t.resume_mode == ResumeMode::latest && resume ? resume_latest(candidates)
                                                                                      : start_from(resume));
   if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
+  if (uploads_) SH_RETURN_IF_ERROR(upload_owed(step));
   summary_->first_step = step + 1;
   summary_->last_step = step;
   SH_ASSIGN_OR_RETURN(step, train_steps(step));
@@ -91,6 +130,7 @@ Status TrainerBase::run() {
     // The checkpoints kept until their exports were done may go now.
     SH_RETURN_IF_ERROR(apply_retention());
   }
+  if (uploads_ && !summary_->stopped_by_signal) SH_RETURN_IF_ERROR(finish_uploads());
   return Status::ok();
 }
 
@@ -116,6 +156,7 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
     summary_->last_step = step;
     summary_->last_accuracy = *accuracy;
     report_exports();
+    SH_RETURN_IF_ERROR(report_uploads());
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - started).count();
     const double rate = double(step - summary_->first_step + 1) / std::max(1e-9, elapsed_s);
     const bool rl = objective() == Objective::rl;
@@ -130,7 +171,7 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
                         {"elapsed_s", elapsed_s}};
     fill_metrics(step, line);
     write_metrics(line);
-    if (policy_.should_save(step)) {
+    if (should_save(step)) {
       SH_RETURN_IF_ERROR(save(step));
       saved_step = step;
     }

@@ -1,15 +1,33 @@
 // Where training starts: the resumed checkpoint (trainer.resume_mode), or trainer.init_from's
 // weights, or nothing.
+#include <algorithm>
+
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {
 
-Result<std::int64_t> TrainerBase::resume_latest(const CheckpointPolicy::ResumeCandidates& found) {
+Result<TrainerBase::Candidates> TrainerBase::resume_candidates() const {
+  Candidates found;
+  auto add = [&](const CheckpointPolicy& tier, const std::string& name) -> Status {
+    SH_ASSIGN_OR_RETURN(auto listed, tier.resume_candidates());
+    for (auto step : listed.steps) found.steps.push_back({step, tier.store().step_dir(step), name});
+    if (!listed.stale.empty()) found.stale.push_back((name.empty() ? "" : name + " tier: ") + listed.stale);
+    return Status::ok();
+  };
+  SH_RETURN_IF_ERROR(add(policy_, durable_ ? "local" : ""));
+  if (durable_) SH_RETURN_IF_ERROR(add(*durable_, "durable"));
+  // Newest first; at the same step the local tier's (listed first) before the durable one's.
+  std::stable_sort(found.steps.begin(), found.steps.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.step > b.step; });
+  return found;
+}
+
+Result<std::int64_t> TrainerBase::resume_latest(const Candidates& found) {
   std::vector<std::string> rejected;
-  if (!found.stale.empty()) {
-    rejected.push_back(found.stale);
-    warn("resume_mode latest: %s; trying the newest committed step before it\n", found.stale.c_str());
+  for (const auto& stale : found.stale) {
+    rejected.push_back(stale);
+    warn("resume_mode latest: %s; trying the newest committed step before it\n", stale.c_str());
   }
   std::set<std::int64_t> rejected_steps;
   auto all = [&] {
@@ -17,25 +35,25 @@ Result<std::int64_t> TrainerBase::resume_latest(const CheckpointPolicy::ResumeCa
     for (std::size_t i = 0; i < rejected.size(); ++i) out += (i ? "; " : "") + rejected[i];
     return out;
   };
-  for (std::int64_t step : found.steps) {
-    auto started = start_from(policy_.store().step_dir(step), rejected_steps);
+  for (const Candidate& c : found.steps) {
+    const std::string what = (c.tier.empty() ? "" : c.tier + " ") + "step " + std::to_string(c.step);
+    auto started = start_from(c.dir, rejected_steps);
     if (started.is_ok()) {
       if (!rejected.empty()) {
-        say("resume_mode latest: resumed step %lld after rejecting what is newer: %s\n", static_cast<long long>(step),
-            all().c_str());
+        say("resume_mode latest: resumed %s after rejecting what is newer: %s\n", what.c_str(), all().c_str());
       }
       return started;
     }
     const ErrorCode code = started.status().code();
     if (code != ErrorCode::corruption && code != ErrorCode::not_found) return started.status();
-    rejected.push_back("step " + std::to_string(step) + " rejected: " + started.status().message());
-    rejected_steps.insert(step);
-    warn("resume_mode latest: step %lld rejected: %s\n", static_cast<long long>(step),
-         started.status().message().c_str());
+    rejected.push_back(what + " rejected: " + started.status().message());
+    rejected_steps.insert(c.step);
+    warn("resume_mode latest: %s rejected: %s\n", what.c_str(), started.status().message().c_str());
   }
-  return Status{ErrorCode::corruption, "trainer.resume_mode latest: no committed checkpoint in '" +
-                                           options_.config.trainer.ckpt_path + "' could be resumed (" + all() +
-                                           "); nothing was changed"};
+  const auto& t = options_.config.trainer;
+  const std::string roots = durable_ ? "'" + save_root(t) + "' or '" + t.ckpt_path + "'" : "'" + t.ckpt_path + "'";
+  return Status{ErrorCode::corruption, "trainer.resume_mode latest: no committed checkpoint in " + roots +
+                                           " could be resumed (" + all() + "); nothing was changed"};
 }
 
 Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& dir,
@@ -60,6 +78,7 @@ Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& d
                                                    ", beyond trainer.total_steps " + std::to_string(t.total_steps)};
   }
   SH_RETURN_IF_ERROR(policy_.check_resume(state.step, rejected));
+  if (durable_) SH_RETURN_IF_ERROR(durable_->check_resume(state.step, rejected));
   const LoadScope scope{t.load_optimizer.value_or(true), t.load_rng.value_or(true), t.load_strict};
   SH_ASSIGN_OR_RETURN(LoadReport load, load_everywhere(*dir, scope, "resume"));
   say("resumed from %s at step %lld, saved %s (load %.3f s, %llu bytes; slowest rank's thread-seconds: read "

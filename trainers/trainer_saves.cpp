@@ -63,13 +63,22 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"commit_cpu_s", commit.commit_cpu_s}};
   write_metrics(line);
   if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
+  if (uploads_ && durable_->should_save(saved.step)) {
+    uploads_->enqueue(saved.step, dir, durable_->store().step_dir(saved.step));
+  }
   return apply_retention();
 }
 
 Status TrainerBase::apply_retention() {
-  SH_ASSIGN_OR_RETURN(auto deleted,
-                      policy_.apply_retention(exports_ ? exports_->steps_in_use() : std::set<std::int64_t>{}));
-  for (auto s : deleted) say("retention: removed checkpoint step %lld\n", static_cast<long long>(s));
+  std::set<std::int64_t> in_use;
+  if (exports_) in_use = exports_->steps_in_use();
+  if (durable_) {
+    SH_ASSIGN_OR_RETURN(auto owed, local_steps_in_use());
+    in_use.insert(owed.begin(), owed.end());
+  }
+  SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention(in_use));
+  const char* tier = durable_ ? "the local tier's " : "";
+  for (auto s : deleted) say("retention: removed %scheckpoint step %lld\n", tier, static_cast<long long>(s));
   return Status::ok();
 }
 

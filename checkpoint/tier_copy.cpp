@@ -1,0 +1,190 @@
+#include "stagehand/checkpoint/tier_copy.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stagehand/checkpoint/layout.hpp"
+#include "stagehand/checkpoint/metadata_json.hpp"
+#include "stagehand/core/priority.hpp"
+#include "stagehand/core/xxh3.hpp"
+
+namespace stagehand {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// One file of the step: where it is read, where it goes, and what the metadata says it holds.
+struct StepFile {
+  std::string from;
+  std::string to;
+  FileMeta expected;
+};
+
+std::string describe(const FileMeta& meta) {
+  return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
+}
+
+/// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
+Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer) {
+  SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
+  if (in->size() != file.expected.size) {
+    return Status{ErrorCode::corruption, "'" + file.from + "' holds " + std::to_string(in->size()) +
+                                             " bytes where the metadata records " + describe(file.expected) +
+                                             ": the source is damaged and is not copied"};
+  }
+  SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file(file.to));
+  Xxh3Stream hash;
+  for (std::uint64_t offset = 0; offset < file.expected.size;) {
+    const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), file.expected.size - offset));
+    SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), bytes));
+    hash.update(buffer.data(), bytes);
+    SH_RETURN_IF_ERROR(out->append(buffer.data(), bytes));
+    offset += bytes;
+  }
+  if (hash.digest() != file.expected.xxh3) {
+    return Status{ErrorCode::corruption, "'" + file.from + "' has XXH3 " + xxh3_hex(hash.digest()) +
+                                             " where the metadata records " + describe(file.expected) +
+                                             ": the source is damaged and is not copied"};
+  }
+  SH_RETURN_IF_ERROR(out->sync());
+  return out->close();
+}
+
+/// Reads `file.to` back and checks its size and XXH3 against the metadata's.
+Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer) {
+  SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file(file.to));
+  if (in->size() != file.expected.size) {
+    return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
+                                             " bytes after the copy, where " + describe(file.expected) + " were sent"};
+  }
+  Xxh3Stream hash;
+  for (std::uint64_t offset = 0; offset < file.expected.size;) {
+    const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), file.expected.size - offset));
+    SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), bytes));
+    hash.update(buffer.data(), bytes);
+    offset += bytes;
+  }
+  if (hash.digest() != file.expected.xxh3) {
+    return Status{ErrorCode::corruption, "'" + file.to + "' reads back with XXH3 " + xxh3_hex(hash.digest()) +
+                                             " after the copy, where " + describe(file.expected) + " were sent"};
+  }
+  return Status::ok();
+}
+
+/// Runs `work` on every file with `threads` threads; the first error (in file order) wins and
+/// stops the files not yet started.
+Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options,
+                     const std::function<Status(const StepFile&, std::vector<char>&)>& work) {
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::size_t failed_at = files.size();
+  Status failure;
+  auto run = [&] {
+    if (options.low_priority) (void)lower_current_thread_priority();
+    std::vector<char> buffer(std::max<std::size_t>(options.piece_bytes, 4096));
+    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (failed_at < files.size()) return;
+      }
+      Status st = work(files[i], buffer);
+      if (!st.is_ok()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (i < failed_at) {
+          failed_at = i;
+          failure = std::move(st);
+        }
+      }
+    }
+  };
+  const int threads = std::clamp<int>(options.threads, 1, std::max<int>(1, static_cast<int>(files.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  return failure;
+}
+
+}  // namespace
+
+Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
+                                           std::int64_t step, const TierCopyOptions& options) {
+  const auto started = Clock::now();
+  TierCopyReport report;
+  const std::string what = "copying step " + std::to_string(step) + " from '" + from.root() + "' to '" + to.root() + "'";
+  // 1. The source's metadata, checked.
+  const std::string source_dir = from.step_dir(step);
+  const std::string metadata_file = CheckpointLayout::policy_dir(source_dir) + "/" + kMetadataFile;
+  SH_ASSIGN_OR_RETURN(auto text, read_small_file(from.fs(), metadata_file));
+  if (!text) {
+    return Status{ErrorCode::not_found, what + ": '" + metadata_file + "' is missing: step " + std::to_string(step) +
+                                            " is not committed there"};
+  }
+  auto metadata = metadata_from_json(*text, metadata_file);
+  if (!metadata.is_ok()) return metadata.status().with_context(what);
+  if (metadata->step != step) {
+    return Status{ErrorCode::corruption, what + ": '" + metadata_file + "' is the metadata of step " +
+                                             std::to_string(metadata->step)};
+  }
+  auto there = to.is_committed(step);
+  if (!there.is_ok()) return there.status().with_context(what);
+  report.replaced = *there;
+  if (*there && !to.fs().capabilities(to.root()).atomic_rename) {
+    // An object store cannot swap the step in: it goes first (metadata first), then the copy.
+    Status removed = to.remove_step(step);
+    if (!removed.is_ok()) return removed.with_context(what + ": removing the committed step it replaces");
+  }
+  // 2. The write folder.
+  auto policy_dir = to.prepare(step);
+  if (!policy_dir.is_ok()) return policy_dir.status().with_context(what);
+  const std::string write_dir = to.write_dir(step);
+  std::vector<StepFile> files;
+  for (const auto& [name, meta] : metadata->files) {
+    files.push_back({CheckpointLayout::policy_dir(source_dir) + "/" + name, *policy_dir + "/" + name, meta});
+  }
+  if (metadata->trainer_state) {
+    files.push_back({source_dir + "/" + kTrainerStateFile, write_dir + "/" + kTrainerStateFile,
+                     *metadata->trainer_state});
+  }
+  auto fail = [&](const Status& st) -> Status {
+    (void)to.abort(step);
+    return st.with_context(what + " (nothing of step " + std::to_string(step) + " is committed there)");
+  };
+  // 3. The copy, checked against the metadata as it is read.
+  auto phase = Clock::now();
+  Status st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
+    return copy_checked(from.fs(), to.fs(), file, buffer);
+  });
+  if (!st.is_ok()) return fail(st);
+  report.copy_s = seconds_since(phase);
+  // 4. What the destination holds, read back.
+  phase = Clock::now();
+  st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
+    return check_copied(to.fs(), file, buffer);
+  });
+  if (!st.is_ok()) return fail(st);
+  report.verify_s = seconds_since(phase);
+  // 5. The commit: metadata, rename, tracker.
+  phase = Clock::now();
+  st = to.commit_copy(step, *text);
+  if (!st.is_ok()) return st.with_context(what);
+  report.commit_s = seconds_since(phase);
+  for (const auto& file : files) report.bytes += file.expected.size;
+  report.files = files.size() + 1;
+  report.bytes += text->size();
+  report.total_s = seconds_since(started);
+  return report;
+}
+
+}  // namespace stagehand

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/core/status.hpp"
+
+namespace stagehand {
+
+struct TierCopyOptions {
+  /// Files copied at once.
+  int threads = 2;
+  /// Bytes read, hashed and written at a time by each thread.
+  std::size_t piece_bytes = std::size_t{8} << 20;
+  /// The copying threads run at lowered CPU and I/O priority (a hint: where it cannot be
+  /// lowered the copy still runs).
+  bool low_priority = true;
+};
+
+/// What copy_committed_step did.
+struct TierCopyReport {
+  /// Files written at the destination (data files, trainer_state.json, metadata.json) and
+  /// their bytes.
+  std::uint64_t files = 0;
+  std::uint64_t bytes = 0;
+  /// Seconds reading, hashing and writing the files (the upload included), then reading them
+  /// back and hashing them again, then committing.
+  double copy_s = 0;
+  double verify_s = 0;
+  double commit_s = 0;
+  double total_s = 0;
+  /// A committed step of the same number was at the destination, and was replaced.
+  bool replaced = false;
+};
+
+/// Copies committed step `step` of root `from` (the local tier) into root `to` (the durable
+/// tier: a folder or an object store), so that it counts as committed there only once every
+/// byte is in place and checked:
+///   1. reads from's metadata.json and checks it (its own checksum, its step);
+///   2. prepares the step's write folder at `to` (CheckpointStore::prepare);
+///   3. copies every data file and trainer_state.json, hashing the bytes as they are read: a
+///      source whose size or XXH3 differs from what the metadata records is corruption, and
+///      nothing of the step is committed (a damaged local copy is never made durable);
+///   4. reads every copied file back from `to` and checks its size and XXH3 again: what the
+///      store holds, not what was sent;
+///   5. commits with from's metadata.json byte for byte, then (where renames exist) the rename,
+///      then the tracker (CheckpointStore::commit_copy).
+/// A step of the same number committed at `to` is replaced, as a save replaces one (the trainer
+/// copies a step again only when its run saved it again: after resuming from before it): where
+/// renames are atomic, a committed copy exists at every instant; in an object store it is
+/// removed first (CheckpointStore::remove_step). Any other failure removes what the step left at
+/// `to`, whose tracker still names the step it named, and the error names the step and the file.
+/// @pre nothing else writes step `step` of `to` meanwhile (the trainer's one copier).
+Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
+                                           std::int64_t step, const TierCopyOptions& options = {});
+
+}  // namespace stagehand

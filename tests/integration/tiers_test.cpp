@@ -1,0 +1,247 @@
+// stagehand-train with a local tier (trainer.local_ckpt_path) and a durable one (ckpt_path):
+// saves into the local tier, background copies into the durable one, retention in each, and a
+// resume that takes the newest step that loads from either, naming what it rejected.
+#define BOOST_TEST_MODULE tiers
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "tests/checkpoint_test_util.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = test::bin_dir();
+const std::string kConfig = test::source_dir() + "/examples/configs/sync_rl.yaml";
+
+test::CommandRun train(const std::vector<std::string>& sets, bool quiet = false, const std::string& metrics = "") {
+  std::string cmd = kBin + "/stagehand-train" + (quiet ? " --quiet" : "") + " --config " + kConfig;
+  for (const auto& s : sets) cmd += " --set '" + s + "'";
+  if (!metrics.empty()) cmd += " --metrics-out " + metrics;
+  return test::run_command(cmd);
+}
+
+/// A tiered run's settings: the local tier every `local_every` steps keeping `local_keep`, the
+/// durable tier every 10 keeping all.
+std::vector<std::string> tiered(const std::string& dir, int total, int local_every, int local_keep, bool resume) {
+  std::vector<std::string> out{"trainer.local_ckpt_path=" + dir + "/local",
+                               "trainer.ckpt_path=" + dir + "/durable",
+                               "trainer.total_steps=" + std::to_string(total),
+                               "trainer.local_ckpt_interval=" + std::to_string(local_every),
+                               "trainer.local_max_ckpts_to_keep=" + std::to_string(local_keep),
+                               "trainer.ckpt_interval=10",
+                               "trainer.max_ckpts_to_keep=0"};
+  if (resume) out.push_back("trainer.resume_mode=latest");
+  return out;
+}
+
+/// An uninterrupted run without tiers, saving every 10 steps into `root`.
+std::vector<std::string> straight(const std::string& root, int total) {
+  return {"trainer.ckpt_path=" + root, "trainer.total_steps=" + std::to_string(total), "trainer.ckpt_interval=10",
+          "trainer.max_ckpts_to_keep=0"};
+}
+
+std::vector<nlohmann::json> lines_of(const std::string& path, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) out.push_back(j);
+  }
+  return out;
+}
+
+std::string data_file(const std::string& root, int step, const std::string& name) {
+  return root + "/global_step_" + std::to_string(step) + "/policy/" + name;
+}
+
+void flip_byte(const std::string& path) {
+  std::string bytes = test::read_file(path);
+  BOOST_REQUIRE(bytes.size() > 200);
+  bytes[bytes.size() - 100] = static_cast<char>(bytes[bytes.size() - 100] ^ 0x5a);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+/// Every file of `a` equals the file of the same name in `b`, and neither has more.
+void expect_same_files(const std::string& a, const std::string& b) {
+  auto left = test::files_of(a);
+  auto right = test::files_of(b);
+  BOOST_TEST(left.size() == right.size(), a << " and " << b);
+  for (const auto& [name, bytes] : left) BOOST_TEST((right[name] == bytes), name << " differs between " << a << " and " << b);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(saves_commit_in_the_local_tier_and_every_tenth_is_copied_to_the_durable_one) {
+  TempDir dir;
+  auto base = train(straight(dir / "straight", 30), true);
+  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  const std::string metrics = dir / "metrics.jsonl";
+  auto run = train(tiered(dir.path(), 30, 2, 2, false), false, metrics);
+  BOOST_REQUIRE_MESSAGE(run.code == 0, run.output);
+  for (const std::string& said : std::vector<std::string>
+       {"checkpoints async in " + dir / "local",
+        "a local tier: saves every 2 steps into " + dir / "local" + " (keeps 2), copied every 10 steps",
+        "durable tier: 3 uploads to " + dir / "durable" + ", 0 failed; it holds step 30"}) {
+    BOOST_TEST(run.output.find(said) != std::string::npos, said << " in: " << run.output);
+  }
+  // The local tier keeps its newest two; the durable one has every tenth step, tracker last.
+  BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{28, 30}));
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30}));
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "30\n");
+  BOOST_TEST(test::read_file(dir / "local/latest_ckpt_global_step.txt") == "30\n");
+  // Fifteen saves (every second step), three uploads, each checked after it was written.
+  BOOST_TEST(lines_of(metrics, "save").size() == 15u);
+  auto uploads = lines_of(metrics, "upload");
+  BOOST_REQUIRE(uploads.size() == 3u);
+  for (std::size_t i = 0; i < uploads.size(); ++i) {
+    BOOST_TEST(uploads[i]["ok"] == true, uploads[i].dump());
+    BOOST_TEST(uploads[i]["step"] == 10 * static_cast<int>(i + 1));
+    BOOST_TEST(uploads[i]["bytes"].get<std::uint64_t>() > 0u);
+  }
+  // The copies are the checkpoints a run without tiers writes, byte for byte.
+  for (int step : {10, 20, 30}) {
+    expect_same_files(dir / ("straight/global_step_" + std::to_string(step)),
+                      dir / ("durable/global_step_" + std::to_string(step)));
+  }
+  expect_same_files(dir / "straight/global_step_30", dir / "local/global_step_30");
+  auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "durable");
+  BOOST_TEST(verify.code == 0, verify.output);
+}
+
+BOOST_AUTO_TEST_CASE(resume_latest_takes_the_newest_step_that_loads_from_either_tier_naming_what_it_rejected) {
+  TempDir dir;
+  auto whole = train(straight(dir / "straight", 40), true);
+  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
+  // Local steps 20, 25, 30; durable steps 10, 20, 30.
+  fs::create_directories(dir / "base");
+  auto first = train(tiered(dir / "base", 30, 5, 3, false), true);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  const std::string run = dir / "run";
+  const std::string local = run + "/local";
+  const std::string durable = run + "/durable";
+  struct Case {
+    std::string what;
+    std::function<void()> spoil;
+    std::string resumed;
+    std::vector<std::string> said;
+  };
+  const std::vector<Case> cases{
+      {"a flipped byte in local step 30", [&] { flip_byte(data_file(local, 30, "__0_0.safetensors")); },
+       durable + "/global_step_30",
+       {"local step 30 rejected: ", "checksum mismatch", "resumed durable step 30 after rejecting"}},
+      {"the host's local tier lost", [&] { fs::remove_all(local); }, durable + "/global_step_30", {}},
+      {"a missing file in local step 30 and a flipped byte in durable step 30",
+       [&] {
+         fs::remove(data_file(local, 30, "__1_0.safetensors"));
+         flip_byte(data_file(durable, 30, "__0_0.safetensors"));
+       },
+       local + "/global_step_25",
+       {"local step 30 rejected: ", "__1_0.safetensors", "durable step 30 rejected: ", "checksum mismatch",
+        "resumed local step 25 after rejecting"}},
+      {"a stale local tracker", [&] { std::ofstream(local + "/latest_ckpt_global_step.txt") << "50\n"; },
+       local + "/global_step_30",
+       {"local tier: the tracker '" + local + "/latest_ckpt_global_step.txt' names step 50, but '" + local +
+        "/global_step_50' is not a committed checkpoint"}},
+      {"every local step and durable step 30 corrupt",
+       [&] {
+         for (int step : {20, 25, 30}) flip_byte(data_file(local, step, "__0_0.safetensors"));
+         flip_byte(data_file(durable, 30, "__1_0.safetensors"));
+       },
+       durable + "/global_step_20",
+       {"local step 30 rejected", "durable step 30 rejected", "local step 25 rejected", "local step 20 rejected",
+        "resumed durable step 20 after rejecting"}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      fs::remove_all(run);
+      fs::copy(dir / "base", run, fs::copy_options::recursive);
+      c.spoil();
+      std::vector<std::string> sets = tiered(run, 40, 5, 3, true);
+      auto r = train(sets);
+      BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+      BOOST_TEST(r.output.find("resumed from " + c.resumed + " at step") != std::string::npos, r.output);
+      for (const auto& said : c.said) BOOST_TEST(r.output.find(said) != std::string::npos, said << " in: " << r.output);
+      // Training went on to step 40 exactly as without the interruption, in both tiers.
+      expect_same_files(dir / "straight/global_step_40", local + "/global_step_40");
+      expect_same_files(dir / "straight/global_step_40", durable + "/global_step_40");
+      BOOST_TEST(test::read_file(durable + "/latest_ckpt_global_step.txt") == "40\n");
+      // A corrupt durable step that was resumed past is saved again, whole.
+      auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + durable + "/global_step_30");
+      BOOST_TEST(verify.code == 0, verify.output);
+    }
+  }
+  // Nothing loads anywhere: the run fails naming every step of both tiers, and changes nothing.
+  fs::remove_all(run);
+  fs::copy(dir / "base", run, fs::copy_options::recursive);
+  for (int step : {20, 25, 30}) flip_byte(data_file(local, step, "__0_0.safetensors"));
+  for (int step : {10, 20, 30}) flip_byte(data_file(durable, step, "__0_0.safetensors"));
+  auto none = train(tiered(run, 40, 5, 3, true));
+  BOOST_TEST(none.code == 1, none.output);
+  for (const std::string& said : std::vector<std::string>{"no committed checkpoint in '" + local + "' or '" + durable + "' could be resumed",
+                                 "durable step 10 rejected", "local step 20 rejected", "nothing was changed"}) {
+    BOOST_TEST(none.output.find(said) != std::string::npos, said << " in: " << none.output);
+  }
+  BOOST_TEST((test::committed_steps(local) == std::vector<std::int64_t>{20, 25, 30}));
+  BOOST_TEST((test::committed_steps(durable) == std::vector<std::int64_t>{10, 20, 30}));
+}
+
+BOOST_AUTO_TEST_CASE(a_resume_uploads_what_the_last_run_left_owed_and_local_retention_kept_it) {
+  TempDir dir;
+  auto whole = train(straight(dir / "straight", 30), true);
+  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
+  auto first = train(tiered(dir.path(), 20, 5, 1, false), true);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  // A run killed after the commit of step 20 and before its upload: the durable tier has 10.
+  fs::remove_all(dir / "durable/global_step_20");
+  std::ofstream(dir / "durable/latest_ckpt_global_step.txt") << "10\n";
+  auto second = train(tiered(dir.path(), 30, 5, 1, true));
+  BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+  BOOST_TEST(second.output.find("uploading step 20 of the local tier, committed but not in '" + dir / "durable" +
+                                "' yet") != std::string::npos,
+             second.output);
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30}));
+  expect_same_files(dir / "straight/global_step_20", dir / "durable/global_step_20");
+  expect_same_files(dir / "straight/global_step_30", dir / "durable/global_step_30");
+  // With local_max_ckpts_to_keep 1, only the newest local step stays once it is uploaded.
+  BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{30}));
+}
+
+BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> sets;
+    std::string said;
+  };
+  const std::vector<Case> cases{
+      {{"trainer.local_ckpt_path=s3://bucket/local"}, "trainer.local_ckpt_path: must be a node-local folder"},
+      {{"trainer.local_ckpt_path=" + dir / "ckpt", "trainer.ckpt_path=" + dir / "ckpt/"},
+       "must be separate folders, neither inside the other"},
+      {{"trainer.local_ckpt_path=" + dir / "ckpt/local", "trainer.ckpt_path=" + dir / "ckpt"},
+       "must be separate folders, neither inside the other"},
+      {{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "ckpt",
+        "trainer.local_ckpt_interval=0"},
+       "trainer.local_ckpt_interval"},
+  };
+  for (const auto& c : cases) {
+    auto r = train(c.sets, true);
+    BOOST_TEST(r.code != 0, r.output);
+    BOOST_TEST(r.output.find(c.said) != std::string::npos, c.said << " in: " << r.output);
+  }
+  // A fresh start over a durable tier that holds checkpoints is refused as without tiers.
+  auto first = train(tiered(dir.path(), 10, 5, 2, false), true);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  fs::remove_all(dir / "local");
+  auto again = train(tiered(dir.path(), 10, 5, 2, false), true);
+  BOOST_TEST(again.code != 0, again.output);
+  BOOST_TEST(again.output.find("trainer.ckpt_path '" + dir / "durable" + "' holds committed checkpoints") !=
+                 std::string::npos,
+             again.output);
+}

@@ -1,0 +1,84 @@
+// The durable tier beside a local one (trainer.local_ckpt_path): which steps are saved, the
+// background copies of committed local steps into ckpt_path, what the local tier keeps for them,
+// and how they are reported.
+#include "stagehand/trainers/trainer_base.hpp"
+
+namespace stagehand {
+
+bool TrainerBase::should_save(std::int64_t step) const {
+  return policy_.should_save(step) || (durable_ && durable_->should_save(step));
+}
+
+Result<std::set<std::int64_t>> TrainerBase::local_steps_in_use() const {
+  std::set<std::int64_t> in_use = uploads_ ? uploads_->steps_in_use() : std::set<std::int64_t>{};
+  SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
+  for (auto step : steps) {
+    if (durable_->should_save(step) && step > durable_step_) in_use.insert(step);
+  }
+  return in_use;
+}
+
+Status TrainerBase::upload_owed(std::int64_t step) {
+  SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
+  for (auto s : steps) {
+    // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
+    if (s > step || s <= durable_step_ || !durable_->should_save(s)) continue;
+    SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(s));
+    if (there) continue;
+    say("uploading step %lld of the local tier, committed but not in '%s' yet (trainer.ckpt_interval %lld)\n",
+        static_cast<long long>(s), durable_->store().root().c_str(),
+        static_cast<long long>(options_.config.trainer.ckpt_interval));
+    uploads_->enqueue(s, policy_.store().step_dir(s), durable_->store().step_dir(s));
+  }
+  return Status::ok();
+}
+
+Status TrainerBase::report_uploads() {
+  if (!uploads_) return Status::ok();
+  bool landed = false;
+  for (const auto& done : uploads_->take_done()) {
+    const TierCopyReport& r = done.report;
+    nlohmann::json line{{"type", "upload"}, {"step", done.step},       {"path", done.out_dir},
+                        {"ok", done.status.is_ok()}, {"upload_s", r.total_s}, {"copy_s", r.copy_s},
+                        {"verify_s", r.verify_s},   {"commit_s", r.commit_s}, {"bytes", r.bytes},
+                        {"files", r.files},         {"replaced", r.replaced}};
+    if (done.status.is_ok()) {
+      ++summary_->uploads_done;
+      durable_step_ = std::max(durable_step_, done.step);
+      landed = true;
+      say("uploaded step %lld to %s (%llu files, %llu bytes, %.3f s: copy %.3f, read back %.3f, commit %.3f)%s\n",
+          static_cast<long long>(done.step), done.out_dir.c_str(), static_cast<unsigned long long>(r.files),
+          static_cast<unsigned long long>(r.bytes), r.total_s, r.copy_s, r.verify_s, r.commit_s,
+          r.replaced ? " (replacing the step of the same number there)" : "");
+    } else {
+      ++summary_->uploads_failed;
+      line["error"] = done.status.message();
+      const std::string held = durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
+      upload_error_ = "the upload of step " + std::to_string(done.step) + " to '" + durable_->store().root() +
+                      "' failed (the durable tier " + held + "; the local tier keeps step " +
+                      std::to_string(done.step) + " and a resume uploads it): " + done.status.message();
+      warn("%s\n", upload_error_.c_str());
+    }
+    write_metrics(line);
+  }
+  summary_->durable_step = durable_step_;
+  if (!landed) return Status::ok();
+  SH_ASSIGN_OR_RETURN(auto deleted, durable_->apply_retention());
+  for (auto s : deleted) say("retention: removed the durable tier's checkpoint step %lld\n", static_cast<long long>(s));
+  // Local steps kept for a step that is in the durable tier now may go.
+  return apply_retention();
+}
+
+Status TrainerBase::finish_uploads() {
+  uploads_->wait_idle();
+  SH_RETURN_IF_ERROR(report_uploads());
+  SH_ASSIGN_OR_RETURN(auto owed, local_steps_in_use());
+  if (owed.empty()) return Status::ok();
+  const std::int64_t newest = *owed.rbegin();
+  return Status{ErrorCode::io_error,
+                "the durable tier '" + durable_->store().root() + "' did not receive step " + std::to_string(newest) +
+                    ", committed in the local tier '" + policy_.store().root() + "'" +
+                    (upload_error_.empty() ? "" : ": " + upload_error_)};
+}
+
+}  // namespace stagehand
