@@ -63,8 +63,15 @@ Status TrainerBase::report_uploads() {
   }
   summary_->durable_step = durable_step_;
   if (!landed) return Status::ok();
-  SH_ASSIGN_OR_RETURN(auto deleted, durable_->apply_retention());
-  for (auto s : deleted) say("retention: removed the durable tier's checkpoint step %lld\n", static_cast<long long>(s));
+  // A store that is unreachable now fails no training step: the next upload's retention tries again.
+  auto deleted = durable_->apply_retention();
+  if (!deleted.is_ok()) {
+    warn("retention in the durable tier '%s' failed (tried again after the next upload): %s\n",
+         durable_->store().root().c_str(), deleted.status().message().c_str());
+  }
+  for (auto s : deleted.is_ok() ? *deleted : std::vector<std::int64_t>{}) {
+    say("retention: removed the durable tier's checkpoint step %lld\n", static_cast<long long>(s));
+  }
   // Local steps kept for a step that is in the durable tier now may go.
   return apply_retention();
 }

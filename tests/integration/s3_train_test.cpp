@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "tests/checkpoint_test_util.hpp"
 #include "tests/s3_test_util.hpp"
 #include "tests/test_util.hpp"
 
@@ -122,4 +123,75 @@ BOOST_AUTO_TEST_CASE(wrong_credentials_a_missing_bucket_and_an_unreachable_endpo
   for (const auto* r : {&wrong, &missing, &nowhere, &no_credentials}) {
     BOOST_TEST(r->output.find("step 1") == std::string::npos, "failed only after training: " << r->output);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_local_tier_saves_async_and_fills_an_s3_durable_tier_in_the_background) {
+  S3Server server({"train-bucket"}, /*proxy=*/true);
+  TempDir dir;
+  // A wider model, so that one upload is about a megabyte.
+  std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=true", "trainer.ckpt_interval=10",
+                                  "model.hidden=2048",                         "trainer.local_ckpt_interval=2",
+                                  "trainer.local_max_ckpts_to_keep=2",         "storage.s3.max_attempts=2",
+                                  "megatron_config.local_work_dir=" + dir / "work"};
+  auto with = [&](const std::string& name, int total, std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    extra.push_back("trainer.total_steps=" + std::to_string(total));
+    extra.push_back("trainer.local_ckpt_path=" + dir / ("local-" + name));
+    extra.push_back("trainer.ckpt_path=s3://train-bucket/" + name);
+    return extra;
+  };
+  CommandRun straight = train(server.env(), {"trainer.ckpt_path=" + dir / "straight", "trainer.total_steps=20",
+                                             "trainer.ckpt_interval=10", "model.hidden=2048"});
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+
+  // The request bytes of a run that uploads step 10, and of one that uploads 10 and 20.
+  auto sent = [&] { return nlohmann::json::parse(server.command("stats"))["sent"].get<std::int64_t>(); };
+  BOOST_REQUIRE(server.command("reset_stats") == "ok");
+  CommandRun ten = train(server.env(true), with("cal10", 10, {}), false);
+  BOOST_REQUIRE_MESSAGE(ten.code == 0, ten.output);
+  // The saves are async into the local tier: the object store only receives the copies.
+  BOOST_TEST(ten.output.find("checkpoints async in " + dir / "local-cal10") != std::string::npos, ten.output);
+  BOOST_TEST(ten.output.find("durable tier: 1 uploads to s3://train-bucket/cal10, 0 failed; it holds step 10") !=
+                 std::string::npos,
+             ten.output);
+  const std::int64_t through_ten = sent();
+  BOOST_REQUIRE(server.command("reset_stats") == "ok");
+  CommandRun twenty = train(server.env(true), with("cal20", 20, {}));
+  BOOST_REQUIRE_MESSAGE(twenty.code == 0, twenty.output);
+  const std::int64_t through_twenty = sent();
+  BOOST_REQUIRE(through_twenty - through_ten > 500000);
+
+  // The proxy goes down halfway through the upload of step 20: the run trains on, says that the
+  // durable tier did not receive step 20, and fails; the store's tracker still names step 10.
+  BOOST_REQUIRE(server.command("down_after " + std::to_string(through_ten + (through_twenty - through_ten) / 2)) == "ok");
+  CommandRun cut = train(server.env(true), with("run", 20, {}));
+  BOOST_TEST(cut.code == 1, cut.output);
+  for (const std::string& said :
+       std::vector<std::string>{"the upload of step 20 to 's3://train-bucket/run' failed (the durable tier still holds "
+                                "step 10; the local tier keeps step 20 and a resume uploads it)",
+                                "did not receive step 20, committed in the local tier"}) {
+    BOOST_TEST(cut.output.find(said) != std::string::npos, said << " in: " << cut.output);
+  }
+  BOOST_REQUIRE(server.command("up") == "ok");
+  auto root = test::CloudRoot::open("s3://train-bucket/run", server.options());
+  BOOST_REQUIRE(root.is_ok());
+  BOOST_TEST(**root->read_tracker() == 10);
+  BOOST_TEST((test::committed_steps(dir / "local-run") == std::vector<std::int64_t>{18, 20}));
+
+  // The run that resumes uploads what is owed, and the durable tier holds the step exactly.
+  CommandRun resumed = train(server.env(true), with("run", 20, {"trainer.resume_mode=latest"}), false);
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  BOOST_TEST(resumed.output.find("uploading step 20 of the local tier") != std::string::npos, resumed.output);
+  BOOST_TEST(**root->read_tracker() == 20);
+  auto check = run_command(server.env() + " python3 " + source_dir() + "/tests/integration/s3_check.py " +
+                           "s3://train-bucket/run --compare-local " + dir / "straight");
+  BOOST_TEST(check.code == 0, check.output);
+
+  // The host is lost with its local tier: the resume takes step 20 from the store.
+  fs::remove_all(dir / "local-run");
+  CommandRun again = train(server.env(), with("run", 30, {"trainer.resume_mode=latest"}), false);
+  BOOST_REQUIRE_MESSAGE(again.code == 0, again.output);
+  BOOST_TEST(again.output.find("resumed from s3://train-bucket/run/global_step_20 at step 20") != std::string::npos,
+             again.output);
+  BOOST_TEST(**root->read_tracker() == 30);
 }
