@@ -239,9 +239,10 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                   c.trainer.export_path.c_str(), static_cast<long long>(summary->exports_failed));
     }
     if (!c.trainer.local_ckpt_path.empty()) {
-      std::printf("durable tier: %lld uploads to %s, %lld failed; it holds step %lld\n",
+      std::printf("durable tier: %lld uploads to %s, %lld failed; it holds %s\n",
                   static_cast<long long>(summary->uploads_done), c.trainer.ckpt_path.c_str(),
-                  static_cast<long long>(summary->uploads_failed), static_cast<long long>(summary->durable_step));
+                  static_cast<long long>(summary->uploads_failed),
+                  summary->durable_step < 0 ? "no step" : ("step " + std::to_string(summary->durable_step)).c_str());
     }
   }
   if (summary->stopped_by_signal) report_stop(*summary, save_root(c.trainer));

@@ -142,7 +142,7 @@ Result<std::vector<std::int64_t>> CheckpointPolicy::apply_retention(const std::s
 
 Result<std::unique_ptr<FileLock>> CheckpointPolicy::lock_destination() const {
   auto lock = store_.lock();
-  if (!lock.is_ok()) return lock.status().with_context("trainer");
+  if (!lock.is_ok()) return lock.status().with_context(context());
   return lock;
 }
 

@@ -87,7 +87,7 @@ class CheckpointPolicy {
 
   /// Fails fast, before any training, when `ckpt_path` cannot hold checkpoints
   /// (CheckpointStore::check_destination).
-  Status check_destination() const { return store_.check_destination().with_context("trainer"); }
+  Status check_destination() const { return store_.check_destination().with_context(context()); }
 
   /// Takes the exclusive lock on `ckpt_path` (creating the folder), to be held until no save of
   /// the run can still commit; null where the store has no locks (an object store).
@@ -101,6 +101,11 @@ class CheckpointPolicy {
  private:
   CheckpointPolicy(TrainerConfig config, std::shared_ptr<FileSystem> fs, std::string root_setting)
       : config_(std::move(config)), store_(std::move(fs), config_.ckpt_path), root_setting_(std::move(root_setting)) {}
+
+  /// What errors about the root start with: "trainer", or the local tier's setting.
+  std::string context() const {
+    return root_setting_ == "trainer.ckpt_path" ? "trainer" : root_setting_ + " (the local tier)";
+  }
 
   TrainerConfig config_;
   CheckpointStore store_;

@@ -93,6 +93,39 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
   }
 }
 
+BOOST_AUTO_TEST_CASE(four_processes_with_a_local_tier_fill_the_durable_one_and_resume_from_it_when_the_local_is_lost) {
+  TempDir dir;
+  auto straight = test::run_command(train_command(
+      {"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=40", "trainer.ckpt_interval=10",
+       "trainer.max_ckpts_to_keep=0"}));
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  auto tiered = [&](int total, bool resume) {
+    std::vector<std::string> sets{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "durable",
+                                  "trainer.total_steps=" + std::to_string(total), "trainer.local_ckpt_interval=5",
+                                  "trainer.local_max_ckpts_to_keep=2", "trainer.ckpt_interval=10",
+                                  "trainer.max_ckpts_to_keep=0"};
+    if (resume) sets.push_back("trainer.resume_mode=latest");
+    const std::string launch =
+        "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+    return test::run_command(launch + train_command(sets));
+  };
+  auto first = tiered(20, false);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{15, 20}));
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20}));
+  // The local tier is lost (a replaced host): the job resumes from the durable one.
+  fs::remove_all(dir / "local");
+  auto second = tiered(40, true);
+  BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30, 40}));
+  BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{35, 40}));
+  for (int step : {10, 20, 30, 40}) {
+    expect_same_checkpoint(dir / ("inproc/global_step_" + std::to_string(step)),
+                           dir / ("durable/global_step_" + std::to_string(step)));
+  }
+  expect_same_checkpoint(dir / "inproc/global_step_40", dir / "local/global_step_40");
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_and_keeps_the_previous_checkpoint) {
   TempDir dir;
   const int port = test::free_port();
