@@ -156,10 +156,16 @@ class TrainerBase : public caf::blocking_actor {
 
   /// Whether `step` is saved: the local or the durable tier's interval says so.
   bool should_save(std::int64_t step) const;
-  /// Local steps that retention keeps: being uploaded, or owed to the durable tier (a step the
-  /// durable tier's interval names, newer than what it holds).
+  /// Local steps that retention keeps: being uploaded or queued, and the newest owed to the
+  /// durable tier (newest_owed_upload). Older owed steps are not kept: once a newer step is in
+  /// the durable tier they are of no use, so that a store that stays unreachable cannot fill the
+  /// local tier.
   Result<std::set<std::int64_t>> local_steps_in_use() const;
-  /// Queues the uploads owed by committed local steps up to `step`, the step resumed.
+  /// The newest committed local step up to `up_to` that the durable tier's interval names and
+  /// that is newer than the step the durable tier holds; none when there is none.
+  Result<std::optional<std::int64_t>> newest_owed_upload(std::int64_t up_to) const;
+  /// Queues the upload of newest_owed_upload(step), `step` the step resumed, unless the durable
+  /// tier holds that step already.
   Status upload_owed(std::int64_t step);
   /// Says how the uploads that ended went (a line and a metrics line each), and applies the
   /// durable tier's retention after those that landed.

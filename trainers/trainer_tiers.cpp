@@ -1,6 +1,8 @@
 // The durable tier beside a local one (trainer.local_ckpt_path): which steps are saved, the
 // background copies of committed local steps into ckpt_path, what the local tier keeps for them,
 // and how they are reported.
+#include <limits>
+
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {
@@ -11,32 +13,39 @@ bool TrainerBase::should_save(std::int64_t step) const {
 
 Result<std::set<std::int64_t>> TrainerBase::local_steps_in_use() const {
   std::set<std::int64_t> in_use = uploads_ ? uploads_->steps_in_use() : std::set<std::int64_t>{};
-  SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
-  for (auto step : steps) {
-    if (durable_->should_save(step) && step > durable_step_) in_use.insert(step);
-  }
+  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(std::numeric_limits<std::int64_t>::max()));
+  if (owed) in_use.insert(*owed);
   return in_use;
 }
 
-Status TrainerBase::upload_owed(std::int64_t step) {
+Result<std::optional<std::int64_t>> TrainerBase::newest_owed_upload(std::int64_t up_to) const {
   SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
-  for (auto s : steps) {
-    // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
-    if (s > step || s <= durable_step_ || !durable_->should_save(s)) continue;
-    SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(s));
-    if (there) continue;
-    say("uploading step %lld of the local tier, committed but not in '%s' yet (trainer.ckpt_interval %lld)\n",
-        static_cast<long long>(s), durable_->store().root().c_str(),
-        static_cast<long long>(options_.config.trainer.ckpt_interval));
-    uploads_->enqueue(s, policy_.store().step_dir(s), durable_->store().step_dir(s));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it > up_to || !durable_->should_save(*it)) continue;
+    if (*it <= durable_step_) break;
+    return std::optional<std::int64_t>{*it};
   }
+  return std::optional<std::int64_t>{};
+}
+
+Status TrainerBase::upload_owed(std::int64_t step) {
+  // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
+  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(step));
+  if (!owed) return Status::ok();
+  SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(*owed));
+  if (there) return Status::ok();
+  say("uploading step %lld of the local tier, committed but not in '%s' yet (trainer.ckpt_interval %lld)\n",
+      static_cast<long long>(*owed), durable_->store().root().c_str(),
+      static_cast<long long>(options_.config.trainer.ckpt_interval));
+  uploads_->enqueue(*owed, policy_.store().step_dir(*owed), durable_->store().step_dir(*owed));
   return Status::ok();
 }
 
 Status TrainerBase::report_uploads() {
   if (!uploads_) return Status::ok();
   bool landed = false;
-  for (const auto& done : uploads_->take_done()) {
+  const auto ended = uploads_->take_done();
+  for (const auto& done : ended) {
     const TierCopyReport& r = done.report;
     nlohmann::json line{{"type", "upload"}, {"step", done.step},       {"path", done.out_dir},
                         {"ok", done.status.is_ok()}, {"upload_s", r.total_s}, {"copy_s", r.copy_s},
@@ -55,14 +64,17 @@ Status TrainerBase::report_uploads() {
       line["error"] = done.status.message();
       const std::string held = durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
       upload_error_ = "the upload of step " + std::to_string(done.step) + " to '" + durable_->store().root() +
-                      "' failed (the durable tier " + held + "; the local tier keeps step " +
-                      std::to_string(done.step) + " and a resume uploads it): " + done.status.message();
+                      "' failed (the durable tier " + held +
+                      "; the local tier keeps the newest step it lacks, and a resume uploads it): " +
+                      done.status.message();
       warn("%s\n", upload_error_.c_str());
     }
     write_metrics(line);
   }
   summary_->durable_step = durable_step_;
-  if (!landed) return Status::ok();
+  if (ended.empty()) return Status::ok();
+  // Local steps kept for an upload that ended (landed, or superseded by a newer owed step) may go.
+  if (!landed) return apply_retention();
   // A store that is unreachable now fails no training step: the next upload's retention tries again.
   auto deleted = durable_->apply_retention();
   if (!deleted.is_ok()) {
@@ -72,7 +84,6 @@ Status TrainerBase::report_uploads() {
   for (auto s : deleted.is_ok() ? *deleted : std::vector<std::int64_t>{}) {
     say("retention: removed the durable tier's checkpoint step %lld\n", static_cast<long long>(s));
   }
-  // Local steps kept for a step that is in the durable tier now may go.
   return apply_retention();
 }
 

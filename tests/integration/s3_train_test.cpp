@@ -140,7 +140,7 @@ BOOST_AUTO_TEST_CASE(a_local_tier_saves_async_and_fills_an_s3_durable_tier_in_th
     extra.push_back("trainer.ckpt_path=s3://train-bucket/" + name);
     return extra;
   };
-  CommandRun straight = train(server.env(), {"trainer.ckpt_path=" + dir / "straight", "trainer.total_steps=20",
+  CommandRun straight = train(server.env(), {"trainer.ckpt_path=" + dir / "straight", "trainer.total_steps=30",
                                              "trainer.ckpt_interval=10", "model.hidden=2048"});
   BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
 
@@ -161,37 +161,41 @@ BOOST_AUTO_TEST_CASE(a_local_tier_saves_async_and_fills_an_s3_durable_tier_in_th
   const std::int64_t through_twenty = sent();
   BOOST_REQUIRE(through_twenty - through_ten > 500000);
 
-  // The proxy goes down halfway through the upload of step 20: the run trains on, says that the
-  // durable tier did not receive step 20, and fails; the store's tracker still names step 10.
+  // The proxy goes down halfway through the upload of step 20 and stays down: the run trains on,
+  // says that the uploads of steps 20 and 30 failed and that the durable tier did not receive
+  // step 30, and fails; the store's tracker still names step 10.
   BOOST_REQUIRE(server.command("down_after " + std::to_string(through_ten + (through_twenty - through_ten) / 2)) == "ok");
-  CommandRun cut = train(server.env(true), with("run", 20, {}));
+  CommandRun cut = train(server.env(true), with("run", 30, {}));
   BOOST_TEST(cut.code == 1, cut.output);
   for (const std::string& said :
        std::vector<std::string>{"the upload of step 20 to 's3://train-bucket/run' failed (the durable tier still holds "
-                                "step 10; the local tier keeps step 20 and a resume uploads it)",
-                                "did not receive step 20, committed in the local tier"}) {
+                                "step 10; the local tier keeps the newest step it lacks, and a resume uploads it)",
+                                "the upload of step 30 to 's3://train-bucket/run' failed",
+                                "did not receive step 30, committed in the local tier"}) {
     BOOST_TEST(cut.output.find(said) != std::string::npos, said << " in: " << cut.output);
   }
   BOOST_REQUIRE(server.command("up") == "ok");
   auto root = test::CloudRoot::open("s3://train-bucket/run", server.options());
   BOOST_REQUIRE(root.is_ok());
   BOOST_TEST(**root->read_tracker() == 10);
-  BOOST_TEST((test::committed_steps(dir / "local-run") == std::vector<std::int64_t>{18, 20}));
+  // The local tier kept its newest two and no more: step 20 is of no use once 30 is up.
+  BOOST_TEST((test::committed_steps(dir / "local-run") == std::vector<std::int64_t>{28, 30}));
 
   // The run that resumes uploads what is owed, and the durable tier holds the step exactly.
-  CommandRun resumed = train(server.env(true), with("run", 20, {"trainer.resume_mode=latest"}), false);
+  CommandRun resumed = train(server.env(true), with("run", 30, {"trainer.resume_mode=latest"}), false);
   BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
-  BOOST_TEST(resumed.output.find("uploading step 20 of the local tier") != std::string::npos, resumed.output);
-  BOOST_TEST(**root->read_tracker() == 20);
+  BOOST_TEST(resumed.output.find("uploading step 30 of the local tier") != std::string::npos, resumed.output);
+  BOOST_TEST(**root->read_tracker() == 30);
+  BOOST_TEST((*root->committed_steps() == std::vector<std::int64_t>{10, 30}));
   auto check = run_command(server.env() + " python3 " + source_dir() + "/tests/integration/s3_check.py " +
                            "s3://train-bucket/run --compare-local " + dir / "straight");
   BOOST_TEST(check.code == 0, check.output);
 
-  // The host is lost with its local tier: the resume takes step 20 from the store.
+  // The host is lost with its local tier: the resume takes step 30 from the store.
   fs::remove_all(dir / "local-run");
-  CommandRun again = train(server.env(), with("run", 30, {"trainer.resume_mode=latest"}), false);
+  CommandRun again = train(server.env(), with("run", 40, {"trainer.resume_mode=latest"}), false);
   BOOST_REQUIRE_MESSAGE(again.code == 0, again.output);
-  BOOST_TEST(again.output.find("resumed from s3://train-bucket/run/global_step_20 at step 20") != std::string::npos,
+  BOOST_TEST(again.output.find("resumed from s3://train-bucket/run/global_step_30 at step 30") != std::string::npos,
              again.output);
-  BOOST_TEST(**root->read_tracker() == 30);
+  BOOST_TEST(**root->read_tracker() == 40);
 }
