@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <new>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -92,13 +94,28 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
   Status failure;
   auto run = [&] {
     if (options.low_priority) (void)lower_current_thread_priority();
-    std::vector<char> buffer(std::max<std::size_t>(options.piece_bytes, 4096));
+    std::vector<char> buffer;
+    try {
+      buffer.resize(std::max<std::size_t>(options.piece_bytes, 4096));
+    } catch (const std::bad_alloc&) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failure.is_ok()) {
+        failed_at = 0;
+        failure = Status{ErrorCode::no_space, "cannot allocate a copy buffer of " + std::to_string(options.piece_bytes) + " bytes"};
+      }
+      return;
+    }
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (failed_at < files.size()) return;
       }
-      Status st = work(files[i], buffer);
+      Status st;
+      try {
+        st = work(files[i], buffer);
+      } catch (const std::exception& e) {
+        st = Status{ErrorCode::internal, "'" + files[i].from + "': the copy stopped on an exception: " + e.what()};
+      }
       if (!st.is_ok()) {
         std::lock_guard<std::mutex> lock(mutex);
         if (i < failed_at) {

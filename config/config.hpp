@@ -65,8 +65,8 @@ struct TrainerConfig {
   std::string local_ckpt_path;
   /// Steps between saves to the local tier (with local_ckpt_path).
   std::int64_t local_ckpt_interval = 1;
-  /// Committed checkpoints the local tier keeps; 0 keeps all. Steps still owed to the durable
-  /// tier are kept whatever it says.
+  /// Committed checkpoints the local tier keeps; 0 keeps all. The step being copied into the
+  /// durable tier, and the newest one the durable tier lacks, are kept whatever it says.
   std::int64_t local_max_ckpts_to_keep = 2;
 };
 

@@ -60,9 +60,15 @@ Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
   return Status::ok();
 }
 
-/// `path` with "." and ".." resolved and no trailing '/', for comparing two settings' folders.
+/// `path` made absolute, with symbolic links, "." and ".." resolved where it exists, ending in
+/// one '/', for comparing two settings' folders.
 std::string normalized(const std::string& path) {
-  return std::filesystem::path(path).lexically_normal().string() + "/";
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  if (ec) p = std::filesystem::path(path).lexically_normal();
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out + "/";
 }
 
 Status check_local_tier(const TrainerConfig& t, const ConfigOrigins& origins) {

@@ -144,10 +144,17 @@ Result<worker_actor> spawn_rank(caf::actor_system& system, const Config& c, cons
 }
 
 /// Says what a stop by signal left committed.
-void report_stop(const TrainerSummary& summary, const std::string& ckpt_path) {
+void report_stop(const TrainerSummary& summary, const TrainerConfig& t) {
+  const std::string& ckpt_path = save_root(t);
   const auto step = static_cast<long long>(summary.signal_save_step);
   if (summary.status.is_ok()) {
-    if (step > 0) {
+    if (step > 0 && !t.local_ckpt_path.empty()) {
+      // The local tier may go with its host: say what the durable one holds.
+      std::printf("stopped by signal: checkpoint of step %lld is committed in the local tier '%s'; the durable tier "
+                  "'%s' holds %s; exiting\n",
+                  step, ckpt_path.c_str(), t.ckpt_path.c_str(),
+                  summary.durable_step < 0 ? "no step" : ("step " + std::to_string(summary.durable_step)).c_str());
+    } else if (step > 0) {
       std::printf("stopped by signal: checkpoint of step %lld is committed; exiting\n", step);
     } else {
       std::printf("stopped by signal before the first step: nothing to save; exiting\n");
@@ -245,7 +252,7 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                   summary->durable_step < 0 ? "no step" : ("step " + std::to_string(summary->durable_step)).c_str());
     }
   }
-  if (summary->stopped_by_signal) report_stop(*summary, save_root(c.trainer));
+  if (summary->stopped_by_signal) report_stop(*summary, c.trainer);
   return code;
 }
 

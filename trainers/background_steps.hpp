@@ -80,10 +80,31 @@ class BackgroundSteps {
 
   /// Drops the queued jobs (their checkpoints still owe them) and waits for the one running now
   /// to end; then take_done() has every job that ran.
-  void drop_queued() {
+  /// @return the steps of the jobs dropped.
+  std::vector<std::int64_t> drop_queued() {
     std::unique_lock<std::mutex> lock(mutex_);
+    std::vector<std::int64_t> dropped;
+    for (const auto& job : queue_) dropped.push_back(job.step);
     queue_.clear();
     changed_.wait(lock, [this] { return running_ < 0; });
+    return dropped;
+  }
+
+  /// Drops the queued jobs (not the one running) of steps before `step`, for work that a newer
+  /// step's job makes of no use (a copy into the durable tier).
+  /// @return their steps.
+  std::vector<std::int64_t> drop_queued_before(std::int64_t step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::int64_t> dropped;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->step < step) {
+        dropped.push_back(it->step);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return dropped;
   }
 
   /// Steps whose checkpoints are queued or being worked on: retention must keep them.

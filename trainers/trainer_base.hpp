@@ -171,8 +171,12 @@ class TrainerBase : public caf::blocking_actor {
   /// durable tier's retention after those that landed.
   Status report_uploads();
   /// At the end of training: waits for the uploads; an error when the newest step owed to the
-  /// durable tier did not reach it.
+  /// durable tier did not reach it, or an upload failed that no later one superseded.
   Status finish_uploads();
+  /// After the resume: the step the durable tier holds, the newest committed one up to its
+  /// tracker's that the resume did not reject (its tracker alone may name a step that is gone
+  /// or corrupt).
+  Status find_durable_step();
 
   TrainerOptions options_;
   std::shared_ptr<TrainerSummary> summary_;
@@ -189,8 +193,14 @@ class TrainerBase : public caf::blocking_actor {
   std::optional<CheckpointPolicy> durable_;
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
   std::int64_t durable_step_ = -1;
-  /// The last upload that failed, for the end of the run.
+  /// The newest step whose upload failed and that no later upload superseded (-1: none), and
+  /// why, for the end of the run.
+  std::int64_t failed_upload_ = -1;
   std::string upload_error_;
+  /// Steps resume_mode latest rejected as corrupt, by tier; a local one leaves the set when this
+  /// run commits the step again.
+  std::set<std::int64_t> rejected_local_;
+  std::set<std::int64_t> rejected_durable_;
   std::string last_save_ = "none";
 };
 

@@ -35,8 +35,13 @@ void TrainerBase::act() {
     report_exports();
   }
   if (uploads_) {
-    // The same for the uploads: the queued ones stay owed, and a resume does them.
-    uploads_->drop_queued();
+    // The same for the uploads: the newest step the durable tier lacks stays in the local tier,
+    // and a resume uploads it.
+    for (auto step : uploads_->drop_queued()) {
+      warn("the upload of step %lld to '%s' was not started (the run stopped); the local tier keeps the newest step "
+           "the durable tier lacks, and a resume uploads it\n",
+           static_cast<long long>(step), durable_->store().root().c_str());
+    }
     (void)report_uploads();
   }
   on_stop();
@@ -96,8 +101,6 @@ Status TrainerBase::run() {
   SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
   if (durable_) {
     SH_RETURN_IF_ERROR(durable_->clean_interrupted_saves());
-    SH_ASSIGN_OR_RETURN(auto tracked, durable_->tracked_step());
-    durable_step_ = tracked.value_or(-1);
     uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
         "the upload", [from = policy_.store(), to = durable_->store()](std::int64_t step, const std::string&,
                                                                        const std::string&, TierCopyReport& report) {
@@ -116,7 +119,10 @@ Status TrainerBase::run() {
   SH_ASSIGN_OR_RETURN(std::int64_t step, t.resume_mode == ResumeMode::latest && resume ? resume_latest(candidates)
                                                                                      : start_from(resume));
   if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
-  if (uploads_) SH_RETURN_IF_ERROR(upload_owed(step));
+  if (uploads_) {
+    SH_RETURN_IF_ERROR(find_durable_step());
+    SH_RETURN_IF_ERROR(upload_owed(step));
+  }
   summary_->first_step = step + 1;
   summary_->last_step = step;
   SH_ASSIGN_OR_RETURN(step, train_steps(step));

@@ -48,6 +48,7 @@ Result<std::int64_t> TrainerBase::resume_latest(const Candidates& found) {
     if (code != ErrorCode::corruption && code != ErrorCode::not_found) return started.status();
     rejected.push_back(what + " rejected: " + started.status().message());
     rejected_steps.insert(c.step);
+    (c.tier == "durable" ? rejected_durable_ : rejected_local_).insert(c.step);
     warn("resume_mode latest: %s rejected: %s\n", what.c_str(), started.status().message().c_str());
   }
   const auto& t = options_.config.trainer;

@@ -63,7 +63,14 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"commit_cpu_s", commit.commit_cpu_s}};
   write_metrics(line);
   if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
+  rejected_local_.erase(saved.step);
   if (uploads_ && durable_->should_save(saved.step)) {
+    // An upload still queued is of no use once a newer step goes up: a slow store must not make
+    // the local tier keep every step it has not taken yet.
+    for (auto older : uploads_->drop_queued_before(saved.step)) {
+      say("the upload of step %lld is skipped: step %lld supersedes it\n", static_cast<long long>(older),
+          static_cast<long long>(saved.step));
+    }
     uploads_->enqueue(saved.step, dir, durable_->store().step_dir(saved.step));
   }
   return apply_retention();

@@ -21,7 +21,7 @@ Result<std::set<std::int64_t>> TrainerBase::local_steps_in_use() const {
 Result<std::optional<std::int64_t>> TrainerBase::newest_owed_upload(std::int64_t up_to) const {
   SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (*it > up_to || !durable_->should_save(*it)) continue;
+    if (*it > up_to || !durable_->should_save(*it) || rejected_local_.count(*it) != 0) continue;
     if (*it <= durable_step_) break;
     return std::optional<std::int64_t>{*it};
   }
@@ -32,11 +32,12 @@ Status TrainerBase::upload_owed(std::int64_t step) {
   // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
   SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(step));
   if (!owed) return Status::ok();
+  // A step complete in the durable tier whose tracker never moved (a crash between the two) is
+  // copied again: the copy replaces it and moves the tracker.
   SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(*owed));
-  if (there) return Status::ok();
-  say("uploading step %lld of the local tier, committed but not in '%s' yet (trainer.ckpt_interval %lld)\n",
-      static_cast<long long>(*owed), durable_->store().root().c_str(),
-      static_cast<long long>(options_.config.trainer.ckpt_interval));
+  say("uploading step %lld of the local tier, committed but %s '%s' yet (trainer.ckpt_interval %lld)\n",
+      static_cast<long long>(*owed), there ? "not named by the tracker of" : "not in",
+      durable_->store().root().c_str(), static_cast<long long>(options_.config.trainer.ckpt_interval));
   uploads_->enqueue(*owed, policy_.store().step_dir(*owed), durable_->store().step_dir(*owed));
   return Status::ok();
 }
@@ -53,7 +54,9 @@ Status TrainerBase::report_uploads() {
                         {"files", r.files},         {"replaced", r.replaced}};
     if (done.status.is_ok()) {
       ++summary_->uploads_done;
-      durable_step_ = std::max(durable_step_, done.step);
+      // The copy's commit moved the tracker to this step.
+      durable_step_ = done.step;
+      if (done.step >= failed_upload_) failed_upload_ = -1;
       landed = true;
       say("uploaded step %lld to %s (%llu files, %llu bytes, %.3f s: copy %.3f, read back %.3f, commit %.3f)%s\n",
           static_cast<long long>(done.step), done.out_dir.c_str(), static_cast<unsigned long long>(r.files),
@@ -61,6 +64,7 @@ Status TrainerBase::report_uploads() {
           r.replaced ? " (replacing the step of the same number there)" : "");
     } else {
       ++summary_->uploads_failed;
+      failed_upload_ = std::max(failed_upload_, done.step);
       line["error"] = done.status.message();
       const std::string held = durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
       upload_error_ = "the upload of step " + std::to_string(done.step) + " to '" + durable_->store().root() +
@@ -91,12 +95,25 @@ Status TrainerBase::finish_uploads() {
   uploads_->wait_idle();
   SH_RETURN_IF_ERROR(report_uploads());
   SH_ASSIGN_OR_RETURN(auto owed, local_steps_in_use());
+  if (failed_upload_ >= 0) owed.insert(failed_upload_);
   if (owed.empty()) return Status::ok();
   const std::int64_t newest = *owed.rbegin();
   return Status{ErrorCode::io_error,
                 "the durable tier '" + durable_->store().root() + "' did not receive step " + std::to_string(newest) +
                     ", committed in the local tier '" + policy_.store().root() + "'" +
                     (upload_error_.empty() ? "" : ": " + upload_error_)};
+}
+
+Status TrainerBase::find_durable_step() {
+  SH_ASSIGN_OR_RETURN(auto listed, durable_->resume_candidates());
+  durable_step_ = -1;
+  for (auto step : listed.steps) {
+    if (rejected_durable_.count(step) != 0) continue;
+    durable_step_ = step;
+    break;
+  }
+  summary_->durable_step = durable_step_;
+  return Status::ok();
 }
 
 }  // namespace stagehand

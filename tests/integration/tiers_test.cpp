@@ -84,17 +84,20 @@ BOOST_AUTO_TEST_CASE(saves_commit_in_the_local_tier_and_every_tenth_is_copied_to
   auto base = train(straight(dir / "straight", 30), true);
   BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
   const std::string metrics = dir / "metrics.jsonl";
-  auto run = train(tiered(dir.path(), 30, 2, 2, false), false, metrics);
+  auto sets = tiered(dir.path(), 30, 2, 2, false);
+  sets.push_back("trainer.max_ckpts_to_keep=2");
+  auto run = train(sets, false, metrics);
   BOOST_REQUIRE_MESSAGE(run.code == 0, run.output);
   for (const std::string& said : std::vector<std::string>
        {"checkpoints async in " + dir / "local",
         "a local tier: saves every 2 steps into " + dir / "local" + " (keeps 2), copied every 10 steps",
-        "durable tier: 3 uploads to " + dir / "durable" + ", 0 failed; it holds step 30"}) {
+        "durable tier: 3 uploads to " + dir / "durable" + ", 0 failed; it holds step 30",
+        "retention: removed the durable tier's checkpoint step 10"}) {
     BOOST_TEST(run.output.find(said) != std::string::npos, said << " in: " << run.output);
   }
-  // The local tier keeps its newest two; the durable one has every tenth step, tracker last.
+  // Each tier keeps its newest two; the durable one had every tenth step, tracker last.
   BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{28, 30}));
-  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30}));
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{20, 30}));
   BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "30\n");
   BOOST_TEST(test::read_file(dir / "local/latest_ckpt_global_step.txt") == "30\n");
   // Fifteen saves (every second step), three uploads, each checked after it was written.
@@ -107,7 +110,7 @@ BOOST_AUTO_TEST_CASE(saves_commit_in_the_local_tier_and_every_tenth_is_copied_to
     BOOST_TEST(uploads[i]["bytes"].get<std::uint64_t>() > 0u);
   }
   // The copies are the checkpoints a run without tiers writes, byte for byte.
-  for (int step : {10, 20, 30}) {
+  for (int step : {20, 30}) {
     expect_same_files(dir / ("straight/global_step_" + std::to_string(step)),
                       dir / ("durable/global_step_" + std::to_string(step)));
   }
@@ -193,25 +196,68 @@ BOOST_AUTO_TEST_CASE(resume_latest_takes_the_newest_step_that_loads_from_either_
   BOOST_TEST((test::committed_steps(durable) == std::vector<std::int64_t>{10, 20, 30}));
 }
 
-BOOST_AUTO_TEST_CASE(a_resume_uploads_what_the_last_run_left_owed_and_local_retention_kept_it) {
+BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_tracker_never_moved) {
   TempDir dir;
   auto whole = train(straight(dir / "straight", 30), true);
   BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
-  auto first = train(tiered(dir.path(), 20, 5, 1, false), true);
+  fs::create_directories(dir / "base");
+  auto first = train(tiered(dir / "base", 20, 5, 1, false), true);
   BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
-  // A run killed after the commit of step 20 and before its upload: the durable tier has 10.
-  fs::remove_all(dir / "durable/global_step_20");
-  std::ofstream(dir / "durable/latest_ckpt_global_step.txt") << "10\n";
-  auto second = train(tiered(dir.path(), 30, 5, 1, true));
-  BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
-  BOOST_TEST(second.output.find("uploading step 20 of the local tier, committed but not in '" + dir / "durable" +
-                                "' yet") != std::string::npos,
-             second.output);
-  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30}));
-  expect_same_files(dir / "straight/global_step_20", dir / "durable/global_step_20");
-  expect_same_files(dir / "straight/global_step_30", dir / "durable/global_step_30");
-  // With local_max_ckpts_to_keep 1, only the newest local step stays once it is uploaded.
-  BOOST_TEST((test::committed_steps(dir / "local") == std::vector<std::int64_t>{30}));
+  const std::string run = dir / "run";
+  struct Case {
+    std::string what;
+    bool keep_step_20;
+    std::string said;
+  };
+  // A run killed after the commit of local step 20 and before its upload; or killed in the
+  // upload's commit, after the rename and before the tracker moved.
+  for (const Case& c : {Case{"not uploaded", false, "committed but not in '" + run + "/durable' yet"},
+                        Case{"the tracker not moved", true, "committed but not named by the tracker of '" + run +
+                                                                "/durable' yet"}}) {
+    BOOST_TEST_CONTEXT(c.what) {
+      fs::remove_all(run);
+      fs::copy(dir / "base", run, fs::copy_options::recursive);
+      if (!c.keep_step_20) fs::remove_all(run + "/durable/global_step_20");
+      std::ofstream(run + "/durable/latest_ckpt_global_step.txt") << "10\n";
+      auto second = train(tiered(run, 30, 5, 1, true));
+      BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+      BOOST_TEST(second.output.find("uploading step 20 of the local tier, " + c.said) != std::string::npos,
+                 second.output);
+      BOOST_TEST((test::committed_steps(run + "/durable") == std::vector<std::int64_t>{10, 20, 30}));
+      expect_same_files(dir / "straight/global_step_20", run + "/durable/global_step_20");
+      expect_same_files(dir / "straight/global_step_30", run + "/durable/global_step_30");
+      BOOST_TEST(test::read_file(run + "/durable/latest_ckpt_global_step.txt") == "30\n");
+      // With local_max_ckpts_to_keep 1, only the newest local step stays once it is uploaded.
+      BOOST_TEST((test::committed_steps(run + "/local") == std::vector<std::int64_t>{30}));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_last_upload_fails_the_run_naming_it_and_the_next_run_uploads_it) {
+  TempDir dir;
+  auto first = train(tiered(dir.path(), 20, 5, 2, false), true);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  // Something in the way of step 30's folder in the durable tier: its copy cannot commit. The
+  // durable tracker names a step that is not there (50): what the durable tier holds is 20.
+  std::ofstream(dir / "durable/global_step_30") << "in the way\n";
+  std::ofstream(dir / "durable/latest_ckpt_global_step.txt") << "50\n";
+  auto cut = train(tiered(dir.path(), 30, 5, 2, true));
+  BOOST_TEST(cut.code == 1, cut.output);
+  for (const std::string& said : std::vector<std::string>{
+           "the upload of step 30 to '" + dir / "durable" + "' failed (the durable tier still holds step 20",
+           "did not receive step 30, committed in the local tier", "durable tier: 0 uploads to " + dir / "durable" +
+                                                                       ", 1 failed; it holds step 20"}) {
+    BOOST_TEST(cut.output.find(said) != std::string::npos, said << " in: " << cut.output);
+  }
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "50\n");
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20}));
+  fs::remove(dir / "durable/global_step_30");
+  auto next = train(tiered(dir.path(), 30, 5, 2, true));
+  BOOST_REQUIRE_MESSAGE(next.code == 0, next.output);
+  BOOST_TEST(next.output.find("uploading step 30 of the local tier") != std::string::npos, next.output);
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "30\n");
+  auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "durable/global_step_30");
+  BOOST_TEST(verify.code == 0, verify.output);
 }
 
 BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
@@ -225,6 +271,10 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
       {{"trainer.local_ckpt_path=" + dir / "ckpt", "trainer.ckpt_path=" + dir / "ckpt/"},
        "must be separate folders, neither inside the other"},
       {{"trainer.local_ckpt_path=" + dir / "ckpt/local", "trainer.ckpt_path=" + dir / "ckpt"},
+       "must be separate folders, neither inside the other"},
+      {{"trainer.local_ckpt_path=" + dir / "l/", "trainer.ckpt_path=" + dir / "l/d"},
+       "must be separate folders, neither inside the other"},
+      {{"trainer.local_ckpt_path=" + dir / "l/../x", "trainer.ckpt_path=" + dir / "x/d"},
        "must be separate folders, neither inside the other"},
       {{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "ckpt",
         "trainer.local_ckpt_interval=0"},
@@ -244,4 +294,23 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
   BOOST_TEST(again.output.find("trainer.ckpt_path '" + dir / "durable" + "' holds committed checkpoints") !=
                  std::string::npos,
              again.output);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_names_what_each_tier_holds) {
+  TempDir dir;
+  // A long run stopped by SIGTERM after a few seconds (`timeout` sends it and passes the exit code on).
+  std::string cmd = "timeout --preserve-status -s TERM 4 " + kBin + "/stagehand-train --config " + kConfig;
+  for (const auto& s : tiered(dir.path(), 1000000, 3, 2, false)) cmd += " --set '" + s + "'";
+  auto r = test::run_command(cmd);
+  BOOST_TEST(r.code == 0, r.output);
+  const auto at = r.output.find("stopped by signal: checkpoint of step ");
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, r.output);
+  const std::int64_t step = std::stoll(r.output.substr(at + 38));
+  const std::int64_t durable = **test::read_tracker(dir / "durable");
+  BOOST_TEST(r.output.find("is committed in the local tier '" + dir / "local" + "'; the durable tier '" + dir /
+                           "durable" + "' holds step " + std::to_string(durable) + "; exiting") != std::string::npos,
+             r.output);
+  BOOST_TEST(**test::read_tracker(dir / "local") == step);
+  BOOST_TEST(durable <= step);
+  BOOST_TEST(durable % 10 == 0);
 }
