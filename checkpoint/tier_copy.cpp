@@ -38,7 +38,14 @@ std::string describe(const FileMeta& meta) {
 }
 
 /// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
-Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer) {
+/// An error once `stop` is set: the copy was asked to stop before it was complete.
+Status check_stop(const std::atomic<bool>* stop, const StepFile& file) {
+  if (stop == nullptr || !stop->load()) return Status::ok();
+  return Status{ErrorCode::aborted, "stopped at '" + file.from + "': the run is stopping"};
+}
+
+Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
+                    const std::atomic<bool>* stop) {
   SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.from + "' holds " + std::to_string(in->size()) +
@@ -48,6 +55,7 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
   SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file(file.to));
   Xxh3Stream hash;
   for (std::uint64_t offset = 0; offset < file.expected.size;) {
+    SH_RETURN_IF_ERROR(check_stop(stop, file));
     const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), file.expected.size - offset));
     SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), bytes));
     hash.update(buffer.data(), bytes);
@@ -64,7 +72,8 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
 }
 
 /// Reads `file.to` back and checks its size and XXH3 against the metadata's.
-Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer) {
+Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
+                    const std::atomic<bool>* stop) {
   SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file(file.to));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
@@ -72,6 +81,7 @@ Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& 
   }
   Xxh3Stream hash;
   for (std::uint64_t offset = 0; offset < file.expected.size;) {
+    SH_RETURN_IF_ERROR(check_stop(stop, file));
     const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), file.expected.size - offset));
     SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), bytes));
     hash.update(buffer.data(), bytes);
@@ -181,14 +191,14 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
   Status st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
-    return copy_checked(from.fs(), to.fs(), file, buffer);
+    return copy_checked(from.fs(), to.fs(), file, buffer, options.stop);
   });
   if (!st.is_ok()) return fail(st);
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
   st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
-    return check_copied(to.fs(), file, buffer);
+    return check_copied(to.fs(), file, buffer, options.stop);
   });
   if (!st.is_ok()) return fail(st);
   report.verify_s = seconds_since(phase);

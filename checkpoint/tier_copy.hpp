@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,6 +17,9 @@ struct TierCopyOptions {
   /// The copying threads run at lowered CPU and I/O priority (a hint: where it cannot be
   /// lowered the copy still runs).
   bool low_priority = true;
+  /// When set (the run is stopping), the copy stops at its next piece and fails as aborted,
+  /// leaving the destination as a failure does. Null: never.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 /// What copy_committed_step did.

@@ -6,6 +6,7 @@
 
 #include <caf/blocking_actor.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -192,6 +193,9 @@ class TrainerBase : public caf::blocking_actor {
   /// and the step its tracker names (-1: none).
   std::optional<CheckpointPolicy> durable_;
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
+  /// Set when the run ends: an upload still running then stops at its next piece (the local
+  /// tier keeps its step, and a resume uploads it), so that a stop does not wait on a store.
+  std::atomic<bool> stop_uploads_{false};
   std::int64_t durable_step_ = -1;
   /// The newest step whose upload failed and that no later upload superseded (-1: none), and
   /// why, for the end of the run.

@@ -35,8 +35,10 @@ void TrainerBase::act() {
     report_exports();
   }
   if (uploads_) {
-    // The same for the uploads: the newest step the durable tier lacks stays in the local tier,
-    // and a resume uploads it.
+    // The same for the uploads, except that the one running stops at its next piece: the newest
+    // step the durable tier lacks stays in the local tier, and a resume uploads it. (After a
+    // run that ended well every upload has ended already.)
+    stop_uploads_ = true;
     for (auto step : uploads_->drop_queued()) {
       warn("the upload of step %lld to '%s' was not started (the run stopped); the local tier keeps the newest step "
            "the durable tier lacks, and a resume uploads it\n",
@@ -102,9 +104,11 @@ Status TrainerBase::run() {
   if (durable_) {
     SH_RETURN_IF_ERROR(durable_->clean_interrupted_saves());
     uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
-        "the upload", [from = policy_.store(), to = durable_->store()](std::int64_t step, const std::string&,
-                                                                       const std::string&, TierCopyReport& report) {
-          auto copied = copy_committed_step(from, to, step);
+        "the upload", [this, from = policy_.store(), to = durable_->store()](
+                          std::int64_t step, const std::string&, const std::string&, TierCopyReport& report) {
+          TierCopyOptions copy;
+          copy.stop = &stop_uploads_;
+          auto copied = copy_committed_step(from, to, step, copy);
           if (copied.is_ok()) report = *copied;
           return copied.status();
         });

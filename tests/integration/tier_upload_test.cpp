@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -92,6 +93,19 @@ BOOST_AUTO_TEST_CASE(a_copy_is_checked_against_the_metadata_and_read_back_before
   BOOST_TEST(refused.status().message().find("the source is damaged and is not copied") != std::string::npos);
   BOOST_TEST(**to.tracker() == 1);
   BOOST_TEST((*to.committed_steps() == std::vector<std::int64_t>{1}));
+
+  // A copy asked to stop (the run is stopping) stops, and nothing of the step counts.
+  std::atomic<bool> stop{true};
+  TierCopyOptions stopping;
+  stopping.stop = &stop;
+  const CheckpointStore other(local, dir / "other");
+  auto stopped = copy_committed_step(from, other, 1, stopping);
+  BOOST_REQUIRE(!stopped.is_ok());
+  BOOST_TEST(stopped.status().code() == ErrorCode::aborted);
+  BOOST_TEST(stopped.status().message().find("the run is stopping") != std::string::npos, stopped.status().message());
+  BOOST_TEST(!*other.tracker());
+  BOOST_TEST(other.committed_steps()->empty());
+  BOOST_TEST(!fs::exists(dir / "other/global_step_1.tmp"));
 
   // A step that is not committed at the source is not copied.
   auto missing = copy_committed_step(from, to, 7);
