@@ -38,14 +38,16 @@ std::string describe(const FileMeta& meta) {
 }
 
 /// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
-/// An error once `stop` is set: the copy was asked to stop before it was complete.
-Status check_stop(const std::atomic<bool>* stop, const StepFile& file) {
-  if (stop == nullptr || !stop->load()) return Status::ok();
+using StopCheck = std::function<bool()>;
+
+/// An error once `stop` says so: the copy was asked to stop before it was complete.
+Status check_stop(const StopCheck& stop, const StepFile& file) {
+  if (!stop || !stop()) return Status::ok();
   return Status{ErrorCode::aborted, "stopped at '" + file.from + "': the run is stopping"};
 }
 
 Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
-                    const std::atomic<bool>* stop) {
+                    const StopCheck& stop) {
   SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.from + "' holds " + std::to_string(in->size()) +
@@ -67,13 +69,14 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
                                              " where the metadata records " + describe(file.expected) +
                                              ": the source is damaged and is not copied"};
   }
+  SH_RETURN_IF_ERROR(check_stop(stop, file));
   SH_RETURN_IF_ERROR(out->sync());
   return out->close();
 }
 
 /// Reads `file.to` back and checks its size and XXH3 against the metadata's.
 Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
-                    const std::atomic<bool>* stop) {
+                    const StopCheck& stop) {
   SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file(file.to));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
@@ -191,14 +194,14 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
   Status st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
-    return copy_checked(from.fs(), to.fs(), file, buffer, options.stop);
+    return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) return fail(st);
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
   st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
-    return check_copied(to.fs(), file, buffer, options.stop);
+    return check_copied(to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) return fail(st);
   report.verify_s = seconds_since(phase);

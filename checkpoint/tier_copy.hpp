@@ -1,8 +1,8 @@
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/core/status.hpp"
@@ -17,9 +17,11 @@ struct TierCopyOptions {
   /// The copying threads run at lowered CPU and I/O priority (a hint: where it cannot be
   /// lowered the copy still runs).
   bool low_priority = true;
-  /// When set (the run is stopping), the copy stops at its next piece and fails as aborted,
-  /// leaving the destination as a failure does. Null: never.
-  const std::atomic<bool>* stop = nullptr;
+  /// Asked before each piece and before each file is made durable: true (the run is stopping)
+  /// stops the copy, which fails as aborted and leaves the destination as a failure does. An
+  /// object store's upload of a file, in its sync, runs to its end or its retry limit. Empty:
+  /// never.
+  std::function<bool()> should_stop;
 };
 
 /// What copy_committed_step did.

@@ -80,6 +80,8 @@ Status check_local_tier(const TrainerConfig& t, const ConfigOrigins& origins) {
                                "'; the object store belongs in trainer.ckpt_path, the durable tier");
     }
   }
+  // An object store cannot be inside a local folder, nor hold one.
+  if (t.ckpt_path.starts_with("s3://") || t.ckpt_path.starts_with("gs://")) return Status::ok();
   const std::string local = normalized(t.local_ckpt_path);
   const std::string durable = normalized(t.ckpt_path);
   if (local.starts_with(durable) || durable.starts_with(local)) {

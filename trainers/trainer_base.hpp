@@ -174,10 +174,10 @@ class TrainerBase : public caf::blocking_actor {
   /// At the end of training: waits for the uploads; an error when the newest step owed to the
   /// durable tier did not reach it, or an upload failed that no later one superseded.
   Status finish_uploads();
-  /// After the resume: the step the durable tier holds, the newest committed one up to its
-  /// tracker's that the resume did not reject (its tracker alone may name a step that is gone
-  /// or corrupt).
-  Status find_durable_step();
+  /// After the resume at `resumed`: the step the durable tier holds, the newest committed one up
+  /// to its tracker's and to `resumed` that the resume did not reject (its tracker alone may
+  /// name a step that is gone or corrupt, or an older run's later step that this run replaces).
+  Status find_durable_step(std::int64_t resumed);
 
   TrainerOptions options_;
   std::shared_ptr<TrainerSummary> summary_;
@@ -192,11 +192,16 @@ class TrainerBase : public caf::blocking_actor {
   /// With a local tier (policy_ is then the local tier's): the durable tier, the copies into it,
   /// and the step its tracker names (-1: none).
   std::optional<CheckpointPolicy> durable_;
-  std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
   /// Set when the run ends: an upload still running then stops at its next piece (the local
-  /// tier keeps its step, and a resume uploads it), so that a stop does not wait on a store.
+  /// tier keeps its step, and a resume uploads it), so that a stop does not wait on a store; a
+  /// signal (options().stop_requested) stops it too. Declared before uploads_, whose thread
+  /// reads it until it is joined.
   std::atomic<bool> stop_uploads_{false};
+  std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
   std::int64_t durable_step_ = -1;
+  /// The newest step this run resumed or committed: local steps beyond it (an older run's, with
+  /// trainer.overwrite_checkpoints) owe nothing to the durable tier.
+  std::int64_t run_step_ = 0;
   /// The newest step whose upload failed and that no later upload superseded (-1: none), and
   /// why, for the end of the run.
   std::int64_t failed_upload_ = -1;

@@ -107,7 +107,9 @@ Status TrainerBase::run() {
         "the upload", [this, from = policy_.store(), to = durable_->store()](
                           std::int64_t step, const std::string&, const std::string&, TierCopyReport& report) {
           TierCopyOptions copy;
-          copy.stop = &stop_uploads_;
+          copy.should_stop = [this] {
+            return stop_uploads_.load() || (options_.stop_requested != nullptr && options_.stop_requested->load());
+          };
           auto copied = copy_committed_step(from, to, step, copy);
           if (copied.is_ok()) report = *copied;
           return copied.status();
@@ -124,7 +126,8 @@ Status TrainerBase::run() {
                                                                                      : start_from(resume));
   if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
   if (uploads_) {
-    SH_RETURN_IF_ERROR(find_durable_step());
+    run_step_ = step;
+    SH_RETURN_IF_ERROR(find_durable_step(step));
     SH_RETURN_IF_ERROR(upload_owed(step));
   }
   summary_->first_step = step + 1;

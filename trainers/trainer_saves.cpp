@@ -1,5 +1,7 @@
 // The trainer's side of a save: the trainer state, the stall, the commit's metrics line, the
 // periodic exports and retention.
+#include <algorithm>
+
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
@@ -64,6 +66,7 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
   write_metrics(line);
   if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
   rejected_local_.erase(saved.step);
+  run_step_ = std::max(run_step_, saved.step);
   if (uploads_ && durable_->should_save(saved.step)) {
     // An upload still queued is of no use once a newer step goes up: a slow store must not make
     // the local tier keep every step it has not taken yet.

@@ -1,8 +1,6 @@
 // The durable tier beside a local one (trainer.local_ckpt_path): which steps are saved, the
 // background copies of committed local steps into ckpt_path, what the local tier keeps for them,
 // and how they are reported.
-#include <limits>
-
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {
@@ -13,7 +11,7 @@ bool TrainerBase::should_save(std::int64_t step) const {
 
 Result<std::set<std::int64_t>> TrainerBase::local_steps_in_use() const {
   std::set<std::int64_t> in_use = uploads_ ? uploads_->steps_in_use() : std::set<std::int64_t>{};
-  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(std::numeric_limits<std::int64_t>::max()));
+  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(run_step_));
   if (owed) in_use.insert(*owed);
   return in_use;
 }
@@ -67,8 +65,9 @@ Status TrainerBase::report_uploads() {
       failed_upload_ = std::max(failed_upload_, done.step);
       line["error"] = done.status.message();
       const std::string held = durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
+      const bool stopped = done.status.code() == ErrorCode::aborted;
       upload_error_ = "the upload of step " + std::to_string(done.step) + " to '" + durable_->store().root() +
-                      "' failed (the durable tier " + held +
+                      (stopped ? "' was stopped, the run stopping" : "' failed") + " (the durable tier " + held +
                       "; the local tier keeps the newest step it lacks, and a resume uploads it): " +
                       done.status.message();
       warn("%s\n", upload_error_.c_str());
@@ -104,11 +103,11 @@ Status TrainerBase::finish_uploads() {
                     (upload_error_.empty() ? "" : ": " + upload_error_)};
 }
 
-Status TrainerBase::find_durable_step() {
+Status TrainerBase::find_durable_step(std::int64_t resumed) {
   SH_ASSIGN_OR_RETURN(auto listed, durable_->resume_candidates());
   durable_step_ = -1;
   for (auto step : listed.steps) {
-    if (rejected_durable_.count(step) != 0) continue;
+    if (step > resumed || rejected_durable_.count(step) != 0) continue;
     durable_step_ = step;
     break;
   }

@@ -94,18 +94,27 @@ BOOST_AUTO_TEST_CASE(a_copy_is_checked_against_the_metadata_and_read_back_before
   BOOST_TEST(**to.tracker() == 1);
   BOOST_TEST((*to.committed_steps() == std::vector<std::int64_t>{1}));
 
-  // A copy asked to stop (the run is stopping) stops, and nothing of the step counts.
-  std::atomic<bool> stop{true};
-  TierCopyOptions stopping;
-  stopping.stop = &stop;
-  const CheckpointStore other(local, dir / "other");
-  auto stopped = copy_committed_step(from, other, 1, stopping);
-  BOOST_REQUIRE(!stopped.is_ok());
-  BOOST_TEST(stopped.status().code() == ErrorCode::aborted);
-  BOOST_TEST(stopped.status().message().find("the run is stopping") != std::string::npos, stopped.status().message());
-  BOOST_TEST(!*other.tracker());
-  BOOST_TEST(other.committed_steps()->empty());
-  BOOST_TEST(!fs::exists(dir / "other/global_step_1.tmp"));
+  // A copy asked to stop (the run is stopping) stops, and nothing of the step counts: asked while
+  // it copies (after 5 questions) and while it reads back (after 20 of the 27 it would ask: each
+  // of the 9 small files is one piece and one sync while copied, one piece while read back).
+  for (int after : {5, 20}) {
+    BOOST_TEST_CONTEXT("stop after " << after << " questions") {
+      int asked = 0;
+      TierCopyOptions stopping;
+      stopping.threads = 1;
+      stopping.should_stop = [&] { return ++asked > after; };
+      const CheckpointStore other(local, dir / ("other" + std::to_string(after)));
+      auto stopped = copy_committed_step(from, other, 1, stopping);
+      BOOST_REQUIRE(!stopped.is_ok());
+      BOOST_TEST(stopped.status().code() == ErrorCode::aborted);
+      BOOST_TEST(stopped.status().message().find("the run is stopping") != std::string::npos,
+                 stopped.status().message());
+      BOOST_TEST(asked == after + 1);
+      BOOST_TEST(!*other.tracker());
+      BOOST_TEST(other.committed_steps()->empty());
+      BOOST_TEST(!fs::exists(other.write_dir(1)));
+    }
+  }
 
   // A step that is not committed at the source is not copied.
   auto missing = copy_committed_step(from, to, 7);

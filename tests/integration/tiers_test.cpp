@@ -219,8 +219,15 @@ BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_t
       fs::copy(dir / "base", run, fs::copy_options::recursive);
       if (!c.keep_step_20) fs::remove_all(run + "/durable/global_step_20");
       std::ofstream(run + "/durable/latest_ckpt_global_step.txt") << "10\n";
-      auto second = train(tiered(run, 30, 5, 1, true));
+      const std::string metrics = dir / "metrics.jsonl";
+      auto second = train(tiered(run, 30, 5, 1, true), false, metrics);
       BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
+      auto uploads = lines_of(metrics, "upload");
+      BOOST_REQUIRE(uploads.size() == 2u);
+      BOOST_TEST(uploads[0]["step"] == 20);
+      BOOST_TEST(uploads[0]["ok"] == true);
+      // Copied again over the complete step whose tracker never moved.
+      BOOST_TEST(uploads[0]["replaced"] == c.keep_step_20);
       BOOST_TEST(second.output.find("uploading step 20 of the local tier, " + c.said) != std::string::npos,
                  second.output);
       BOOST_TEST((test::committed_steps(run + "/durable") == std::vector<std::int64_t>{10, 20, 30}));
@@ -306,11 +313,37 @@ BOOST_AUTO_TEST_CASE(sigterm_names_what_each_tier_holds) {
   const auto at = r.output.find("stopped by signal: checkpoint of step ");
   BOOST_REQUIRE_MESSAGE(at != std::string::npos, r.output);
   const std::int64_t step = std::stoll(r.output.substr(at + 38));
-  const std::int64_t durable = **test::read_tracker(dir / "durable");
+  auto tracked = test::read_tracker(dir / "durable");
+  BOOST_REQUIRE_MESSAGE(tracked.is_ok() && tracked->has_value(), "no upload landed in the run: " << r.output);
+  const std::int64_t durable = **tracked;
   BOOST_TEST(r.output.find("is committed in the local tier '" + dir / "local" + "'; the durable tier '" + dir /
                            "durable" + "' holds step " + std::to_string(durable) + "; exiting") != std::string::npos,
              r.output);
   BOOST_TEST(**test::read_tracker(dir / "local") == step);
   BOOST_TEST(durable <= step);
   BOOST_TEST(durable % 10 == 0);
+  // What the durable tier lacks is in the local tier: the newest tenth step after its tracker's
+  // (when there is one) is kept there; no half-copied step is left in the durable tier.
+  const std::int64_t owed = step / 10 * 10;
+  if (owed > durable) {
+    BOOST_TEST(fs::exists(dir / ("local/global_step_" + std::to_string(owed) + "/policy/metadata.json")), owed);
+  }
+  for (const auto& entry : fs::directory_iterator(dir / "durable")) {
+    BOOST_TEST(entry.path().extension() != ".tmp", entry.path());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_object_store_durable_tier_is_not_taken_for_a_folder_inside_the_local_one) {
+  TempDir dir;
+  // Started from inside the local tier's folder, with an s3:// durable tier: the nesting check
+  // must not read the URL as a relative path below the working folder. The store is unreachable,
+  // so the run fails, for that reason.
+  fs::create_directories(dir / "local/job");
+  auto r = test::run_command("cd " + dir / "local/job" +
+                             " && AWS_ACCESS_KEY_ID=a AWS_SECRET_ACCESS_KEY=b AWS_ENDPOINT_URL=http://127.0.0.1:1 " +
+                             kBin + "/stagehand-train --quiet --config " + kConfig + " --set trainer.local_ckpt_path=" +
+                             dir / "local" + " --set trainer.ckpt_path=s3://bucket/run --set storage.s3.max_attempts=1");
+  BOOST_TEST(r.code != 0, r.output);
+  BOOST_TEST(r.output.find("cannot reach the object store") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("separate folders") == std::string::npos, r.output);
 }
