@@ -99,8 +99,16 @@ Status CheckpointPolicy::check_fresh_start() const {
 Status CheckpointPolicy::check_resume(std::int64_t step, const std::set<std::int64_t>& rejected) const {
   if (config_.overwrite_checkpoints) return Status::ok();
   SH_ASSIGN_OR_RETURN(auto steps, store_.committed_steps());
+  // resume_mode latest takes the tracker as the truth: a step beyond it (a commit whose tracker
+  // never moved, or one a resume passed over and the tracker moved back from) is not resumable
+  // and is replaced when the run saves it again.
+  std::optional<std::int64_t> tracked;
+  if (config_.resume_mode == ResumeMode::latest) {
+    SH_ASSIGN_OR_RETURN(tracked, store_.tracker());
+  }
   std::vector<std::int64_t> later;
   for (auto s : steps) {
+    if (tracked && s > *tracked) continue;
     if (s > step && rejected.count(s) == 0) later.push_back(s);
   }
   if (later.empty()) return Status::ok();

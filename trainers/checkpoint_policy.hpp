@@ -61,7 +61,9 @@ class CheckpointPolicy {
   /// Refuses to resume at `step` into a ckpt_path that holds committed checkpoints of later
   /// steps (a from_path resume from elsewhere, say), which the run's saves would replace, unless
   /// `overwrite_checkpoints` allows it. The error names the steps and the settings. Steps in
-  /// `rejected` (a resume found them corrupt) do not count: a save of the same step replaces them.
+  /// `rejected` (a resume found them corrupt) do not count: a save of the same step replaces them;
+  /// nor, with resume_mode latest, steps beyond the tracker's (not resumable: the tracker is the
+  /// truth), which the run's saves replace too.
   Status check_resume(std::int64_t step, const std::set<std::int64_t>& rejected = {}) const;
 
   /// The step the tracker names; none when there is no tracker.

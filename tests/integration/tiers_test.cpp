@@ -240,6 +240,27 @@ BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_t
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_lost_local_tier_resumes_from_the_durable_tracker_past_a_step_it_never_named) {
+  TempDir dir;
+  auto whole = train(straight(dir / "straight", 40), true);
+  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
+  auto first = train(tiered(dir.path(), 30, 5, 3, false), true);
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  // The upload of step 30 was killed after its rename, before the tracker moved; then the host
+  // was lost with its local tier.
+  std::ofstream(dir / "durable/latest_ckpt_global_step.txt") << "20\n";
+  fs::remove_all(dir / "local");
+  auto r = train(tiered(dir.path(), 40, 5, 3, true));
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("resumed from " + dir / "durable/global_step_20 at step 20") != std::string::npos, r.output);
+  BOOST_TEST((test::committed_steps(dir / "durable") == std::vector<std::int64_t>{10, 20, 30, 40}));
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "40\n");
+  for (int step : {30, 40}) {
+    expect_same_files(dir / ("straight/global_step_" + std::to_string(step)),
+                      dir / ("durable/global_step_" + std::to_string(step)));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_failed_last_upload_fails_the_run_naming_it_and_the_next_run_uploads_it) {
   TempDir dir;
   auto first = train(tiered(dir.path(), 20, 5, 2, false), true);
