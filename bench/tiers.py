@@ -47,7 +47,7 @@ RESUMED = re.compile(r"resumed from (\S+) at step \d+, .*\(load ([0-9.]+) s")
 
 
 def train(args, sets, env=None, metrics=None):
-    """Runs stagehand-train with `sets`; returns (stdout, wall seconds)."""
+    """Runs stagehand-train with `sets`; returns (stdout, wall seconds, CPU seconds of the child)."""
     cmd = [os.path.join(args.bin, "stagehand-train"), "--config",
            os.path.join(ROOT, "examples", "configs", "sync_rl.yaml")]
     if metrics:
@@ -61,10 +61,10 @@ def train(args, sets, env=None, metrics=None):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.monotonic() - started
-    train.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         sys.exit(f"tiers: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout, wall
+    return proc.stdout, wall, cpu_s
 
 
 def start_s3():
@@ -112,7 +112,7 @@ def resume_bench(args):
                 if name == "durable folder":
                     # As after a host was replaced: nothing of the durable tier in the page cache.
                     drop_cache(arms[name]["trainer.ckpt_path"])
-                out, wall = train(args, {**resume, **arms[name]}, env)
+                out, wall, _ = train(args, {**resume, **arms[name]}, env)
                 m = RESUMED.search(out)
                 if not m:
                     sys.exit(f"tiers: no 'resumed from' line in the {name} run:\n{out[-2000:]}")
@@ -158,7 +158,7 @@ def steps_bench(args):
             if name != "no checkpoints":
                 sets["trainer.local_ckpt_path"] = local
             metrics = os.path.join(out, "metrics.jsonl")
-            train(args, sets, metrics=metrics)
+            _, _, cpu_s = train(args, sets, metrics=metrics)
             rows = [json.loads(line) for line in open(metrics)]
             steps = [row for row in rows if row["type"] == "step"]
             saves = [row for row in rows if row["type"] == "save"]
@@ -167,7 +167,7 @@ def steps_bench(args):
             if every and (len(saves) != args.steps // every or not all(u["ok"] for u in uploads)):
                 sys.exit(f"tiers: the {name} run saved {len(saves)} steps of {args.steps}, uploads {uploads}")
             results[name].append({"steps_per_s": len(steps) / steps[-1]["elapsed_s"], "uploads": len(uploads),
-                                  "cpu_s": train.cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
+                                  "cpu_s": cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
                                   "stall_s": [s["stall_s"] for s in saves]})
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(local, ignore_errors=True)

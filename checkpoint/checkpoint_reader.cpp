@@ -17,7 +17,8 @@ std::string metadata_path(const std::string& dir) {
 }  // namespace
 
 Result<CheckpointMetadata> read_checkpoint_metadata(FileSystem& fs,
-                                                    const std::string& checkpoint_dir) {
+                                                    const std::string& checkpoint_dir,
+                                                    std::string* text_out) {
   const std::string path = metadata_path(checkpoint_dir);
   SH_ASSIGN_OR_RETURN(auto text, read_small_file(fs, path));
   if (!text) return Status{ErrorCode::not_found, "'" + path + "' does not exist"};
@@ -27,6 +28,7 @@ Result<CheckpointMetadata> read_checkpoint_metadata(FileSystem& fs,
                                              ", but its folder is named for step " +
                                              std::to_string(*step)};
   }
+  if (text_out != nullptr) *text_out = std::move(*text);
   return m;
 }
 

@@ -20,8 +20,10 @@ namespace stagehand {
 /// Reads `policy/metadata.json` of a checkpoint folder: metadata_from_json, so its format,
 /// version, fields, checksum and validate_metadata are checked, and a folder named
 /// `global_step_N` must hold step N.
+/// @param text when not null, set to the file's text as read (for a byte-exact copy of it).
 Result<CheckpointMetadata> read_checkpoint_metadata(FileSystem& fs,
-                                                    const std::string& checkpoint_dir);
+                                                    const std::string& checkpoint_dir,
+                                                    std::string* text = nullptr);
 /// The same on default_file_system(store).
 Result<CheckpointMetadata> read_checkpoint_metadata(
     const std::string& checkpoint_dir,

@@ -2,17 +2,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
-#include <new>
 #include <chrono>
+#include <exception>
 #include <functional>
+#include <new>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/layout.hpp"
-#include "stagehand/checkpoint/metadata_json.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/core/xxh3.hpp"
 
@@ -158,20 +158,11 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   const auto started = Clock::now();
   TierCopyReport report;
   const std::string what = "copying step " + std::to_string(step) + " from '" + from.root() + "' to '" + to.root() + "'";
-  // 1. The source's metadata, checked.
+  // 1. The source's metadata, checked, and its text for the copy.
   const std::string source_dir = from.step_dir(step);
-  const std::string metadata_file = CheckpointLayout::policy_dir(source_dir) + "/" + kMetadataFile;
-  SH_ASSIGN_OR_RETURN(auto text, read_small_file(from.fs(), metadata_file));
-  if (!text) {
-    return Status{ErrorCode::not_found, what + ": '" + metadata_file + "' is missing: step " + std::to_string(step) +
-                                            " is not committed there"};
-  }
-  auto metadata = metadata_from_json(*text, metadata_file);
+  std::string text;
+  auto metadata = read_checkpoint_metadata(from.fs(), source_dir, &text);
   if (!metadata.is_ok()) return metadata.status().with_context(what);
-  if (metadata->step != step) {
-    return Status{ErrorCode::corruption, what + ": '" + metadata_file + "' is the metadata of step " +
-                                             std::to_string(metadata->step)};
-  }
   auto there = to.is_committed(step);
   if (!there.is_ok()) return there.status().with_context(what);
   report.replaced = *there;
@@ -212,12 +203,12 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   report.verify_s = seconds_since(phase);
   // 5. The commit: metadata, rename, tracker.
   phase = Clock::now();
-  st = to.commit_copy(step, *text);
+  st = to.commit_copy(step, text);
   if (!st.is_ok()) return st.with_context(what);
   report.commit_s = seconds_since(phase);
   for (const auto& file : files) report.bytes += file.expected.size;
   report.files = files.size() + 1;
-  report.bytes += text->size();
+  report.bytes += text.size();
   report.total_s = seconds_since(started);
   return report;
 }

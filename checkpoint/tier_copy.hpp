@@ -43,7 +43,8 @@ struct TierCopyReport {
 /// Copies committed step `step` of root `from` (the local tier) into root `to` (the durable
 /// tier: a folder or an object store), so that it counts as committed there only once every
 /// byte is in place and checked:
-///   1. reads from's metadata.json and checks it (its own checksum, its step);
+///   1. reads from's metadata.json and checks it (read_checkpoint_metadata: its own checksum,
+///      its step);
 ///   2. prepares the step's write folder at `to` (CheckpointStore::prepare);
 ///   3. copies every data file and trainer_state.json, hashing the bytes as they are read: a
 ///      source whose size or XXH3 differs from what the metadata records is corruption, and

@@ -39,6 +39,9 @@ Status check_resume(const TrainerConfig& t, const ConfigOrigins& origins) {
                        "from_path needs trainer.resume_path");
 }
 
+/// Whether `path` names an object store rather than a local folder.
+bool is_object_store_url(const std::string& path) { return path.starts_with("s3://") || path.starts_with("gs://"); }
+
 Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
   if (t.export_interval > 0 && (t.ckpt_interval == 0 || t.export_interval % t.ckpt_interval != 0)) {
     return origins.error(
@@ -51,11 +54,8 @@ Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
                          "trainer.export_interval needs trainer.export_path, the folder to export "
                          "into");
   }
-  for (const char* scheme : {"s3://", "gs://"}) {
-    if (t.export_path.starts_with(scheme)) {
-      return origins.error({"trainer.export_path"},
-                           "must be a local folder, got '" + t.export_path + "'");
-    }
+  if (is_object_store_url(t.export_path)) {
+    return origins.error({"trainer.export_path"}, "must be a local folder, got '" + t.export_path + "'");
   }
   return Status::ok();
 }
@@ -73,15 +73,13 @@ std::string normalized(const std::string& path) {
 
 Status check_local_tier(const TrainerConfig& t, const ConfigOrigins& origins) {
   if (t.local_ckpt_path.empty()) return Status::ok();
-  for (const char* scheme : {"s3://", "gs://"}) {
-    if (t.local_ckpt_path.starts_with(scheme)) {
-      return origins.error({"trainer.local_ckpt_path"},
-                           "must be a node-local folder (a local disk, /dev/shm), got '" + t.local_ckpt_path +
-                               "'; the object store belongs in trainer.ckpt_path, the durable tier");
-    }
+  if (is_object_store_url(t.local_ckpt_path)) {
+    return origins.error({"trainer.local_ckpt_path"},
+                         "must be a node-local folder (a local disk, /dev/shm), got '" + t.local_ckpt_path +
+                             "'; the object store belongs in trainer.ckpt_path, the durable tier");
   }
   // An object store cannot be inside a local folder, nor hold one.
-  if (t.ckpt_path.starts_with("s3://") || t.ckpt_path.starts_with("gs://")) return Status::ok();
+  if (is_object_store_url(t.ckpt_path)) return Status::ok();
   const std::string local = normalized(t.local_ckpt_path);
   const std::string durable = normalized(t.ckpt_path);
   if (local.starts_with(durable) || durable.starts_with(local)) {

@@ -157,22 +157,19 @@ class TrainerBase : public caf::blocking_actor {
 
   /// Whether `step` is saved: the local or the durable tier's interval says so.
   bool should_save(std::int64_t step) const;
-  /// Local steps that retention keeps: being uploaded or queued, and the newest owed to the
-  /// durable tier (newest_owed_upload). Older owed steps are not kept: once a newer step is in
-  /// the durable tier they are of no use, so that a store that stays unreachable cannot fill the
-  /// local tier.
-  Result<std::set<std::int64_t>> local_steps_in_use() const;
-  /// The newest committed local step up to `up_to` that the durable tier's interval names and
-  /// that is newer than the step the durable tier holds; none when there is none.
-  Result<std::optional<std::int64_t>> newest_owed_upload(std::int64_t up_to) const;
-  /// Queues the upload of newest_owed_upload(step), `step` the step resumed, unless the durable
-  /// tier holds that step already.
+  /// Local steps that retention keeps: being uploaded or queued, and owed_upload_. Older owed
+  /// steps are not kept: once a newer step is in the durable tier they are of no use, so that a
+  /// store that stays unreachable cannot fill the local tier.
+  std::set<std::int64_t> local_steps_in_use() const;
+  /// At the start, `step` the step resumed: owed_upload_ is the newest committed local step up
+  /// to `step` that the durable tier's interval names, that the resume did not reject and that
+  /// is newer than the step the durable tier holds; its upload is queued.
   Status upload_owed(std::int64_t step);
   /// Says how the uploads that ended went (a line and a metrics line each), and applies the
   /// durable tier's retention after those that landed.
   Status report_uploads();
   /// At the end of training: waits for the uploads; an error when the newest step owed to the
-  /// durable tier did not reach it, or an upload failed that no later one superseded.
+  /// durable tier did not reach it.
   Status finish_uploads();
   /// After the resume at `resumed`: the step the durable tier holds, the newest committed one up
   /// to its tracker's and to `resumed` that the resume did not reject (its tracker alone may
@@ -199,15 +196,15 @@ class TrainerBase : public caf::blocking_actor {
   std::atomic<bool> stop_uploads_{false};
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
   std::int64_t durable_step_ = -1;
-  /// The newest step this run resumed or committed: local steps beyond it (an older run's, with
-  /// trainer.overwrite_checkpoints) owe nothing to the durable tier.
-  std::int64_t run_step_ = 0;
-  /// The newest step whose upload failed and that no later upload superseded (-1: none), and
-  /// why, for the end of the run.
-  std::int64_t failed_upload_ = -1;
+  /// The newest committed local step the durable tier lacks and should get (its interval names
+  /// it): set by upload_owed at the start and by each such commit, cleared when an upload of it
+  /// or of a newer step lands; a failed upload leaves it. Local steps beyond the step resumed (an
+  /// older run's, with trainer.overwrite_checkpoints) are never owed.
+  std::optional<std::int64_t> owed_upload_;
+  /// Why the last upload that failed did, for the end of the run.
   std::string upload_error_;
-  /// Steps resume_mode latest rejected as corrupt, by tier; a local one leaves the set when this
-  /// run commits the step again.
+  /// Steps resume_mode latest rejected as corrupt, by tier: they are not owed, and not what
+  /// the durable tier holds.
   std::set<std::int64_t> rejected_local_;
   std::set<std::int64_t> rejected_durable_;
   std::string last_save_ = "none";

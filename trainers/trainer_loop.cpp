@@ -126,7 +126,6 @@ Status TrainerBase::run() {
                                                                                      : start_from(resume));
   if (resume && exports_) SH_RETURN_IF_ERROR(export_owed(step));
   if (uploads_) {
-    run_step_ = step;
     SH_RETURN_IF_ERROR(find_durable_step(step));
     SH_RETURN_IF_ERROR(upload_owed(step));
   }

@@ -1,7 +1,5 @@
 // The trainer's side of a save: the trainer state, the stall, the commit's metrics line, the
 // periodic exports and retention.
-#include <algorithm>
-
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
@@ -65,9 +63,8 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"commit_cpu_s", commit.commit_cpu_s}};
   write_metrics(line);
   if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
-  rejected_local_.erase(saved.step);
-  run_step_ = std::max(run_step_, saved.step);
   if (uploads_ && durable_->should_save(saved.step)) {
+    owed_upload_ = saved.step;
     // An upload still queued is of no use once a newer step goes up: a slow store must not make
     // the local tier keep every step it has not taken yet.
     for (auto older : uploads_->drop_queued_before(saved.step)) {
@@ -82,10 +79,7 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
 Status TrainerBase::apply_retention() {
   std::set<std::int64_t> in_use;
   if (exports_) in_use = exports_->steps_in_use();
-  if (durable_) {
-    SH_ASSIGN_OR_RETURN(auto owed, local_steps_in_use());
-    in_use.insert(owed.begin(), owed.end());
-  }
+  if (durable_) in_use.merge(local_steps_in_use());
   SH_ASSIGN_OR_RETURN(auto deleted, policy_.apply_retention(in_use));
   const char* tier = durable_ ? "the local tier's " : "";
   for (auto s : deleted) say("retention: removed %scheckpoint step %lld\n", tier, static_cast<long long>(s));

@@ -9,34 +9,29 @@ bool TrainerBase::should_save(std::int64_t step) const {
   return policy_.should_save(step) || (durable_ && durable_->should_save(step));
 }
 
-Result<std::set<std::int64_t>> TrainerBase::local_steps_in_use() const {
+std::set<std::int64_t> TrainerBase::local_steps_in_use() const {
   std::set<std::int64_t> in_use = uploads_ ? uploads_->steps_in_use() : std::set<std::int64_t>{};
-  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(run_step_));
-  if (owed) in_use.insert(*owed);
+  if (owed_upload_) in_use.insert(*owed_upload_);
   return in_use;
-}
-
-Result<std::optional<std::int64_t>> TrainerBase::newest_owed_upload(std::int64_t up_to) const {
-  SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (*it > up_to || !durable_->should_save(*it) || rejected_local_.count(*it) != 0) continue;
-    if (*it <= durable_step_) break;
-    return std::optional<std::int64_t>{*it};
-  }
-  return std::optional<std::int64_t>{};
 }
 
 Status TrainerBase::upload_owed(std::int64_t step) {
   // Later steps are only there with trainer.overwrite_checkpoints: this run replaces them.
-  SH_ASSIGN_OR_RETURN(auto owed, newest_owed_upload(step));
-  if (!owed) return Status::ok();
+  SH_ASSIGN_OR_RETURN(auto steps, policy_.store().committed_steps());
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it > step || !durable_->should_save(*it) || rejected_local_.count(*it) != 0) continue;
+    if (*it > durable_step_) owed_upload_ = *it;
+    break;
+  }
+  if (!owed_upload_) return Status::ok();
   // A step complete in the durable tier whose tracker never moved (a crash between the two) is
   // copied again: the copy replaces it and moves the tracker.
-  SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(*owed));
+  const std::int64_t owed = *owed_upload_;
+  SH_ASSIGN_OR_RETURN(bool there, durable_->store().is_committed(owed));
   say("uploading step %lld of the local tier, committed but %s '%s' yet (trainer.ckpt_interval %lld)\n",
-      static_cast<long long>(*owed), there ? "not named by the tracker of" : "not in",
-      durable_->store().root().c_str(), static_cast<long long>(options_.config.trainer.ckpt_interval));
-  uploads_->enqueue(*owed, policy_.store().step_dir(*owed), durable_->store().step_dir(*owed));
+      static_cast<long long>(owed), there ? "not named by the tracker of" : "not in", durable_->store().root().c_str(),
+      static_cast<long long>(options_.config.trainer.ckpt_interval));
+  uploads_->enqueue(owed, policy_.store().step_dir(owed), durable_->store().step_dir(owed));
   return Status::ok();
 }
 
@@ -54,7 +49,7 @@ Status TrainerBase::report_uploads() {
       ++summary_->uploads_done;
       // The copy's commit moved the tracker to this step.
       durable_step_ = done.step;
-      if (done.step >= failed_upload_) failed_upload_ = -1;
+      if (owed_upload_ && *owed_upload_ <= done.step) owed_upload_.reset();
       landed = true;
       say("uploaded step %lld to %s (%llu files, %llu bytes, %.3f s: copy %.3f, read back %.3f, commit %.3f)%s\n",
           static_cast<long long>(done.step), done.out_dir.c_str(), static_cast<unsigned long long>(r.files),
@@ -62,7 +57,6 @@ Status TrainerBase::report_uploads() {
           r.replaced ? " (replacing the step of the same number there)" : "");
     } else {
       ++summary_->uploads_failed;
-      failed_upload_ = std::max(failed_upload_, done.step);
       line["error"] = done.status.message();
       const std::string held = durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
       const bool stopped = done.status.code() == ErrorCode::aborted;
@@ -93,12 +87,9 @@ Status TrainerBase::report_uploads() {
 Status TrainerBase::finish_uploads() {
   uploads_->wait_idle();
   SH_RETURN_IF_ERROR(report_uploads());
-  SH_ASSIGN_OR_RETURN(auto owed, local_steps_in_use());
-  if (failed_upload_ >= 0) owed.insert(failed_upload_);
-  if (owed.empty()) return Status::ok();
-  const std::int64_t newest = *owed.rbegin();
+  if (!owed_upload_) return Status::ok();
   return Status{ErrorCode::io_error,
-                "the durable tier '" + durable_->store().root() + "' did not receive step " + std::to_string(newest) +
+                "the durable tier '" + durable_->store().root() + "' did not receive step " + std::to_string(*owed_upload_) +
                     ", committed in the local tier '" + policy_.store().root() + "'" +
                     (upload_error_.empty() ? "" : ": " + upload_error_)};
 }

@@ -28,6 +28,12 @@ test::CommandRun train(const std::vector<std::string>& sets, bool quiet = false,
   return test::run_command(cmd);
 }
 
+/// A quiet run that must succeed (the setup of a case).
+void train_ok(const std::vector<std::string>& sets) {
+  auto run = train(sets, true);
+  BOOST_REQUIRE_MESSAGE(run.code == 0, run.output);
+}
+
 /// A tiered run's settings: the local tier every `local_every` steps keeping `local_keep`, the
 /// durable tier every 10 keeping all.
 std::vector<std::string> tiered(const std::string& dir, int total, int local_every, int local_keep, bool resume) {
@@ -81,8 +87,7 @@ void expect_same_files(const std::string& a, const std::string& b) {
 
 BOOST_AUTO_TEST_CASE(saves_commit_in_the_local_tier_and_every_tenth_is_copied_to_the_durable_one) {
   TempDir dir;
-  auto base = train(straight(dir / "straight", 30), true);
-  BOOST_REQUIRE_MESSAGE(base.code == 0, base.output);
+  train_ok(straight(dir / "straight", 30));
   const std::string metrics = dir / "metrics.jsonl";
   auto sets = tiered(dir.path(), 30, 2, 2, false);
   sets.push_back("trainer.max_ckpts_to_keep=2");
@@ -121,12 +126,10 @@ BOOST_AUTO_TEST_CASE(saves_commit_in_the_local_tier_and_every_tenth_is_copied_to
 
 BOOST_AUTO_TEST_CASE(resume_latest_takes_the_newest_step_that_loads_from_either_tier_naming_what_it_rejected) {
   TempDir dir;
-  auto whole = train(straight(dir / "straight", 40), true);
-  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
+  train_ok(straight(dir / "straight", 40));
   // Local steps 20, 25, 30; durable steps 10, 20, 30.
   fs::create_directories(dir / "base");
-  auto first = train(tiered(dir / "base", 30, 5, 3, false), true);
-  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  train_ok(tiered(dir / "base", 30, 5, 3, false));
   const std::string run = dir / "run";
   const std::string local = run + "/local";
   const std::string durable = run + "/durable";
@@ -198,11 +201,9 @@ BOOST_AUTO_TEST_CASE(resume_latest_takes_the_newest_step_that_loads_from_either_
 
 BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_tracker_never_moved) {
   TempDir dir;
-  auto whole = train(straight(dir / "straight", 30), true);
-  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
+  train_ok(straight(dir / "straight", 30));
   fs::create_directories(dir / "base");
-  auto first = train(tiered(dir / "base", 20, 5, 1, false), true);
-  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  train_ok(tiered(dir / "base", 20, 5, 1, false));
   const std::string run = dir / "run";
   struct Case {
     std::string what;
@@ -242,10 +243,8 @@ BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_t
 
 BOOST_AUTO_TEST_CASE(a_lost_local_tier_resumes_from_the_durable_tracker_past_a_step_it_never_named) {
   TempDir dir;
-  auto whole = train(straight(dir / "straight", 40), true);
-  BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
-  auto first = train(tiered(dir.path(), 30, 5, 3, false), true);
-  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  train_ok(straight(dir / "straight", 40));
+  train_ok(tiered(dir.path(), 30, 5, 3, false));
   // The upload of step 30 was killed after its rename, before the tracker moved; then the host
   // was lost with its local tier.
   std::ofstream(dir / "durable/latest_ckpt_global_step.txt") << "20\n";
@@ -263,8 +262,7 @@ BOOST_AUTO_TEST_CASE(a_lost_local_tier_resumes_from_the_durable_tracker_past_a_s
 
 BOOST_AUTO_TEST_CASE(a_failed_last_upload_fails_the_run_naming_it_and_the_next_run_uploads_it) {
   TempDir dir;
-  auto first = train(tiered(dir.path(), 20, 5, 2, false), true);
-  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  train_ok(tiered(dir.path(), 20, 5, 2, false));
   // Something in the way of step 30's folder in the durable tier: its copy cannot commit. The
   // durable tracker names a step that is not there (50): what the durable tier holds is 20.
   std::ofstream(dir / "durable/global_step_30") << "in the way\n";
@@ -314,8 +312,7 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
     BOOST_TEST(r.output.find(c.said) != std::string::npos, c.said << " in: " << r.output);
   }
   // A fresh start over a durable tier that holds checkpoints is refused as without tiers.
-  auto first = train(tiered(dir.path(), 10, 5, 2, false), true);
-  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  train_ok(tiered(dir.path(), 10, 5, 2, false));
   fs::remove_all(dir / "local");
   auto again = train(tiered(dir.path(), 10, 5, 2, false), true);
   BOOST_TEST(again.code != 0, again.output);
