@@ -1,0 +1,93 @@
+#pragma once
+
+// A local tier spread over hosts (trainer.local_ckpt_path with "{host}"): each host's folder holds
+// its own ranks' data files and replicas of other hosts', so that losing a host (its processes
+// and its folder) loses no committed step; and the check a resume makes before it trusts a step.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stagehand/core/status.hpp"
+#include "stagehand/storage/file_system.hpp"
+
+namespace stagehand {
+
+/// The placeholder of trainer.local_ckpt_path that names a host's folder.
+inline constexpr const char* kHostPlaceholder = "{host}";
+
+/// Which host holds what: rank r lives on host r / ranks_per_host; its data files are written to
+/// its own host and to `replicas - 1` others, host + stride, host + 2 stride, ... (modulo the
+/// host count), so that the copies lie in other failure domains.
+struct HostPlacement {
+  /// The folder pattern: a path holding kHostPlaceholder, replaced by the host's number.
+  std::string pattern;
+  int hosts = 1;
+  int ranks_per_host = 1;
+  /// Copies of each data file, its own host's included (1: none elsewhere).
+  int replicas = 1;
+  int stride = 1;
+
+  /// An error naming what is wrong: no placeholder, a count below 1, more replicas than hosts,
+  /// or a stride whose copies land on the same host twice. `settings` names the keys.
+  Status check() const;
+  /// The host of rank `rank`.
+  int host_of(int rank) const { return rank / ranks_per_host; }
+  /// The hosts holding rank `rank`'s data files, its own first, then the replicas in order.
+  std::vector<int> holders(int rank) const;
+  /// `path` (which holds the pattern) on host `host`.
+  std::string on_host(const std::string& path, int host) const;
+};
+
+/// Builds the placement of trainer.local_ckpt_path's pattern for a world of `world_size` ranks:
+/// `ranks_per_host` 0 puts every rank on one host.
+HostPlacement host_placement(const std::string& pattern, int world_size, int ranks_per_host, int replicas,
+                             int stride);
+
+/// The rank a data file of the checkpoint layout belongs to ("__<rank>_<bucket>.safetensors"
+/// in a step's policy folder), or -1 for any other path.
+int data_file_rank(const std::string& path);
+
+/// A FileSystem over `inner` for which every path holding the placement's pattern is the same
+/// path in each host's folder:
+/// - a data file (data_file_rank() >= 0) is written to every holder of its rank at once (each
+///   append, write and sync goes to each; the first failure fails the write, naming the host's
+///   path), and read from the first holder that has it, then from any other host (a checkpoint
+///   saved with another placement);
+/// - anything else (metadata.json, trainer_state.json, the tracker, folders, renames, removals,
+///   the lock) is done in every host's folder, each in host order, and read from the first host
+///   whose folder has it; a folder lists what any host's holds.
+/// A host whose folder is gone (the host was lost) gets it back at the next change: folders are
+/// created with their parents. Paths without the pattern go to `inner` unchanged.
+///
+/// Every folder must be reachable by path from every process of the job (the hosts' disks
+/// exported to each other, or folders of one machine in tests): each process writes its own
+/// ranks' files and their replicas, and the coordinator's process writes the rest.
+std::shared_ptr<FileSystem> host_folders_file_system(std::shared_ptr<FileSystem> inner, HostPlacement placement);
+
+/// The placement of `fs` when it is a host_folders_file_system; null otherwise.
+const HostPlacement* host_placement_of(const FileSystem& fs);
+
+/// What check_host_copies found and did.
+struct HostCheckReport {
+  /// Data files read from a replica because their own host has no copy (its folder was lost):
+  /// "rank 1's part '__1_0.safetensors' from host 2 (host 1 has none)".
+  std::vector<std::string> from_replicas;
+  /// Copies found damaged or missing in a host that still holds the step, and rewritten there
+  /// from a copy that verifies: "host 1's copy of '__1_0.safetensors' (XXH3 mismatch)".
+  std::vector<std::string> repaired;
+};
+
+/// Checks, before a resume trusts it, that every file of the committed step `checkpoint_dir`
+/// (on a host_folders_file_system `fs`) has a copy that verifies by size and XXH3 against the
+/// metadata (itself checked in every host folder that has the step): a data file on its own
+/// host, else on a replica; metadata.json and trainer_state.json on any host. A damaged or
+/// missing copy in a host folder that holds the step is replaced (written beside it, read back,
+/// renamed over it) by one that verifies, so that reads, which take the first copy, see good
+/// bytes. corruption when some file has no copy that verifies, naming the rank, the file and
+/// what was wrong with each copy ("rank 3's part '__3_0.safetensors': host 1 has none, host 2's
+/// copy has XXH3 ...; no replica verifies").
+Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir);
+
+}  // namespace stagehand

@@ -1,0 +1,238 @@
+// The local tier spread over host folders (checkpoint/host_folders.hpp): where each file goes,
+// reads that fall back to a replica when a host's folder is lost, and the check a resume makes
+// (repairing damaged copies, refusing a step with a part no copy of which verifies).
+#define BOOST_TEST_MODULE host_folders
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "bench/synthetic_state.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/save_engine.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kRanks = 4;
+
+/// Four ranks, one per host, each rank's files also on the next host.
+HostPlacement placement_in(const std::string& dir, int replicas = 2, int stride = 1) {
+  // Each host's disk, mounted: the folder's parent exists, as ckpt_path's must.
+  for (int h = 0; h < kRanks; ++h) fs::create_directories(dir + "/host" + std::to_string(h));
+  return host_placement(dir + "/host{host}/local", kRanks, 1, replicas, stride);
+}
+
+std::vector<StateDict> states_for(std::uint64_t seed) {
+  std::vector<StateDict> states;
+  for (int r = 0; r < kRanks; ++r) {
+    states.push_back(*make_synthetic_state({kRanks, 96u << 10, 6, seed, 256}, r, Device::host()));
+  }
+  return states;
+}
+
+/// Saves `states` as `step` of the placement's root through `fs`.
+void save(const std::shared_ptr<FileSystem>& fs, const std::string& root, std::int64_t step,
+          const std::vector<StateDict>& states) {
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  std::vector<SaveEngine*> e;
+  std::vector<const StateDict*> s;
+  for (int r = 0; r < kRanks; ++r) {
+    auto engine = SaveEngine::create(r, SaveEngineOptions{2, 0, false, {}}, fs);
+    BOOST_REQUIRE(engine.is_ok());
+    engines.push_back(std::move(*engine));
+    e.push_back(engines.back().get());
+    s.push_back(&states[static_cast<std::size_t>(r)]);
+  }
+  auto saved = save_checkpoint_in_process(root, step, e, s, fs);
+  BOOST_REQUIRE_MESSAGE(saved.is_ok(), saved.status().to_string());
+}
+
+/// Loads every rank through `fs` and compares it with `states`.
+void expect_loads(FileSystem& fs, const std::string& dir, const std::vector<StateDict>& states) {
+  for (int r = 0; r < kRanks; ++r) {
+    StateDict loaded = test::zeroed_like(states[static_cast<std::size_t>(r)]);
+    Status st = load_checkpoint(fs, dir, loaded, LoadOptions{});
+    BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+    for (std::size_t i = 0; i < loaded.tensors.size(); ++i) {
+      BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, states[static_cast<std::size_t>(r)].tensors[i].tensor),
+                 loaded.tensors[i].desc.name << " on rank " << r);
+    }
+  }
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void flip_byte(const std::string& path) {
+  std::string bytes = test::read_file(path);
+  BOOST_REQUIRE(bytes.size() > 200);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(placement_puts_each_ranks_copies_on_distinct_hosts_and_refuses_what_cannot) {
+  auto p = host_placement("/x/h{host}/l", 8, 2, 2, 1);
+  BOOST_TEST(p.hosts == 4);
+  BOOST_TEST((p.holders(5) == std::vector<int>{2, 3}));
+  BOOST_TEST((p.holders(7) == std::vector<int>{3, 0}));
+  BOOST_TEST(p.on_host("/x/h{host}/l/global_step_3/policy/__5_0.safetensors", 2) == "/x/h2/l/global_step_3/policy/__5_0.safetensors");
+  BOOST_TEST(p.check().is_ok());
+  // All ranks on one host unless told otherwise.
+  BOOST_TEST(host_placement("/x/{host}", 8, 0, 1, 1).hosts == 1);
+  // Stride 2 over 4 hosts reaches two of them: three copies would share one.
+  auto shared = host_placement("/x/h{host}/l", 8, 2, 3, 2).check();
+  BOOST_TEST(shared.code() == ErrorCode::invalid_argument);
+  BOOST_TEST(shared.message().find("would put two on one host (at most 2)") != std::string::npos, shared.message());
+  BOOST_TEST(host_placement("/x/h{host}/l", 8, 2, 5, 1).check().message().find("at most 4") != std::string::npos);
+  BOOST_TEST(host_placement("/x/local", 8, 2, 2, 1).check().message().find("hold no {host}") != std::string::npos);
+  // Only a policy folder's data files belong to a rank.
+  BOOST_TEST(data_file_rank("/r/global_step_3.tmp/policy/__12_1.safetensors") == 12);
+  BOOST_TEST(data_file_rank("/r/global_step_3/policy/metadata.json") == -1);
+  BOOST_TEST(data_file_rank("/r/global_step_3/__1_1.safetensors") == -1);
+  BOOST_TEST(data_file_rank("/r/global_step_3/policy/__1_.safetensors") == -1);
+  BOOST_TEST(data_file_rank("/r/global_step_3/policy/__x_1.safetensors") == -1);
+}
+
+BOOST_AUTO_TEST_CASE(a_save_puts_each_ranks_files_on_its_host_and_the_next_and_the_rest_everywhere) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  auto hosts = host_folders_file_system(local_file_system(), placement);
+  BOOST_REQUIRE(host_placement_of(*hosts) != nullptr);
+  BOOST_TEST(host_placement_of(*local_file_system()) == nullptr);
+  const auto states = states_for(7);
+  save(hosts, placement.pattern, 5, states);
+  for (int h = 0; h < kRanks; ++h) {
+    const std::string root = placement.on_host(placement.pattern, h);
+    const int before = (h + kRanks - 1) % kRanks;
+    std::vector<std::string> expected{"__" + std::to_string(std::min(h, before)) + "_0.safetensors",
+                                      "__" + std::to_string(std::min(h, before)) + "_1.safetensors",
+                                      "__" + std::to_string(std::max(h, before)) + "_0.safetensors",
+                                      "__" + std::to_string(std::max(h, before)) + "_1.safetensors", "metadata.json"};
+    BOOST_TEST(names_in(root + "/global_step_5/policy") == expected, "host " << h);
+    BOOST_TEST(test::read_file(root + "/latest_ckpt_global_step.txt") == "5\n");
+    BOOST_TEST(!fs::exists(root + "/global_step_5.tmp"));
+  }
+  // The logical folder lists what any host holds; the step loads whole.
+  CheckpointStore store(hosts, placement.pattern);
+  BOOST_TEST((*store.committed_steps() == std::vector<std::int64_t>{5}));
+  expect_loads(*hosts, store.step_dir(5), states);
+  auto check = check_host_copies(*hosts, store.step_dir(5));
+  BOOST_REQUIRE_MESSAGE(check.is_ok(), check.status().to_string());
+  BOOST_TEST(check->from_replicas.empty());
+  BOOST_TEST(check->repaired.empty());
+  // A second save of the same step replaces it in every host; retention removes it from all.
+  save(hosts, placement.pattern, 5, states_for(8));
+  expect_loads(*hosts, store.step_dir(5), states_for(8));
+  BOOST_REQUIRE(store.remove_step(5).is_ok());
+  for (int h = 0; h < kRanks; ++h) BOOST_TEST(!fs::exists(placement.on_host(store.step_dir(5), h)));
+}
+
+BOOST_AUTO_TEST_CASE(a_lost_hosts_parts_are_read_from_their_replicas_and_its_folder_comes_back_at_the_next_save) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  auto hosts = host_folders_file_system(local_file_system(), placement);
+  const auto states = states_for(3);
+  save(hosts, placement.pattern, 10, states);
+  fs::remove_all(dir / "host1");
+  CheckpointStore store(hosts, placement.pattern);
+  BOOST_TEST((*store.committed_steps() == std::vector<std::int64_t>{10}));
+  BOOST_TEST(**store.tracker() == 10);
+  auto check = check_host_copies(*hosts, store.step_dir(10));
+  BOOST_REQUIRE_MESSAGE(check.is_ok(), check.status().to_string());
+  BOOST_TEST(check->repaired.empty(), joined(check->repaired));
+  BOOST_TEST(joined(check->from_replicas) ==
+             "rank 1's part '__1_0.safetensors' from host 2 (host 1's folder lacks the step)\n"
+             "rank 1's part '__1_1.safetensors' from host 2 (host 1's folder lacks the step)\n");
+  expect_loads(*hosts, store.step_dir(10), states);
+  // The next save makes host 1's folder again, with its files, under the lock of every host.
+  BOOST_REQUIRE(store.lock().is_ok());
+  save(hosts, placement.pattern, 11, states);
+  BOOST_TEST(fs::exists(dir / "host1/local/global_step_11/policy/__1_0.safetensors"));
+  BOOST_TEST(fs::exists(dir / "host1/local/global_step_11/policy/__0_0.safetensors"));
+  BOOST_TEST(test::read_file(dir / "host1/local/latest_ckpt_global_step.txt") == "11\n");
+  // Losing two neighbours loses rank 1's only copies: the step is refused, naming them.
+  fs::remove_all(dir / "host1");
+  fs::remove_all(dir / "host2");
+  auto refused = check_host_copies(*hosts, store.step_dir(11));
+  BOOST_REQUIRE(!refused.is_ok());
+  BOOST_TEST(refused.status().code() == ErrorCode::corruption);
+  BOOST_TEST(refused.status().message().find("rank 1's part '__1_0.safetensors': host 1 has none (its folder lacks the "
+                                             "step), host 2 has none (its folder lacks the step), host 0 has none, host 3 "
+                                             "has none; no replica verifies") != std::string::npos,
+             refused.status().message());
+}
+
+BOOST_AUTO_TEST_CASE(the_check_restores_a_damaged_copy_from_one_that_verifies_and_refuses_when_none_does) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  auto hosts = host_folders_file_system(local_file_system(), placement);
+  const auto states = states_for(4);
+  save(hosts, placement.pattern, 2, states);
+  const std::string own = dir / "host1/local/global_step_2/policy/__1_0.safetensors";
+  const std::string replica = dir / "host2/local/global_step_2/policy/__1_0.safetensors";
+  const std::string good = test::read_file(own);
+  CheckpointStore store(hosts, placement.pattern);
+  // A flipped byte in rank 1's own copy and a torn metadata.json on host 0: each is rewritten
+  // from a copy that verifies. A missing replica of rank 2's is not needed.
+  flip_byte(own);
+  fs::remove(dir / "host3/local/global_step_2/policy/__2_1.safetensors");
+  std::ofstream(dir / "host0/local/global_step_2/policy/metadata.json", std::ios::trunc) << "{";
+  {
+    StateDict loaded = test::zeroed_like(states[1]);
+    BOOST_TEST(load_checkpoint(*hosts, store.step_dir(2), loaded, LoadOptions{}).code() == ErrorCode::corruption);
+  }
+  auto check = check_host_copies(*hosts, store.step_dir(2));
+  BOOST_REQUIRE_MESSAGE(check.is_ok(), check.status().to_string());
+  const std::string repaired = joined(check->repaired);
+  BOOST_TEST(repaired.find("host 0's copy of metadata.json") != std::string::npos, repaired);
+  BOOST_TEST(repaired.find("host 1's copy of rank 1's part '__1_0.safetensors' from host 2") != std::string::npos, repaired);
+  // A replica that is missing is not read (the own copy verifies), so it is left as it is.
+  BOOST_TEST(repaired.find("__2_1") == std::string::npos, repaired);
+  BOOST_TEST(test::read_file(own) == good);
+  expect_loads(*hosts, store.step_dir(2), states);
+  // Both copies damaged: refused, naming each.
+  flip_byte(own);
+  flip_byte(replica);
+  auto refused = check_host_copies(*hosts, store.step_dir(2));
+  BOOST_REQUIRE(!refused.is_ok());
+  const std::string why = refused.status().message();
+  BOOST_TEST(why.find("rank 1's part '__1_0.safetensors': host 1's copy has XXH3 ") != std::string::npos, why);
+  BOOST_TEST(why.find("host 2's copy has XXH3 ") != std::string::npos, why);
+  BOOST_TEST(why.find("no replica verifies") != std::string::npos, why);
+  // Neither damaged copy was overwritten by the other.
+  BOOST_TEST(test::read_file(own) != good);
+}
+
+BOOST_AUTO_TEST_CASE(paths_outside_the_pattern_pass_through_and_renames_of_nothing_fail) {
+  TempDir dir;
+  auto hosts = host_folders_file_system(local_file_system(), placement_in(dir.path()));
+  BOOST_REQUIRE(write_file_atomic(*hosts, dir / "plain.txt", "x").is_ok());
+  BOOST_TEST(test::read_file(dir / "plain.txt") == "x");
+  BOOST_TEST(!fs::exists(dir / "host0/local"));
+  auto st = hosts->rename(dir / "host{host}/local/a", dir / "host{host}/local/b");
+  BOOST_TEST(st.code() == ErrorCode::not_found);
+  BOOST_TEST(st.message().find("in no host's folder (hosts 0 to 3 of '") != std::string::npos, st.message());
+  auto missing = hosts->open_file(dir / "host{host}/local/none");
+  BOOST_TEST(missing.status().code() == ErrorCode::not_found);
+}
