@@ -61,13 +61,25 @@ struct TrainerConfig {
   /// ckpt_path is then the durable tier: every ckpt_interval steps (and at the last step) the
   /// committed local checkpoint is copied there in the background, checked by size and XXH3,
   /// its metadata and tracker written last. resume_mode latest takes the newest step that
-  /// loads whole from either tier.
+  /// loads whole from either tier. "{host}" in it (say `/local/{host}/ckpt`) gives each host
+  /// its own folder (trainer.ranks_per_host), every one reachable by path from every process.
   std::string local_ckpt_path;
   /// Steps between saves to the local tier (with local_ckpt_path).
   std::int64_t local_ckpt_interval = 1;
   /// Committed checkpoints the local tier keeps; 0 keeps all. The step being copied into the
   /// durable tier, and the newest one the durable tier lacks, are kept whatever it says.
   std::int64_t local_max_ckpts_to_keep = 2;
+  /// Ranks per host, for a local tier spread over hosts: rank r lives on host r /
+  /// ranks_per_host. 0: every rank on one host.
+  std::int64_t ranks_per_host = 0;
+  /// Copies of each rank's local-tier files, its own host's included: with
+  /// local_ckpt_path holding "{host}" (each host's own folder), each rank's data files also go
+  /// to the folders of local_replication_factor - 1 other hosts, so that a resume can take a
+  /// lost host's parts from them. 1: no replicas.
+  std::int64_t local_replication_factor = 1;
+  /// Hosts between one copy and the next: rank r's copies are on hosts h, h + stride, ...
+  /// (modulo the number of hosts), h its own.
+  std::int64_t local_replication_stride = 1;
 };
 
 /// Where saves commit: local_ckpt_path when there is a local tier, else ckpt_path.

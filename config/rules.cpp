@@ -1,6 +1,7 @@
 #include "stagehand/config/rules.hpp"
 
 #include <filesystem>
+#include <numeric>
 #include <string>
 
 #include "stagehand/config/schema.hpp"
@@ -14,6 +15,8 @@ constexpr std::int64_t kMaxWorldSize = 1024;
 
 constexpr const char* kThreadCount = "megatron_config.ckpt_save_thread_count";
 constexpr const char* kStagingBuckets = "megatron_config.ckpt_save_staging_buckets";
+/// trainer.local_ckpt_path's placeholder for the host (checkpoint/host_folders.hpp's kHostPlaceholder).
+constexpr const char* kHost = "{host}";
 
 Status check_world_size(const ParallelConfig& parallel, const ConfigOrigins& origins) {
   // Each dimension is within its range (check_key_ranges ran first): the product cannot overflow.
@@ -71,6 +74,35 @@ std::string normalized(const std::string& path) {
   return out + "/";
 }
 
+/// The local tier's hosts and copies: "{host}" in local_ckpt_path for more than one copy, and
+/// every rank's copies on distinct hosts.
+Status check_replication(const Config& c, const ConfigOrigins& origins) {
+  const TrainerConfig& t = c.trainer;
+  if (t.ckpt_path.find(kHost) != std::string::npos) {
+    return origins.error({"trainer.ckpt_path"}, "holds " + std::string(kHost) +
+                                                    ", which only trainer.local_ckpt_path may (each host's own folder "
+                                                    "of the local tier); the durable tier is one folder");
+  }
+  const bool per_host = t.local_ckpt_path.find(kHost) != std::string::npos;
+  if (t.local_replication_factor > 1 && !per_host) {
+    return origins.error({"trainer.local_replication_factor", "trainer.local_ckpt_path"},
+                         "copies on other hosts need each host's own folder: trainer.local_ckpt_path must hold " +
+                             std::string(kHost) + (t.local_ckpt_path.empty() ? " (there is no local tier)" : ", got '" + t.local_ckpt_path + "'"));
+  }
+  if (!per_host) return Status::ok();
+  const std::int64_t world = c.parallel.tensor_parallel * c.parallel.data_parallel;
+  const std::int64_t per = t.ranks_per_host > 0 ? t.ranks_per_host : world;
+  const std::int64_t hosts = (world + per - 1) / per;
+  // Rank r's copies are on h, h + stride, ...: distinct while factor <= hosts / gcd(stride, hosts).
+  const std::int64_t distinct = hosts / std::gcd(t.local_replication_stride, hosts);
+  if (t.local_replication_factor <= distinct) return Status::ok();
+  return origins.error({"trainer.local_replication_factor", "trainer.local_replication_stride", "trainer.ranks_per_host"},
+                       std::to_string(t.local_replication_factor) + " copies of each rank's files, hosts " +
+                           std::to_string(t.local_replication_stride) + " apart, over the " + std::to_string(hosts) +
+                           " host(s) of " + std::to_string(world) + " ranks at " + std::to_string(per) +
+                           " per host would put two on one host: at most " + std::to_string(distinct));
+}
+
 Status check_local_tier(const TrainerConfig& t, const ConfigOrigins& origins) {
   if (t.local_ckpt_path.empty()) return Status::ok();
   if (is_object_store_url(t.local_ckpt_path)) {
@@ -112,6 +144,7 @@ Status validate_config(const Config& config) {
   SH_RETURN_IF_ERROR(check_part_size(config.storage.s3, origins));
   SH_RETURN_IF_ERROR(check_resume(config.trainer, origins));
   SH_RETURN_IF_ERROR(check_local_tier(config.trainer, origins));
+  SH_RETURN_IF_ERROR(check_replication(config, origins));
   return check_exports(config.trainer, origins);
 }
 

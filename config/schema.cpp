@@ -25,6 +25,8 @@ constexpr double kMinWriteRateMiBs = 0.001;
 constexpr double kMaxWriteRateMiBs = 1 << 20;
 /// Adam moves each weight by about learning_rate per step, and the weights start below 1.
 constexpr double kMaxLearningRate = 1.0;
+/// No job has more ranks (rules.cpp's world-size limit), so no more hosts or copies.
+constexpr std::int64_t kMaxRanks = 1024;
 
 /// The shortest text that reads back as `value` ("1", "0.005", "1048576").
 std::string number_text(double value) {
@@ -119,6 +121,9 @@ std::vector<ConfigKey> make_config_keys() {
       {"trainer.local_ckpt_path", string<kTrainer, &TrainerConfig::local_ckpt_path>(true)},
       {"trainer.local_ckpt_interval", integer<kTrainer, &TrainerConfig::local_ckpt_interval>(1)},
       {"trainer.local_max_ckpts_to_keep", integer<kTrainer, &TrainerConfig::local_max_ckpts_to_keep>(0)},
+      {"trainer.ranks_per_host", integer<kTrainer, &TrainerConfig::ranks_per_host>(0, kMaxRanks)},
+      {"trainer.local_replication_factor", integer<kTrainer, &TrainerConfig::local_replication_factor>(1, kMaxRanks)},
+      {"trainer.local_replication_stride", integer<kTrainer, &TrainerConfig::local_replication_stride>(1, kMaxRanks)},
 
       {"megatron_config.async_dist_ckpt_save",
        boolean<kMegatron, &MegatronConfig::async_dist_ckpt_save>()},

@@ -24,6 +24,7 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/config/load.hpp"
 #include "stagehand/core/device.hpp"
@@ -110,7 +111,14 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
 std::shared_ptr<FileSystem> config_file_system(const Config& c) {
   ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
-  return default_file_system(store);
+  auto fs = default_file_system(store);
+  const TrainerConfig& t = c.trainer;
+  if (t.local_ckpt_path.find(kHostPlaceholder) == std::string::npos) return fs;
+  // Each host's folder of the local tier, with copies of each rank's files on other hosts.
+  return host_folders_file_system(
+      std::move(fs), host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
+                                    static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
+                                    static_cast<int>(t.local_replication_stride)));
 }
 
 /// The strategy options of one rank from the config.
@@ -199,6 +207,12 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
                   static_cast<long long>(c.trainer.local_ckpt_interval), c.trainer.local_ckpt_path.c_str(),
                   static_cast<long long>(c.trainer.local_max_ckpts_to_keep),
                   static_cast<long long>(c.trainer.ckpt_interval), c.trainer.ckpt_path.c_str());
+      if (const HostPlacement* hosts = host_placement_of(*fs)) {
+        std::printf("stagehand-train: the local tier spans %d host folders (%d ranks per host), each rank's files "
+                    "on %d of them%s\n",
+                    hosts->hosts, hosts->ranks_per_host, hosts->replicas,
+                    hosts->replicas > 1 ? (", " + std::to_string(hosts->stride) + " host(s) apart").c_str() : "");
+      }
     }
   }
   auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights, fs}, summary);

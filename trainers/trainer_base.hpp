@@ -130,6 +130,10 @@ class TrainerBase : public caf::blocking_actor {
   /// @return the step training continues after; an error naming every rejected step when none
   ///         loads.
   Result<std::int64_t> resume_latest(const Candidates& found);
+  /// Before a checkpoint of a local tier spread over host folders is trusted: every file has a
+  /// copy that verifies (check_host_copies), damaged copies are rewritten, and parts read from
+  /// replicas and repairs are reported. corruption naming the part when one has no good copy.
+  Status check_host_folders(const std::string& dir);
   /// A fresh run's start from another checkpoint's weights (trainer.init_from).
   Status init_from(const std::string& path);
   /// Loads `scope` of `dir` on every rank through the dispatch; where the time went, and what

@@ -1,7 +1,9 @@
 // Where training starts: the resumed checkpoint (trainer.resume_mode), or trainer.init_from's
 // weights, or nothing.
 #include <algorithm>
+#include <chrono>
 
+#include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
@@ -65,6 +67,7 @@ Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& d
     SH_RETURN_IF_ERROR(on_start(0, nullptr, ""));
     return std::int64_t{0};
   }
+  SH_RETURN_IF_ERROR(check_host_folders(*dir));
   SH_ASSIGN_OR_RETURN(TrainerState state, read_trainer_state(*fs_, *dir));
   const std::string state_file = *dir + "/" + kTrainerStateFile;
   if (state.kind.empty()) return Status{ErrorCode::corruption, "'" + state_file + "': field 'kind' is missing"};
@@ -88,6 +91,30 @@ Result<std::int64_t> TrainerBase::start_from(const std::optional<std::string>& d
       static_cast<unsigned long long>(load.bytes), load.read_s, load.verify_s, load.copy_s);
   SH_RETURN_IF_ERROR(on_start(state.step, &state, state_file));
   return state.step;
+}
+
+Status TrainerBase::check_host_folders(const std::string& dir) {
+  if (dir.find(kHostPlaceholder) == std::string::npos || host_placement_of(*fs_) == nullptr) return Status::ok();
+  const auto started = std::chrono::steady_clock::now();
+  SH_ASSIGN_OR_RETURN(HostCheckReport check, check_host_copies(*fs_, dir));
+  say("checked every file of %s against its metadata across %d host folders (%.3f s)\n", dir.c_str(),
+      host_placement_of(*fs_)->hosts,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  auto listed = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (std::size_t i = 0; i < items.size() && i < 8; ++i) out += (i ? "; " : "") + items[i];
+    if (items.size() > 8) out += "; and " + std::to_string(items.size() - 8) + " more";
+    return out;
+  };
+  if (!check.from_replicas.empty()) {
+    warn("%s: %zu part(s) whose own host has no copy are read from their replicas: %s\n", dir.c_str(),
+         check.from_replicas.size(), listed(check.from_replicas).c_str());
+  }
+  if (!check.repaired.empty()) {
+    warn("%s: %zu damaged or missing copies rewritten from copies that verify: %s\n", dir.c_str(),
+         check.repaired.size(), listed(check.repaired).c_str());
+  }
+  return Status::ok();
 }
 
 Status TrainerBase::init_from(const std::string& path) {

@@ -126,6 +126,60 @@ BOOST_AUTO_TEST_CASE(four_processes_with_a_local_tier_fill_the_durable_one_and_r
   expect_same_checkpoint(dir / "inproc/global_step_40", dir / "local/global_step_40");
 }
 
+BOOST_AUTO_TEST_CASE(a_host_killed_with_its_local_folder_resumes_from_the_replicas_on_the_other_byte_identical) {
+  TempDir dir;
+  const int total = 60;
+  auto straight = test::run_command(train_command({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=60",
+                                                   "trainer.ckpt_interval=30", "trainer.max_ckpts_to_keep=0"}));
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  // Two hosts of two ranks, each with its own folder of the local tier, each rank's files on both.
+  auto sets = [&](bool resume) {
+    std::vector<std::string> out{"trainer.local_ckpt_path=" + dir / "host{host}/local",
+                                 "trainer.ckpt_path=" + dir / "durable",
+                                 "trainer.total_steps=" + std::to_string(total),
+                                 "trainer.local_ckpt_interval=5",
+                                 "trainer.local_max_ckpts_to_keep=2",
+                                 "trainer.ckpt_interval=30",
+                                 "trainer.max_ckpts_to_keep=0",
+                                 "trainer.ranks_per_host=2",
+                                 "trainer.local_replication_factor=2",
+                                 "trainer.call_timeout_s=60"};
+    if (resume) out.push_back("trainer.resume_mode=latest");
+    return out;
+  };
+  for (int h = 0; h < 2; ++h) fs::create_directories(dir / ("host" + std::to_string(h)));
+  auto ranks = start_four(dir, test::free_port(), train_command(sets(false)));
+  // Host 1 dies (ranks 2 and 3, then its folder) once the local tier has committed step 10.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  auto tracked = [&] {
+    auto t = test::read_tracker(dir / "host0/local");
+    return t.is_ok() && *t ? **t : std::int64_t{-1};
+  };
+  while (tracked() < 10 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(ranks[2]->pid, SIGKILL);
+  ::kill(ranks[3]->pid, SIGKILL);
+  BOOST_REQUIRE_MESSAGE(tracked() >= 10, ranks[0]->output());
+  for (auto& rank : ranks) BOOST_TEST(rank->wait_for(std::chrono::seconds(60)) != -1, rank->output());
+  const std::int64_t at_kill = tracked();
+  BOOST_TEST_MESSAGE("host 1 killed with local step " << at_kill << " committed");
+  BOOST_REQUIRE_MESSAGE(at_kill < total, "the run ended before host 1 was killed: " << ranks[0]->output());
+  fs::remove_all(dir / "host1");
+  // A new host 1 (an empty folder) joins; the job resumes from the newest local step, host 1's
+  // parts read from their replicas on host 0.
+  const std::string launch = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
+  auto resumed = test::run_command(launch + train_command(sets(true)));
+  BOOST_REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  const std::string from = dir / ("host{host}/local/global_step_" + std::to_string(at_kill));
+  BOOST_TEST(resumed.output.find(from + ": 4 part(s) whose own host has no copy are read from their replicas: rank 2's "
+                                        "part '__2_0.safetensors' from host 0 (host 1's folder lacks the step)") !=
+                 std::string::npos,
+             resumed.output);
+  // Both hosts' folders hold step 60 whole, as an uninterrupted run without tiers saved it.
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "host0/local/global_step_60");
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "host1/local/global_step_60");
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "durable/global_step_60");
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_and_keeps_the_previous_checkpoint) {
   TempDir dir;
   const int port = test::free_port();

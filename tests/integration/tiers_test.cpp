@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tests/checkpoint_test_util.hpp"
@@ -62,6 +63,10 @@ std::vector<nlohmann::json> lines_of(const std::string& path, const std::string&
     if (j["type"] == type) out.push_back(j);
   }
   return out;
+}
+
+std::string durable_dir(const std::string& run, int step) {
+  return run + "/durable/global_step_" + std::to_string(step);
 }
 
 std::string data_file(const std::string& root, int step, const std::string& name) {
@@ -199,6 +204,95 @@ BOOST_AUTO_TEST_CASE(resume_latest_takes_the_newest_step_that_loads_from_either_
   BOOST_TEST((test::committed_steps(durable) == std::vector<std::int64_t>{10, 20, 30}));
 }
 
+/// A tiered run whose local tier is one folder per host (`<dir>/host{host}/local`): one rank per
+/// host, each rank's files also on the next host.
+std::vector<std::string> per_host(const std::string& dir, int total, bool resume) {
+  std::vector<std::string> out = tiered(dir, total, 5, 3, resume);
+  out[0] = "trainer.local_ckpt_path=" + dir + "/host{host}/local";
+  // Each host's disk, mounted: the folder's parent exists, as ckpt_path's must.
+  for (int h = 0; h < 4; ++h) fs::create_directories(dir + "/host" + std::to_string(h));
+  for (const char* s : {"trainer.ranks_per_host=1", "trainer.local_replication_factor=2",
+                        "trainer.local_replication_stride=1"}) {
+    out.push_back(s);
+  }
+  return out;
+}
+
+/// The host folders' copies of step `step` together are `straight`'s files: each file a host
+/// holds equals the one of the same name there, and every one is held by some host.
+void expect_same_over_hosts(const std::string& straight, const std::string& run, int step) {
+  const std::string dir = "/global_step_" + std::to_string(step);
+  auto expected = test::files_of(straight + dir);
+  std::map<std::string, int> held;
+  for (int h = 0; h < 4; ++h) {
+    const std::string host = run + "/host" + std::to_string(h) + "/local" + dir;
+    for (const auto& [name, bytes] : test::files_of(host)) {
+      BOOST_TEST((expected.count(name) == 1 && expected[name] == bytes), name << " differs in " << host);
+      ++held[name];
+    }
+  }
+  for (const auto& [name, bytes] : expected) {
+    // Data files on their two hosts; metadata.json and trainer_state.json on all four.
+    BOOST_TEST(held[name] == (name.find("safetensors") != std::string::npos ? 2 : 4), name << " in " << run << dir);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_lost_host_resumes_from_its_replicas_and_a_part_no_copy_of_which_verifies_is_named) {
+  TempDir dir;
+  train_ok(straight(dir / "straight", 40));
+  fs::create_directories(dir / "base");
+  auto first = train(per_host(dir / "base", 30, false));
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  BOOST_TEST(first.output.find("the local tier spans 4 host folders (1 ranks per host), each rank's files on 2 of them, "
+                               "1 host(s) apart") != std::string::npos,
+             first.output);
+  expect_same_over_hosts(dir / "straight", dir / "base", 30);
+  const std::string run = dir / "run";
+  const std::string pattern = run + "/host{host}/local";
+  auto host_file = [&](int host, const std::string& name) {
+    return run + "/host" + std::to_string(host) + "/local/global_step_30/policy/" + name;
+  };
+  struct Case {
+    std::string what;
+    std::function<void()> spoil;
+    std::string resumed;
+    std::vector<std::string> said;
+  };
+  const std::vector<Case> cases{
+      {"host 2 lost (its folder removed)", [&] { fs::remove_all(run + "/host2"); }, pattern + "/global_step_30",
+       {"2 part(s) whose own host has no copy are read from their replicas: rank 2's part '__2_0.safetensors' from "
+        "host 3 (host 2's folder lacks the step); rank 2's part '__2_1.safetensors' from host 3"}},
+      {"a flipped byte in rank 1's own copy", [&] { flip_byte(host_file(1, "__1_0.safetensors")); },
+       pattern + "/global_step_30",
+       {"1 damaged or missing copies rewritten from copies that verify: host 1's copy of rank 1's part "
+        "'__1_0.safetensors' from host 2"}},
+      {"rank 1's part damaged on its host and missing from its replica",
+       [&] {
+         flip_byte(host_file(1, "__1_0.safetensors"));
+         fs::remove(host_file(2, "__1_0.safetensors"));
+       },
+       durable_dir(run, 30),
+       {"local step 30 rejected: rank 1's part '__1_0.safetensors': host 1's copy has XXH3 ",
+        ", host 2 has none, host 0 has none, host 3 has none; no replica verifies",
+        "resumed durable step 30 after rejecting what is newer"}},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      fs::remove_all(run);
+      fs::copy(dir / "base", run, fs::copy_options::recursive);
+      c.spoil();
+      auto r = train(per_host(run, 40, true));
+      BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+      BOOST_TEST(r.output.find("resumed from " + c.resumed + " at step 30") != std::string::npos, r.output);
+      for (const auto& said : c.said) BOOST_TEST(r.output.find(said) != std::string::npos, said << " in: " << r.output);
+      // Training went on exactly as without the interruption; the lost host's folder has its
+      // files again.
+      expect_same_over_hosts(dir / "straight", run, 40);
+      expect_same_files(dir / "straight/global_step_40", run + "/durable/global_step_40");
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_tracker_never_moved) {
   TempDir dir;
   train_ok(straight(dir / "straight", 30));
@@ -305,6 +399,15 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
       {{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "ckpt",
         "trainer.local_ckpt_interval=0"},
        "trainer.local_ckpt_interval"},
+      {{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "ckpt",
+        "trainer.local_replication_factor=2"},
+       "copies on other hosts need each host's own folder: trainer.local_ckpt_path must hold {host}"},
+      {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "ckpt", "trainer.ranks_per_host=2",
+        "trainer.local_replication_factor=3"},
+       "3 copies of each rank's files, hosts 1 apart, over the 2 host(s) of 4 ranks at 2 per host would put two on "
+       "one host: at most 2"},
+      {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "ckpt{host}"},
+       "trainer.ckpt_path: holds {host}, which only trainer.local_ckpt_path may"},
   };
   for (const auto& c : cases) {
     auto r = train(c.sets, true);
