@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.join(HERE, "peers"))
 from peer_common import drop_cache  # noqa: E402
 
 RESUMED = re.compile(r"resumed from (\S+) at step \d+, .*\(load ([0-9.]+) s")
+CHECKED = re.compile(r"checked every file of \S+ against its metadata across \d+ host folders \(([0-9.]+) s\)")
 
 
 def train(args, sets, env=None, metrics=None):
@@ -95,20 +96,39 @@ def resume_bench(args):
         shutil.rmtree(local)
         train(args, {**tiered, "trainer.local_ckpt_path": local, "trainer.ckpt_path": "s3://tiers/durable",
                      "megatron_config.local_work_dir": os.path.join(base, "work")}, env)
+        # The same checkpoint once more, in four host folders (one rank each, two copies of each
+        # rank's files).
+        hosts = os.path.join(args.local_dir, "resume-hosts")
+        shutil.rmtree(hosts, ignore_errors=True)
+        for h in range(4):
+            os.makedirs(os.path.join(hosts, f"host{h}"))
+        pattern = os.path.join(hosts, "host{host}", "ckpt")
+        replicated = {"trainer.local_ckpt_path": pattern, "trainer.ranks_per_host": 1,
+                      "trainer.local_replication_factor": 2}
+        train(args, {**tiered, **replicated, "trainer.ckpt_path": os.path.join(base, "durable-hosts")}, env)
         resume = {**tiered, "trainer.resume_mode": "latest", "trainer.local_ckpt_path": local,
                   "megatron_config.local_work_dir": os.path.join(base, "work")}
         arms = {"local tier": {"trainer.ckpt_path": os.path.join(base, "durable")},
                 "durable folder": {"trainer.ckpt_path": os.path.join(base, "durable")},
-                "durable S3": {"trainer.ckpt_path": "s3://tiers/durable"}}
+                "durable S3": {"trainer.ckpt_path": "s3://tiers/durable"},
+                "4 host folders": {**replicated, "trainer.ckpt_path": os.path.join(base, "durable-hosts")},
+                "host 1 lost": {**replicated, "trainer.ckpt_path": os.path.join(base, "durable-hosts")}}
         saved_local = local + ".saved"
-        shutil.rmtree(saved_local, ignore_errors=True)
-        shutil.copytree(local, saved_local)
+        saved_hosts = hosts + ".saved"
+        for saved, source in ((saved_local, local), (saved_hosts, hosts)):
+            shutil.rmtree(saved, ignore_errors=True)
+            shutil.copytree(source, saved)
         results = {name: [] for name in arms}
         for r in range(args.rounds):
             for name in rotated(list(arms), r):
                 shutil.rmtree(local, ignore_errors=True)
+                shutil.rmtree(hosts, ignore_errors=True)
                 if name == "local tier":
                     shutil.copytree(saved_local, local)
+                if "host" in name:
+                    shutil.copytree(saved_hosts, hosts)
+                if name == "host 1 lost":
+                    shutil.rmtree(os.path.join(hosts, "host1", "ckpt"))
                 if name == "durable folder":
                     # As after a host was replaced: nothing of the durable tier in the page cache.
                     drop_cache(arms[name]["trainer.ckpt_path"])
@@ -116,13 +136,18 @@ def resume_bench(args):
                 m = RESUMED.search(out)
                 if not m:
                     sys.exit(f"tiers: no 'resumed from' line in the {name} run:\n{out[-2000:]}")
-                expected = local if name == "local tier" else arms[name]["trainer.ckpt_path"]
+                expected = (local if name == "local tier" else pattern if "host" in name
+                            else arms[name]["trainer.ckpt_path"])
                 if not m.group(1).startswith(expected):
                     sys.exit(f"tiers: the {name} run resumed from {m.group(1)}, not from {expected}")
-                results[name].append({"load_s": float(m.group(2)), "wall_s": wall})
+                checked = CHECKED.search(out)
+                if ("host" in name) != bool(checked):
+                    sys.exit(f"tiers: the {name} run {'did not check' if checked is None else 'checked'} host copies")
+                results[name].append({"load_s": float(m.group(2)), "wall_s": wall,
+                                      "check_s": float(checked.group(1)) if checked else 0.0})
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(saved_local) for f in fs)
-        shutil.rmtree(saved_local, ignore_errors=True)
-        shutil.rmtree(local, ignore_errors=True)
+        for path in (saved_local, saved_hosts, local, hosts):
+            shutil.rmtree(path, ignore_errors=True)
     finally:
         s3.stdin.close()
         s3.wait(timeout=60)
@@ -137,6 +162,11 @@ def resume_bench(args):
         print(f"{name:<16}{loads:<28}"
               f"{' '.join(f'{x:5.2f}' for x in load_ratio):<22}{statistics.median(load_ratio):7.2f}   "
               f"{' '.join(f'{x:5.2f}' for x in wall_ratio):<22}{statistics.median(wall_ratio):7.2f}")
+        if rows[0]["check_s"]:
+            check_ratio = [row["check_s"] / b["load_s"] for row, b in zip(rows, base_rows)]
+            checks = " ".join(f"{row['check_s']:.3f}" for row in rows)
+            print(f"{'':<16}the check of every copy before the load: {checks} s, "
+                  f"median {statistics.median(check_ratio):.2f}x the local tier's load")
 
 
 def steps_bench(args):
@@ -145,7 +175,9 @@ def steps_bench(args):
               "trainer.max_ckpts_to_keep": 2}
     arms = {"no checkpoints": {"trainer.ckpt_interval": 0},
             "local every step": {"trainer.local_ckpt_interval": 1, **tiered},
-            "local every 5": {"trainer.local_ckpt_interval": 5, **tiered}}
+            "local every 5": {"trainer.local_ckpt_interval": 5, **tiered},
+            "every step, 2 copies": {"trainer.local_ckpt_interval": 1, **tiered, "trainer.ranks_per_host": 1,
+                                     "trainer.local_replication_factor": 2}}
     results = {name: [] for name in arms}
     for r in range(args.rounds):
         for name in rotated(list(arms), r):
@@ -157,6 +189,11 @@ def steps_bench(args):
             sets = {"trainer.total_steps": args.steps, "trainer.ckpt_path": os.path.join(out, "ckpt"), **arms[name]}
             if name != "no checkpoints":
                 sets["trainer.local_ckpt_path"] = local
+            if "copies" in name:
+                # Four host folders, one rank each: every rank's files written twice.
+                for h in range(4):
+                    os.makedirs(os.path.join(local, f"host{h}"))
+                sets["trainer.local_ckpt_path"] = os.path.join(local, "host{host}", "ckpt")
             metrics = os.path.join(out, "metrics.jsonl")
             _, _, cpu_s = train(args, sets, metrics=metrics)
             rows = [json.loads(line) for line in open(metrics)]
