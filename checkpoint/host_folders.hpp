@@ -30,7 +30,7 @@ struct HostPlacement {
   int stride = 1;
 
   /// An error naming what is wrong: no placeholder, a count below 1, more replicas than hosts,
-  /// or a stride whose copies land on the same host twice. `settings` names the keys.
+  /// or a stride whose copies land on the same host twice.
   Status check() const;
   /// The host of rank `rank`.
   int host_of(int rank) const { return rank / ranks_per_host; }
@@ -53,41 +53,64 @@ int data_file_rank(const std::string& path);
 /// path in each host's folder:
 /// - a data file (data_file_rank() >= 0) is written to every holder of its rank at once (each
 ///   append, write and sync goes to each; the first failure fails the write, naming the host's
-///   path), and read from the first holder that has it, then from any other host (a checkpoint
-///   saved with another placement);
+///   path), and read from the first holder that has it, then from any other host;
 /// - anything else (metadata.json, trainer_state.json, the tracker, folders, renames, removals,
 ///   the lock) is done in every host's folder, each in host order, and read from the first host
-///   whose folder has it; a folder lists what any host's holds.
-/// A host whose folder is gone (the host was lost) gets it back at the next change: folders are
-/// created with their parents. Paths without the pattern go to `inner` unchanged.
+///   whose folder has it; the tracker is read from the host whose copy names the newest step (a
+///   host that missed commits, or a commit cut between two hosts, has an older one); a folder
+///   lists what any host's holds, leaving out a host whose folder cannot be read while another
+///   answers.
+/// Each host's own folder, the one whose name holds the placeholder (its disk), must exist: every
+/// change fails naming it when it does not ("is its disk mounted?"); below it, what a lost host's
+/// folder lacks is made again at the next change. Paths without the pattern go to `inner`
+/// unchanged. invalid_argument when the placement does not check (HostPlacement::check).
 ///
 /// Every folder must be reachable by path from every process of the job (the hosts' disks
 /// exported to each other, or folders of one machine in tests): each process writes its own
 /// ranks' files and their replicas, and the coordinator's process writes the rest.
-std::shared_ptr<FileSystem> host_folders_file_system(std::shared_ptr<FileSystem> inner, HostPlacement placement);
+Result<std::shared_ptr<FileSystem>> host_folders_file_system(std::shared_ptr<FileSystem> inner, HostPlacement placement);
 
 /// The placement of `fs` when it is a host_folders_file_system; null otherwise.
 const HostPlacement* host_placement_of(const FileSystem& fs);
 
+/// In a local tier's root (in every host's folder): the number of hosts, ranks per host,
+/// copies and stride its checkpoints were written with.
+inline constexpr const char* kHostRecordFile = "host_folders.json";
+
+/// Refuses, before a run uses the host folders of `root` (on a host_folders_file_system `fs`),
+/// a placement with fewer hosts than the one that wrote them (the folders of the hosts beyond
+/// would never be read, nor cleaned by retention), naming both; records the placement when there
+/// is no record or it had fewer hosts. Other changes (ranks per host, copies, stride) are
+/// allowed: reads fall back to every host, and a resume's check copies parts to their new holders.
+Status keep_host_record(FileSystem& fs, const std::string& root);
+
 /// What check_host_copies found and did.
 struct HostCheckReport {
-  /// Data files read from a replica because their own host has no copy (its folder was lost):
-  /// "rank 1's part '__1_0.safetensors' from host 2 (host 1 has none)".
+  /// Data files read from a replica because their own host's folder lacks the step (the host
+  /// was lost) or cannot be read: "rank 1's part '__1_0.safetensors' from host 2 (host 1's
+  /// folder lacks the step)".
   std::vector<std::string> from_replicas;
-  /// Copies found damaged or missing in a host that still holds the step, and rewritten there
-  /// from a copy that verifies: "host 1's copy of '__1_0.safetensors' (XXH3 mismatch)".
+  /// Copies rewritten from one that verifies: damaged or missing ones read before it, holders'
+  /// copies after it that are missing or of the wrong size, and metadata.json where a host's
+  /// differs: "host 1's copy of rank 1's part '__1_0.safetensors' from host 2".
   std::vector<std::string> repaired;
+  /// Missing or under-sized copies that could not be rewritten (reads do not take them).
+  std::vector<std::string> unrepaired;
 };
 
 /// Checks, before a resume trusts it, that every file of the committed step `checkpoint_dir`
 /// (on a host_folders_file_system `fs`) has a copy that verifies by size and XXH3 against the
-/// metadata (itself checked in every host folder that has the step): a data file on its own
-/// host, else on a replica; metadata.json and trainer_state.json on any host. A damaged or
-/// missing copy in a host folder that holds the step is replaced (written beside it, read back,
-/// renamed over it) by one that verifies, so that reads, which take the first copy, see good
-/// bytes. corruption when some file has no copy that verifies, naming the rank, the file and
-/// what was wrong with each copy ("rank 3's part '__3_0.safetensors': host 1 has none, host 2's
-/// copy has XXH3 ...; no replica verifies").
+/// metadata: a data file on its own host, else on a replica, else anywhere; trainer_state.json on
+/// any host. Each copy is read in read order until one verifies; the holders' copies after it are
+/// only checked for size (a damaged replica behind a good copy is found when it is needed).
+/// Every distinct metadata.json that checks is tried, in host order, and the first whose files
+/// all have a good copy is the step's. Only then are copies rewritten (beside, read back, renamed
+/// over): those reads would take before the good one, missing ones, replicas of the wrong size,
+/// and every host's metadata.json that differs. corruption when some file has no copy that
+/// verifies, naming the rank, the file and what was wrong with each copy ("rank 3's part
+/// '__3_0.safetensors': host 1 has none, host 2's copy has XXH3 ...; no replica verifies"), or
+/// when a damaged copy that reads would take cannot be rewritten.
+/// Single-threaded, and not interruptible: it reads the whole step once.
 Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir);
 
 }  // namespace stagehand

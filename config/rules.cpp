@@ -93,6 +93,20 @@ Status check_replication(const Config& c, const ConfigOrigins& origins) {
   const std::int64_t world = c.parallel.tensor_parallel * c.parallel.data_parallel;
   const std::int64_t per = t.ranks_per_host > 0 ? t.ranks_per_host : world;
   const std::int64_t hosts = (world + per - 1) / per;
+  // Each host's folder, as check_local_tier compares the pattern, apart from the durable tier.
+  if (!is_object_store_url(t.ckpt_path)) {
+    const std::string durable = normalized(t.ckpt_path);
+    for (std::int64_t h = 0; h < hosts; ++h) {
+      std::string folder = t.local_ckpt_path;
+      for (std::size_t at; (at = folder.find(kHost)) != std::string::npos;) folder.replace(at, std::string(kHost).size(), std::to_string(h));
+      const std::string local = normalized(folder);
+      if (local.starts_with(durable) || durable.starts_with(local)) {
+        return origins.error({"trainer.local_ckpt_path", "trainer.ckpt_path"},
+                             "host " + std::to_string(h) + "'s folder '" + folder + "' of the local tier and the durable tier '" +
+                                 t.ckpt_path + "' must be separate folders, neither inside the other");
+      }
+    }
+  }
   // Rank r's copies are on h, h + stride, ...: distinct while factor <= hosts / gcd(stride, hosts).
   const std::int64_t distinct = hosts / std::gcd(t.local_replication_stride, hosts);
   if (t.local_replication_factor <= distinct) return Status::ok();

@@ -107,18 +107,21 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
 }
 
 /// The file system of every path in the config: local folders, and object stores reached as
-/// storage.s3 says, files bound for them spooled in megatron_config.local_work_dir.
-std::shared_ptr<FileSystem> config_file_system(const Config& c) {
+/// storage.s3 says, files bound for them spooled in megatron_config.local_work_dir; a local tier
+/// with "{host}" over its host folders.
+Result<std::shared_ptr<FileSystem>> config_file_system(const Config& c) {
   ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
   auto fs = default_file_system(store);
   const TrainerConfig& t = c.trainer;
   if (t.local_ckpt_path.find(kHostPlaceholder) == std::string::npos) return fs;
   // Each host's folder of the local tier, with copies of each rank's files on other hosts.
-  return host_folders_file_system(
+  auto hosts = host_folders_file_system(
       std::move(fs), host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
                                     static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
                                     static_cast<int>(t.local_replication_stride)));
+  if (!hosts.is_ok()) return hosts.status().with_context("trainer.local_ckpt_path");
+  return hosts;
 }
 
 /// The strategy options of one rank from the config.
@@ -279,7 +282,12 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
     weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
-  const auto fs = config_file_system(c);
+  auto made = config_file_system(c);
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "stagehand-train: %s\n", made.status().to_string().c_str());
+    return 2;
+  }
+  const std::shared_ptr<FileSystem> fs = *made;
   auto coordinator = spawn_checkpoint_coordinator(
       system, {save_root(c.trainer), layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
   std::vector<worker_actor> workers;
@@ -306,7 +314,12 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 /// One rank of a world of processes.
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet, TeardownLimit& teardown) {
-  const auto fs = config_file_system(c);
+  auto made = config_file_system(c);
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "stagehand-train: %s\n", made.status().to_string().c_str());
+    return 2;
+  }
+  const std::shared_ptr<FileSystem> fs = *made;
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s),
                                  "trainer.call_timeout_s");
   const int rank = launch.rank;

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <exception>
 
+#include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {
@@ -75,6 +76,9 @@ Status TrainerBase::run() {
   SH_ASSIGN_OR_RETURN(summary_->root_lock, policy_.lock_destination());
   if (durable_) {
     SH_ASSIGN_OR_RETURN(summary_->durable_lock, durable_->lock_destination());
+  }
+  if (save_root(t).find(kHostPlaceholder) != std::string::npos && host_placement_of(*fs_) != nullptr) {
+    SH_RETURN_IF_ERROR(keep_host_record(*fs_, save_root(t)).with_context("trainer.local_ckpt_path"));
   }
   // resume_mode latest checks before it trusts: it tries the committed steps newest first.
   Candidates candidates;

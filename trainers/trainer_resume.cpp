@@ -110,6 +110,10 @@ Status TrainerBase::check_host_folders(const std::string& dir) {
     warn("%s: %zu part(s) whose own host has no copy are read from their replicas: %s\n", dir.c_str(),
          check.from_replicas.size(), listed(check.from_replicas).c_str());
   }
+  if (!check.unrepaired.empty()) {
+    warn("%s: %zu missing or short copies could not be rewritten (reads do not take them): %s\n", dir.c_str(),
+         check.unrepaired.size(), listed(check.unrepaired).c_str());
+  }
   if (!check.repaired.empty()) {
     warn("%s: %zu damaged or missing copies rewritten from copies that verify: %s\n", dir.c_str(),
          check.repaired.size(), listed(check.repaired).c_str());

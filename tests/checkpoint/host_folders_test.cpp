@@ -30,6 +30,12 @@ HostPlacement placement_in(const std::string& dir, int replicas = 2, int stride 
   return host_placement(dir + "/host{host}/local", kRanks, 1, replicas, stride);
 }
 
+std::shared_ptr<FileSystem> hosts_over(const HostPlacement& placement) {
+  auto made = host_folders_file_system(local_file_system(), placement);
+  BOOST_REQUIRE_MESSAGE(made.is_ok(), made.status().to_string());
+  return *made;
+}
+
 std::vector<StateDict> states_for(std::uint64_t seed) {
   std::vector<StateDict> states;
   for (int r = 0; r < kRanks; ++r) {
@@ -117,7 +123,7 @@ BOOST_AUTO_TEST_CASE(placement_puts_each_ranks_copies_on_distinct_hosts_and_refu
 BOOST_AUTO_TEST_CASE(a_save_puts_each_ranks_files_on_its_host_and_the_next_and_the_rest_everywhere) {
   TempDir dir;
   const auto placement = placement_in(dir.path());
-  auto hosts = host_folders_file_system(local_file_system(), placement);
+  auto hosts = hosts_over(placement);
   BOOST_REQUIRE(host_placement_of(*hosts) != nullptr);
   BOOST_TEST(host_placement_of(*local_file_system()) == nullptr);
   const auto states = states_for(7);
@@ -151,7 +157,7 @@ BOOST_AUTO_TEST_CASE(a_save_puts_each_ranks_files_on_its_host_and_the_next_and_t
 BOOST_AUTO_TEST_CASE(a_lost_hosts_parts_are_read_from_their_replicas_and_its_folder_comes_back_at_the_next_save) {
   TempDir dir;
   const auto placement = placement_in(dir.path());
-  auto hosts = host_folders_file_system(local_file_system(), placement);
+  auto hosts = hosts_over(placement);
   const auto states = states_for(3);
   save(hosts, placement.pattern, 10, states);
   fs::remove_all(dir / "host1");
@@ -165,8 +171,20 @@ BOOST_AUTO_TEST_CASE(a_lost_hosts_parts_are_read_from_their_replicas_and_its_fol
              "rank 1's part '__1_0.safetensors' from host 2 (host 1's folder lacks the step)\n"
              "rank 1's part '__1_1.safetensors' from host 2 (host 1's folder lacks the step)\n");
   expect_loads(*hosts, store.step_dir(10), states);
-  // The next save makes host 1's folder again, with its files, under the lock of every host.
-  BOOST_REQUIRE(store.lock().is_ok());
+  // Nothing is made where host 1's disk should be: a save fails naming it.
+  {
+    const CheckpointStore writer(hosts, placement.pattern);
+    auto refused = writer.prepare(11);
+    BOOST_REQUIRE(!refused.is_ok());
+    BOOST_TEST(refused.status().message().find("host 1's folder '" + dir / "host1" + "' of '" + placement.pattern +
+                                               "' does not exist (is its disk mounted?)") != std::string::npos,
+               refused.status().message());
+  }
+  // A replaced host 1 (its disk empty): the next save makes its folder again, with its files,
+  // under the lock of every host.
+  fs::create_directories(dir / "host1");
+  auto lock = store.lock();
+  BOOST_REQUIRE_MESSAGE(lock.is_ok(), lock.status().to_string());
   save(hosts, placement.pattern, 11, states);
   BOOST_TEST(fs::exists(dir / "host1/local/global_step_11/policy/__1_0.safetensors"));
   BOOST_TEST(fs::exists(dir / "host1/local/global_step_11/policy/__0_0.safetensors"));
@@ -186,17 +204,18 @@ BOOST_AUTO_TEST_CASE(a_lost_hosts_parts_are_read_from_their_replicas_and_its_fol
 BOOST_AUTO_TEST_CASE(the_check_restores_a_damaged_copy_from_one_that_verifies_and_refuses_when_none_does) {
   TempDir dir;
   const auto placement = placement_in(dir.path());
-  auto hosts = host_folders_file_system(local_file_system(), placement);
+  auto hosts = hosts_over(placement);
   const auto states = states_for(4);
   save(hosts, placement.pattern, 2, states);
   const std::string own = dir / "host1/local/global_step_2/policy/__1_0.safetensors";
   const std::string replica = dir / "host2/local/global_step_2/policy/__1_0.safetensors";
   const std::string good = test::read_file(own);
   CheckpointStore store(hosts, placement.pattern);
-  // A flipped byte in rank 1's own copy and a torn metadata.json on host 0: each is rewritten
-  // from a copy that verifies. A missing replica of rank 2's is not needed.
+  // A flipped byte in rank 1's own copy, a torn metadata.json on host 0, a missing replica of
+  // rank 2's and a short one of rank 0's: each is rewritten from a copy that verifies.
   flip_byte(own);
   fs::remove(dir / "host3/local/global_step_2/policy/__2_1.safetensors");
+  fs::resize_file(dir / "host1/local/global_step_2/policy/__0_0.safetensors", 100);
   std::ofstream(dir / "host0/local/global_step_2/policy/metadata.json", std::ios::trunc) << "{";
   {
     StateDict loaded = test::zeroed_like(states[1]);
@@ -205,28 +224,90 @@ BOOST_AUTO_TEST_CASE(the_check_restores_a_damaged_copy_from_one_that_verifies_an
   auto check = check_host_copies(*hosts, store.step_dir(2));
   BOOST_REQUIRE_MESSAGE(check.is_ok(), check.status().to_string());
   const std::string repaired = joined(check->repaired);
-  BOOST_TEST(repaired.find("host 0's copy of metadata.json") != std::string::npos, repaired);
+  BOOST_TEST(repaired.find("host 0's copy of metadata.json (damaged or of another save)") != std::string::npos, repaired);
   BOOST_TEST(repaired.find("host 1's copy of rank 1's part '__1_0.safetensors' from host 2") != std::string::npos, repaired);
-  // A replica that is missing is not read (the own copy verifies), so it is left as it is.
-  BOOST_TEST(repaired.find("__2_1") == std::string::npos, repaired);
+  BOOST_TEST(repaired.find("host 3's copy of rank 2's part '__2_1.safetensors' from host 2") != std::string::npos, repaired);
+  BOOST_TEST(repaired.find("host 1's copy of rank 0's part '__0_0.safetensors' from host 0") != std::string::npos, repaired);
+  BOOST_TEST(check->repaired.size() == 4u, repaired);
   BOOST_TEST(test::read_file(own) == good);
+  BOOST_TEST(test::read_file(dir / "host1/local/global_step_2/policy/__0_0.safetensors") ==
+             test::read_file(dir / "host0/local/global_step_2/policy/__0_0.safetensors"));
+  BOOST_TEST(fs::exists(dir / "host3/local/global_step_2/policy/__2_1.safetensors"));
   expect_loads(*hosts, store.step_dir(2), states);
-  // Both copies damaged: refused, naming each.
+  // A second check finds nothing to do.
+  auto again = check_host_copies(*hosts, store.step_dir(2));
+  BOOST_REQUIRE(again.is_ok());
+  BOOST_TEST(again->repaired.empty(), joined(again->repaired));
+  // Both copies damaged (at different bytes): refused, naming each, and neither rewritten.
   flip_byte(own);
-  flip_byte(replica);
+  {
+    std::string bytes = test::read_file(replica);
+    bytes[10] = static_cast<char>(bytes[10] ^ 0x33);
+    std::ofstream(replica, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  const std::string own_damaged = test::read_file(own);
+  const std::string replica_damaged = test::read_file(replica);
   auto refused = check_host_copies(*hosts, store.step_dir(2));
   BOOST_REQUIRE(!refused.is_ok());
+  BOOST_TEST(refused.status().code() == ErrorCode::corruption);
   const std::string why = refused.status().message();
   BOOST_TEST(why.find("rank 1's part '__1_0.safetensors': host 1's copy has XXH3 ") != std::string::npos, why);
   BOOST_TEST(why.find("host 2's copy has XXH3 ") != std::string::npos, why);
   BOOST_TEST(why.find("no replica verifies") != std::string::npos, why);
-  // Neither damaged copy was overwritten by the other.
-  BOOST_TEST(test::read_file(own) != good);
+  BOOST_TEST(test::read_file(own) == own_damaged);
+  BOOST_TEST(test::read_file(replica) == replica_damaged);
+}
+
+BOOST_AUTO_TEST_CASE(hosts_holding_two_saves_of_a_step_resume_the_one_whose_files_verify_and_the_newest_tracker) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  auto hosts = hosts_over(placement);
+  save(hosts, placement.pattern, 2, states_for(5));
+  // Host 0 keeps the first save of step 2 (a commit of the second cut after the other hosts):
+  // its metadata.json and its files are those of the first.
+  const std::string host0 = dir / "host0/local/global_step_2";
+  fs::copy(host0, dir / "first", fs::copy_options::recursive);
+  const auto second = states_for(6);
+  save(hosts, placement.pattern, 2, second);
+  fs::remove_all(host0);
+  fs::copy(dir / "first", host0, fs::copy_options::recursive);
+  CheckpointStore store(hosts, placement.pattern);
+  auto check = check_host_copies(*hosts, store.step_dir(2));
+  BOOST_REQUIRE_MESSAGE(check.is_ok(), check.status().to_string());
+  const std::string repaired = joined(check->repaired);
+  BOOST_TEST(repaired.find("host 0's copy of rank 0's part '__0_0.safetensors' from host 1") != std::string::npos, repaired);
+  BOOST_TEST(repaired.find("host 0's copy of metadata.json (damaged or of another save)") != std::string::npos, repaired);
+  expect_loads(*hosts, store.step_dir(2), second);
+  // The tracker read is the newest any host names.
+  std::ofstream(dir / "host0/local/latest_ckpt_global_step.txt", std::ios::trunc) << "1\n";
+  BOOST_TEST(**store.tracker() == 2);
+}
+
+BOOST_AUTO_TEST_CASE(the_host_record_refuses_fewer_hosts_and_follows_more) {
+  TempDir dir;
+  const std::string pattern = dir.path() + "/host{host}/local";
+  for (int h = 0; h < 8; ++h) fs::create_directories(dir / ("host" + std::to_string(h)));
+  auto four = hosts_over(host_placement(pattern, 4, 1, 2, 1));
+  BOOST_REQUIRE(keep_host_record(*four, pattern).is_ok());
+  BOOST_TEST(test::read_file(dir / "host3/local/host_folders.json") ==
+             "{\"hosts\":4,\"ranks_per_host\":1,\"replicas\":2,\"stride\":1}\n");
+  BOOST_TEST(keep_host_record(*four, pattern).is_ok());
+  auto two = hosts_over(host_placement(pattern, 4, 2, 2, 1));
+  Status fewer = keep_host_record(*two, pattern);
+  BOOST_TEST(fewer.code() == ErrorCode::invalid_argument);
+  BOOST_TEST(fewer.message().find("was written by 4 host folders (1 ranks per host, 2 copies of each rank's files, stride 1); "
+                                  "this run has 2 host folders (2 ranks per host, 2 copies of each rank's files, stride 1): "
+                                  "the folders of hosts 2 to 3 would never be read") != std::string::npos,
+             fewer.message());
+  auto eight = hosts_over(host_placement(pattern, 8, 1, 2, 1));
+  BOOST_REQUIRE(keep_host_record(*eight, pattern).is_ok());
+  BOOST_TEST(test::read_file(dir / "host7/local/host_folders.json").find("\"hosts\":8") != std::string::npos);
+  BOOST_TEST(keep_host_record(*four, pattern).code() == ErrorCode::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(paths_outside_the_pattern_pass_through_and_renames_of_nothing_fail) {
   TempDir dir;
-  auto hosts = host_folders_file_system(local_file_system(), placement_in(dir.path()));
+  auto hosts = hosts_over(placement_in(dir.path()));
   BOOST_REQUIRE(write_file_atomic(*hosts, dir / "plain.txt", "x").is_ok());
   BOOST_TEST(test::read_file(dir / "plain.txt") == "x");
   BOOST_TEST(!fs::exists(dir / "host0/local"));
@@ -235,4 +316,8 @@ BOOST_AUTO_TEST_CASE(paths_outside_the_pattern_pass_through_and_renames_of_nothi
   BOOST_TEST(st.message().find("in no host's folder (hosts 0 to 3 of '") != std::string::npos, st.message());
   auto missing = hosts->open_file(dir / "host{host}/local/none");
   BOOST_TEST(missing.status().code() == ErrorCode::not_found);
+  BOOST_TEST(hosts->rename(dir / "host{host}/local/a", dir / "b").code() == ErrorCode::invalid_argument);
+  // A placement that would put two copies on one host is refused.
+  auto doubled = host_folders_file_system(local_file_system(), host_placement(dir / "h{host}", 4, 2, 3, 1));
+  BOOST_TEST(doubled.status().code() == ErrorCode::invalid_argument);
 }

@@ -291,6 +291,15 @@ BOOST_AUTO_TEST_CASE(a_lost_host_resumes_from_its_replicas_and_a_part_no_copy_of
       expect_same_files(dir / "straight/global_step_40", run + "/durable/global_step_40");
     }
   }
+  // Two hosts of two ranks over the four hosts' folders: refused before anything is touched.
+  auto sets = per_host(run, 50, true);
+  sets.push_back("trainer.ranks_per_host=2");
+  auto fewer = train(sets, true);
+  BOOST_TEST(fewer.code != 0, fewer.output);
+  BOOST_TEST(fewer.output.find("trainer.local_ckpt_path: '" + pattern + "' was written by 4 host folders") != std::string::npos,
+             fewer.output);
+  BOOST_TEST(fewer.output.find("the folders of hosts 2 to 3 would never be read") != std::string::npos, fewer.output);
+  BOOST_TEST(test::read_file(run + "/host0/local/latest_ckpt_global_step.txt") == "40\n");
 }
 
 BOOST_AUTO_TEST_CASE(a_resume_uploads_the_step_the_durable_tier_lacks_or_whose_tracker_never_moved) {
@@ -408,6 +417,9 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
        "one host: at most 2"},
       {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "ckpt{host}"},
        "trainer.ckpt_path: holds {host}, which only trainer.local_ckpt_path may"},
+      {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "h1/durable", "trainer.ranks_per_host=1"},
+       "host 1's folder '" + dir / "h1" + "' of the local tier and the durable tier '" + dir / "h1/durable" +
+           "' must be separate folders"},
   };
   for (const auto& c : cases) {
     auto r = train(c.sets, true);
