@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/layout.hpp"
-#include "stagehand/checkpoint/metadata.hpp"
-#include "stagehand/core/xxh3.hpp"
 
 namespace stagehand {
 
@@ -41,6 +37,16 @@ std::vector<int> HostPlacement::holders(int rank) const {
   const int own = host_of(rank) % hosts;
   for (int i = 0; i < replicas; ++i) out.push_back((own + i * stride) % hosts);
   return out;
+}
+
+std::vector<int> HostPlacement::read_order(const std::string& path) const {
+  std::vector<int> order;
+  const int rank = data_file_rank(path);
+  if (rank >= 0) order = holders(rank);
+  for (int host = 0; host < hosts; ++host) {
+    if (std::find(order.begin(), order.end(), host) == order.end()) order.push_back(host);
+  }
+  return order;
 }
 
 std::string HostPlacement::on_host(const std::string& path, int host) const {
@@ -162,7 +168,7 @@ class HostFoldersFileSystem final : public FileSystem {
     if (!covers(path)) return inner_->open_file(path);
     if (path.ends_with(std::string("/") + kTrackerFile)) return open_tracker(path);
     Status first_error;
-    for (int host : read_order(path)) {
+    for (int host : placement_.read_order(path)) {
       auto file = inner_->open_file(placement_.on_host(path, host));
       if (file.is_ok()) return file;
       if (file.status().code() != ErrorCode::not_found && first_error.is_ok()) first_error = file.status();
@@ -174,7 +180,7 @@ class HostFoldersFileSystem final : public FileSystem {
   Result<std::optional<FileVersion>> stat_file(const std::string& path) override {
     if (!covers(path)) return inner_->stat_file(path);
     Status first_error;
-    for (int host : read_order(path)) {
+    for (int host : placement_.read_order(path)) {
       auto version = inner_->stat_file(placement_.on_host(path, host));
       if (version.is_ok() && *version) return version;
       if (!version.is_ok() && first_error.is_ok()) first_error = version.status();
@@ -316,17 +322,6 @@ class HostFoldersFileSystem final : public FileSystem {
     return total;
   }
 
-  /// Where a path's copies are looked for: a data file's holders first, then every other host.
-  std::vector<int> read_order(const std::string& path) const {
-    const int rank = data_file_rank(path);
-    if (rank < 0) return every_host();
-    std::vector<int> order = placement_.holders(rank);
-    for (int host : every_host()) {
-      if (std::find(order.begin(), order.end(), host) == order.end()) order.push_back(host);
-    }
-    return order;
-  }
-
   /// An error naming host `host`'s own folder when it does not exist (its disk not mounted):
   /// nothing is made below a folder that should be a disk.
   Status check_mounted(int host) {
@@ -404,110 +399,6 @@ class HostFoldersFileSystem final : public FileSystem {
   std::string mount_;
 };
 
-// -- the check before a resume --
-
-constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
-
-std::string describe(const FileMeta& meta) {
-  return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
-}
-
-/// Whether the copy at `path` holds what `meta` records: ok, not_found when there is none, or
-/// another error saying what differs (corruption) or why it cannot be read.
-Status verify_copy(FileSystem& fs, const std::string& path, const FileMeta& meta, std::vector<char>& buffer) {
-  SH_ASSIGN_OR_RETURN(auto in, fs.open_file(path));
-  if (in->size() != meta.size) {
-    return {ErrorCode::corruption, "holds " + std::to_string(in->size()) + " bytes where the metadata records " + describe(meta)};
-  }
-  Xxh3Stream hash;
-  for (std::uint64_t offset = 0; offset < meta.size;) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - offset));
-    SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), n));
-    hash.update(buffer.data(), n);
-    offset += n;
-  }
-  if (hash.digest() != meta.xxh3) {
-    return {ErrorCode::corruption, "has XXH3 " + xxh3_hex(hash.digest()) + " where the metadata records " + describe(meta)};
-  }
-  return Status::ok();
-}
-
-/// Rewrites `to` from the verified copy `from` (beside it, then renamed over it) and reads it back.
-Status restore_copy(FileSystem& fs, const std::string& from, const std::string& to, const FileMeta& meta,
-                    std::vector<char>& buffer) {
-  SH_ASSIGN_OR_RETURN(auto in, fs.open_file(from));
-  SH_RETURN_IF_ERROR(create_dirs(fs, parent_path(to)));
-  auto fill = [&](WritableFile& out) -> Status {
-    for (std::uint64_t offset = 0; offset < meta.size;) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - offset));
-      SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), n));
-      SH_RETURN_IF_ERROR(out.append(buffer.data(), n));
-      offset += n;
-    }
-    return Status::ok();
-  };
-  SH_RETURN_IF_ERROR(write_file_atomic(fs, to, fill));
-  Status back = verify_copy(fs, to, meta, buffer);
-  if (!back.is_ok()) return back.with_context("'" + to + "' after it was restored from '" + from + "'");
-  return Status::ok();
-}
-
-std::string host_name(int host) { return "host " + std::to_string(host); }
-
-/// One file of the step, as the check found it.
-struct Examined {
-  std::string path;  // with the placeholder
-  std::string what;  // "rank 1's part '__1_0.safetensors'"
-  FileMeta meta;
-  /// The first copy in read order that verifies; -1: none.
-  int good = -1;
-  /// What was wrong with each copy read before it.
-  std::vector<std::string> faults;
-  /// Copies to write again from the good one: damaged ones read before it (`in_the_way`: reads
-  /// would take them) and missing ones, and holders' copies after it that are missing or of the
-  /// wrong size.
-  struct Restore {
-    int host;
-    bool in_the_way;
-  };
-  std::vector<Restore> restore;
-  /// The first copy in read order is on a host whose folder lacks the step.
-  bool own_lost = false;
-};
-
-/// Reads every copy of `file` in read order until one verifies, then checks the sizes of the
-/// remaining holders' copies.
-Examined examine(HostFoldersFileSystem& folders, const std::vector<int>& order, const std::vector<int>& holders,
-                 const std::vector<std::string>& unreadable, Examined file, std::vector<char>& buffer) {
-  const HostPlacement& placement = folders.placement();
-  FileSystem& inner = folders.inner();
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const int host = order[i];
-    if (!unreadable[static_cast<std::size_t>(host)].empty()) {
-      file.faults.push_back(unreadable[static_cast<std::size_t>(host)]);
-      if (i == 0) file.own_lost = true;
-      continue;
-    }
-    Status st = verify_copy(inner, placement.on_host(file.path, host), file.meta, buffer);
-    if (st.is_ok()) {
-      file.good = host;
-      // The holders' copies after it: missing or of another size, written again.
-      for (std::size_t j = i + 1; j < order.size(); ++j) {
-        const int later = order[j];
-        if (std::find(holders.begin(), holders.end(), later) == holders.end()) continue;
-        if (!unreadable[static_cast<std::size_t>(later)].empty()) continue;
-        auto version = inner.stat_file(placement.on_host(file.path, later));
-        if (!version.is_ok() || !*version || (*version)->size != file.meta.size) file.restore.push_back({later, false});
-      }
-      return file;
-    }
-    const bool missing = st.code() == ErrorCode::not_found;
-    file.faults.push_back(missing ? host_name(host) + " has none" : host_name(host) + "'s copy " + st.message());
-    file.restore.push_back({host, !missing});
-  }
-  return file;
-}
-
 }  // namespace
 
 Result<std::shared_ptr<FileSystem>> host_folders_file_system(std::shared_ptr<FileSystem> inner, HostPlacement placement) {
@@ -515,179 +406,14 @@ Result<std::shared_ptr<FileSystem>> host_folders_file_system(std::shared_ptr<Fil
   return std::shared_ptr<FileSystem>(std::make_shared<HostFoldersFileSystem>(std::move(inner), std::move(placement)));
 }
 
-Status keep_host_record(FileSystem& fs, const std::string& root) {
-  const HostPlacement* placement = host_placement_of(fs);
-  if (!placement || root.find(kHostPlaceholder) == std::string::npos) {
-    return Status{ErrorCode::invalid_argument, "'" + root + "' is not in host folders"};
-  }
-  const std::string path = root + "/" + kHostRecordFile;
-  auto describe_placement = [](std::int64_t hosts, std::int64_t per, std::int64_t replicas, std::int64_t stride) {
-    return std::to_string(hosts) + " host folders (" + std::to_string(per) + " ranks per host, " +
-           std::to_string(replicas) + " copies of each rank's files, stride " + std::to_string(stride) + ")";
-  };
-  const std::string now = describe_placement(placement->hosts, placement->ranks_per_host, placement->replicas, placement->stride);
-  SH_ASSIGN_OR_RETURN(auto text, read_small_file(fs, path));
-  if (text) {
-    auto j = nlohmann::json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("hosts") || !j["hosts"].is_number_integer()) {
-      return Status{ErrorCode::corruption, "'" + path + "' does not say how many hosts wrote the local tier"};
-    }
-    const std::int64_t hosts = j["hosts"].get<std::int64_t>();
-    auto field = [&](const char* key) { return j.contains(key) && j[key].is_number_integer() ? j[key].get<std::int64_t>() : 0; };
-    if (hosts > placement->hosts) {
-      return Status{ErrorCode::invalid_argument,
-                    "'" + root + "' was written by " + describe_placement(hosts, field("ranks_per_host"), field("replicas"), field("stride")) +
-                        "; this run has " + now + ": the folders of hosts " + std::to_string(placement->hosts) + " to " +
-                        std::to_string(hosts - 1) + " would never be read. Keep the world size and trainer.ranks_per_host, "
-                        "or move the local tier away to resume from the durable tier"};
-    }
-    if (hosts == placement->hosts) return Status::ok();
-  }
-  const nlohmann::json record{{"hosts", placement->hosts},
-                              {"ranks_per_host", placement->ranks_per_host},
-                              {"replicas", placement->replicas},
-                              {"stride", placement->stride}};
-  // In every host's folder (the decorator makes what a host's folder lacks).
-  SH_RETURN_IF_ERROR(fs.create_dir(root));
-  return write_file_atomic(fs, path, record.dump() + "\n");
-}
-
 const HostPlacement* host_placement_of(const FileSystem& fs) {
   const auto* folders = dynamic_cast<const HostFoldersFileSystem*>(&fs);
   return folders ? &folders->placement() : nullptr;
 }
 
-Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir) {
+FileSystem* host_folders_inner(FileSystem& fs) {
   auto* folders = dynamic_cast<HostFoldersFileSystem*>(&fs);
-  if (!folders || checkpoint_dir.find(kHostPlaceholder) == std::string::npos) {
-    return Status{ErrorCode::invalid_argument, "'" + checkpoint_dir + "' is not in host folders"};
-  }
-  const HostPlacement& placement = folders->placement();
-  FileSystem& inner = folders->inner();
-  HostCheckReport report;
-  std::vector<int> every(static_cast<std::size_t>(placement.hosts));
-  std::iota(every.begin(), every.end(), 0);
-  // Why each host's folder offers no copy: it lacks the step (a lost host), or cannot be read.
-  std::vector<std::string> unreadable(every.size());
-  std::vector<std::string> offers_none(every.size());
-  for (int host : every) {
-    auto dir = inner.is_dir(placement.on_host(checkpoint_dir, host));
-    if (!dir.is_ok()) {
-      offers_none[static_cast<std::size_t>(host)] = host_name(host) + "'s folder cannot be read (" + dir.status().message() + ")";
-      unreadable[static_cast<std::size_t>(host)] = offers_none[static_cast<std::size_t>(host)];
-    } else if (!*dir) {
-      offers_none[static_cast<std::size_t>(host)] = host_name(host) + "'s folder lacks the step";
-      unreadable[static_cast<std::size_t>(host)] = host_name(host) + " has none (its folder lacks the step)";
-    }
-  }
-  // metadata.json: each distinct text that checks is a candidate, in host order (two differ
-  // after a commit cut between hosts, or a host that missed commits); the first whose files all
-  // have a good copy is the step.
-  struct Version {
-    std::string text;
-    CheckpointMetadata metadata;
-  };
-  std::vector<Version> versions;
-  std::vector<std::string> metadata_faults;
-  for (int host : every) {
-    if (!unreadable[static_cast<std::size_t>(host)].empty()) continue;
-    std::string text;
-    auto m = read_checkpoint_metadata(inner, placement.on_host(checkpoint_dir, host), &text);
-    if (!m.is_ok()) {
-      metadata_faults.push_back(host_name(host) + ": " + m.status().message());
-      continue;
-    }
-    if (std::none_of(versions.begin(), versions.end(), [&](const Version& v) { return v.text == text; })) {
-      versions.push_back({std::move(text), std::move(*m)});
-    }
-  }
-  if (versions.empty()) {
-    std::string why;
-    for (const auto& f : metadata_faults) why += (why.empty() ? "" : "; ") + f;
-    return Status{ErrorCode::corruption, "no host's copy of " + std::string(kMetadataFile) + " of '" + checkpoint_dir +
-                                             "' checks (" + (why.empty() ? "no host's folder holds the step" : why) + ")"};
-  }
-  std::vector<char> buffer(kPieceBytes);
-  const std::string policy = CheckpointLayout::policy_dir(checkpoint_dir);
-  std::vector<Examined> chosen;
-  const Version* version = nullptr;
-  std::vector<std::string> first_lost;
-  for (const Version& v : versions) {
-    std::vector<Examined> files;
-    std::vector<std::string> lost;
-    auto look = [&](const std::string& path, const FileMeta& meta) {
-      const int rank = data_file_rank(path);
-      const std::string name = path.substr(path.rfind('/') + 1);
-      Examined e;
-      e.path = path;
-      e.meta = meta;
-      e.what = rank >= 0 ? "rank " + std::to_string(rank) + "'s part '" + name + "'" : "'" + name + "'";
-      e = examine(*folders, folders->read_order(path), rank >= 0 ? placement.holders(rank) : every, unreadable,
-                  std::move(e), buffer);
-      if (e.good < 0) {
-        std::string why;
-        for (const auto& f : e.faults) why += (why.empty() ? "" : ", ") + f;
-        lost.push_back(e.what + ": " + why + (rank >= 0 ? "; no replica verifies" : "; no host's copy verifies"));
-      }
-      files.push_back(std::move(e));
-    };
-    for (const auto& [name, meta] : v.metadata.files) look(policy + "/" + name, meta);
-    if (v.metadata.trainer_state) look(checkpoint_dir + "/" + kTrainerStateFile, *v.metadata.trainer_state);
-    if (lost.empty()) {
-      chosen = std::move(files);
-      version = &v;
-      break;
-    }
-    if (first_lost.empty()) first_lost = std::move(lost);
-  }
-  if (!version) {
-    std::string why;
-    for (std::size_t i = 0; i < first_lost.size() && i < 4; ++i) why += (i ? "; " : "") + first_lost[i];
-    if (first_lost.size() > 4) why += "; and " + std::to_string(first_lost.size() - 4) + " more file(s)";
-    if (versions.size() > 1) {
-      why += " (nor do the files of the " + std::to_string(versions.size() - 1) + " other version(s) of " +
-             kMetadataFile + " the hosts hold)";
-    }
-    return Status{ErrorCode::corruption, why};
-  }
-  // The step verifies: copies that reads would take before a good one, missing ones and
-  // under-sized replicas are written again from it; then metadata.json where it differs.
-  for (const Examined& e : chosen) {
-    const std::string source = placement.on_host(e.path, e.good);
-    for (const auto& r : e.restore) {
-      Status st = restore_copy(inner, source, placement.on_host(e.path, r.host), e.meta, buffer);
-      const std::string what = host_name(r.host) + "'s copy of " + e.what;
-      if (st.is_ok()) {
-        report.repaired.push_back(what + " from " + host_name(e.good));
-        continue;
-      }
-      // A damaged copy that stays is what reads would take.
-      if (r.in_the_way) {
-        return Status{ErrorCode::corruption, e.what + ": " + host_name(r.host) +
-                                                 "'s copy is damaged and could not be rewritten from " +
-                                                 host_name(e.good) + "'s (" + st.message() + ")"};
-      }
-      report.unrepaired.push_back(what + " (" + st.message() + ")");
-    }
-    if (e.own_lost && e.good >= 0) {
-      const int own = folders->read_order(e.path).front();
-      report.from_replicas.push_back(e.what + " from " + host_name(e.good) + " (" + offers_none[static_cast<std::size_t>(own)] + ")");
-    }
-  }
-  for (int host : every) {
-    if (!unreadable[static_cast<std::size_t>(host)].empty()) continue;
-    const std::string path = CheckpointLayout::policy_dir(placement.on_host(checkpoint_dir, host)) + "/" + kMetadataFile;
-    auto text = read_small_file(inner, path);
-    if (text.is_ok() && *text && **text == version->text) continue;
-    const std::string why = !text.is_ok() ? text.status().message() : !*text ? "missing" : "damaged or of another save";
-    Status st = write_file_atomic(inner, path, version->text);
-    if (!st.is_ok()) {
-      return Status{ErrorCode::corruption, host_name(host) + "'s " + kMetadataFile + " (" + why +
-                                               ") could not be rewritten: " + st.message()};
-    }
-    report.repaired.push_back(host_name(host) + "'s copy of " + std::string(kMetadataFile) + " (" + why + ")");
-  }
-  return report;
+  return folders ? &folders->inner() : nullptr;
 }
 
 }  // namespace stagehand

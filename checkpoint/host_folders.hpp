@@ -36,6 +36,9 @@ struct HostPlacement {
   int host_of(int rank) const { return rank / ranks_per_host; }
   /// The hosts holding rank `rank`'s data files, its own first, then the replicas in order.
   std::vector<int> holders(int rank) const;
+  /// Where copies of `path` are looked for: a data file's holders first (data_file_rank), then
+  /// every other host in order; anything else in host order.
+  std::vector<int> read_order(const std::string& path) const;
   /// `path` (which holds the pattern) on host `host`.
   std::string on_host(const std::string& path, int host) const;
 };
@@ -72,6 +75,9 @@ Result<std::shared_ptr<FileSystem>> host_folders_file_system(std::shared_ptr<Fil
 
 /// The placement of `fs` when it is a host_folders_file_system; null otherwise.
 const HostPlacement* host_placement_of(const FileSystem& fs);
+/// The file system below `fs` (where each host's folder is reached) when it is a
+/// host_folders_file_system; null otherwise.
+FileSystem* host_folders_inner(FileSystem& fs);
 
 /// In a local tier's root (in every host's folder): the number of hosts, ranks per host,
 /// copies and stride its checkpoints were written with.

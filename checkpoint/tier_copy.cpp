@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/layout.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/core/xxh3.hpp"
@@ -153,8 +154,10 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
 
 }  // namespace
 
-Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
-                                           std::int64_t step, const TierCopyOptions& options) {
+namespace {
+
+Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointStore& to, std::int64_t step,
+                                 const TierCopyOptions& options) {
   const auto started = Clock::now();
   TierCopyReport report;
   const std::string what = "copying step " + std::to_string(step) + " from '" + from.root() + "' to '" + to.root() + "'";
@@ -211,6 +214,28 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   report.bytes += text.size();
   report.total_s = seconds_since(started);
   return report;
+}
+
+}  // namespace
+
+Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
+                                           std::int64_t step, const TierCopyOptions& options) {
+  auto copied = copy_once(from, to, step, options);
+  const std::string source = from.step_dir(step);
+  if (copied.is_ok() || copied.status().code() != ErrorCode::corruption ||
+      source.find(kHostPlaceholder) == std::string::npos || host_placement_of(from.fs()) == nullptr) {
+    return copied;
+  }
+  // A damaged copy in host folders (the first one read): rewritten from a good one, then once more.
+  auto checked = check_host_copies(from.fs(), source);
+  if (!checked.is_ok()) {
+    return copied.status().with_context("no copy in the host folders verifies (" + checked.status().message() + ")");
+  }
+  if (checked->repaired.empty()) return copied;
+  auto again = copy_once(from, to, step, options);
+  if (!again.is_ok()) return again;
+  again->repaired = std::move(checked->repaired);
+  return again;
 }
 
 }  // namespace stagehand

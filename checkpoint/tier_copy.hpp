@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/core/status.hpp"
@@ -38,6 +40,9 @@ struct TierCopyReport {
   double total_s = 0;
   /// A committed step of the same number was at the destination, and was replaced.
   bool replaced = false;
+  /// Copies of a source in host folders rewritten from good ones before the copy was tried
+  /// again (check_host_copies).
+  std::vector<std::string> repaired;
 };
 
 /// Copies committed step `step` of root `from` (the local tier) into root `to` (the durable
@@ -53,6 +58,9 @@ struct TierCopyReport {
 ///      store holds, not what was sent;
 ///   5. commits with from's metadata.json byte for byte, then (where renames exist) the rename,
 ///      then the tracker (CheckpointStore::commit_copy).
+/// A source in host folders (host_folders_file_system) whose first copy of some file is damaged
+/// is checked (check_host_copies, which rewrites it from a good copy) and copied once more; the
+/// report lists what was rewritten.
 /// A step of the same number committed at `to` is replaced, as a save replaces one (the trainer
 /// copies a step again only when its run saved it again: after resuming from before it): where
 /// renames are atomic, a committed copy exists at every instant; in an object store it is

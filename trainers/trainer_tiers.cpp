@@ -45,6 +45,13 @@ Status TrainerBase::report_uploads() {
                         {"ok", done.status.is_ok()}, {"upload_s", r.total_s}, {"copy_s", r.copy_s},
                         {"verify_s", r.verify_s},   {"commit_s", r.commit_s}, {"bytes", r.bytes},
                         {"files", r.files},         {"replaced", r.replaced}};
+    if (!r.repaired.empty()) {
+      std::string list;
+      for (const auto& item : r.repaired) list += (list.empty() ? "" : "; ") + item;
+      warn("the upload of step %lld found a damaged copy in the local tier and rewrote it from a good one first: %s\n",
+           static_cast<long long>(done.step), list.c_str());
+      line["repaired"] = r.repaired;
+    }
     if (done.status.is_ok()) {
       ++summary_->uploads_done;
       // The copy's commit moved the tracker to this step.

@@ -13,6 +13,7 @@
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/tier_copy.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -256,6 +257,32 @@ BOOST_AUTO_TEST_CASE(the_check_restores_a_damaged_copy_from_one_that_verifies_an
   BOOST_TEST(why.find("no replica verifies") != std::string::npos, why);
   BOOST_TEST(test::read_file(own) == own_damaged);
   BOOST_TEST(test::read_file(replica) == replica_damaged);
+}
+
+BOOST_AUTO_TEST_CASE(an_upload_from_host_folders_rewrites_a_damaged_first_copy_and_copies_again) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  auto hosts = hosts_over(placement);
+  const auto states = states_for(9);
+  save(hosts, placement.pattern, 3, states);
+  flip_byte(dir / "host2/local/global_step_3/policy/__2_1.safetensors");
+  const CheckpointStore from(hosts, placement.pattern);
+  const CheckpointStore to(local_file_system(), dir / "durable");
+  auto copied = copy_committed_step(from, to, 3);
+  BOOST_REQUIRE_MESSAGE(copied.is_ok(), copied.status().to_string());
+  BOOST_TEST(joined(copied->repaired) == "host 2's copy of rank 2's part '__2_1.safetensors' from host 3\n");
+  BOOST_TEST(test::read_file(dir / "durable/global_step_3/policy/__2_1.safetensors") ==
+             test::read_file(dir / "host3/local/global_step_3/policy/__2_1.safetensors"));
+  expect_loads(*local_file_system(), to.step_dir(3), states);
+  // No good copy left: the upload fails, naming both, and the durable tier keeps its step.
+  flip_byte(dir / "host2/local/global_step_3/policy/__2_0.safetensors");
+  flip_byte(dir / "host3/local/global_step_3/policy/__2_0.safetensors");
+  auto failed = copy_committed_step(from, to, 3);
+  BOOST_REQUIRE(!failed.is_ok());
+  BOOST_TEST(failed.status().message().find("no copy in the host folders verifies (rank 2's part '__2_0.safetensors'") !=
+                 std::string::npos,
+             failed.status().message());
+  BOOST_TEST(**to.tracker() == 3);
 }
 
 BOOST_AUTO_TEST_CASE(hosts_holding_two_saves_of_a_step_resume_the_one_whose_files_verify_and_the_newest_tracker) {

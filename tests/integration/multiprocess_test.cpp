@@ -101,7 +101,7 @@ BOOST_AUTO_TEST_CASE(four_processes_with_a_local_tier_fill_the_durable_one_and_r
   BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
   auto tiered = [&](int total, bool resume) {
     std::vector<std::string> sets{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "durable",
-                                  "trainer.total_steps=" + std::to_string(resume ? total : 100000), "trainer.local_ckpt_interval=5",
+                                  "trainer.total_steps=" + std::to_string(total), "trainer.local_ckpt_interval=5",
                                   "trainer.local_max_ckpts_to_keep=2", "trainer.ckpt_interval=10",
                                   "trainer.max_ckpts_to_keep=0"};
     if (resume) sets.push_back("trainer.resume_mode=latest");
