@@ -1,6 +1,7 @@
 // The check a resume makes before it trusts a step of host folders, and the record of the hosts
 // that wrote them (checkpoint/host_folders.hpp).
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -120,44 +121,63 @@ Examined examine(const HostPlacement& placement, FileSystem& inner, const std::v
 
 }  // namespace
 
-Status keep_host_record(FileSystem& fs, const std::string& root) {
+namespace {
+
+std::string describe_placement(std::int64_t hosts, std::int64_t per, std::int64_t replicas, std::int64_t stride) {
+  return std::to_string(hosts) + " host folders (" + std::to_string(per) + " ranks per host, " +
+         std::to_string(replicas) + " copies of each rank's files, stride " + std::to_string(stride) + ")";
+}
+
+}  // namespace
+
+Result<bool> check_host_record(FileSystem& fs, const std::string& root) {
   const HostPlacement* placement = host_placement_of(fs);
-  if (!placement || root.find(kHostPlaceholder) == std::string::npos) {
+  FileSystem* inner = host_folders_inner(fs);
+  if (!placement || !inner || root.find(kHostPlaceholder) == std::string::npos) {
     return Status{ErrorCode::invalid_argument, "'" + root + "' is not in host folders"};
   }
-  const std::string path = root + "/" + kHostRecordFile;
-  auto describe_placement = [](std::int64_t hosts, std::int64_t per, std::int64_t replicas, std::int64_t stride) {
-    return std::to_string(hosts) + " host folders (" + std::to_string(per) + " ranks per host, " +
-           std::to_string(replicas) + " copies of each rank's files, stride " + std::to_string(stride) + ")";
-  };
   const std::string now = describe_placement(placement->hosts, placement->ranks_per_host, placement->replicas, placement->stride);
-  SH_ASSIGN_OR_RETURN(auto text, read_small_file(fs, path));
-  if (text) {
-    auto j = nlohmann::json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("hosts") || !j["hosts"].is_number_integer()) {
-      return Status{ErrorCode::corruption, "'" + path + "' does not say how many hosts wrote the local tier"};
+  bool owed = false;
+  for (int host = 0; host < placement->hosts; ++host) {
+    const std::string path = placement->on_host(root, host) + "/" + kHostRecordFile;
+    auto text = read_small_file(*inner, path);
+    if (!text.is_ok() || !*text) {
+      owed = true;
+      continue;
     }
-    const std::int64_t hosts = j["hosts"].get<std::int64_t>();
+    auto j = nlohmann::json::parse(**text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("hosts") || !j["hosts"].is_number_integer()) {
+      owed = true;
+      continue;
+    }
     auto field = [&](const char* key) { return j.contains(key) && j[key].is_number_integer() ? j[key].get<std::int64_t>() : 0; };
+    const std::int64_t hosts = j["hosts"].get<std::int64_t>();
     if (hosts > placement->hosts) {
       return Status{ErrorCode::invalid_argument,
                     "'" + root + "' was written by " + describe_placement(hosts, field("ranks_per_host"), field("replicas"), field("stride")) +
-                        "; this run has " + now + ": the folders of hosts " + std::to_string(placement->hosts) + " to " +
-                        std::to_string(hosts - 1) + " would never be read. Keep the world size and trainer.ranks_per_host, "
-                        "or move the local tier away to resume from the durable tier"};
+                        " (" + path + "); this run has " + now + ": the folders of hosts " + std::to_string(placement->hosts) +
+                        " to " + std::to_string(hosts - 1) + " would never be read. Keep the world size and "
+                        "trainer.ranks_per_host, or empty every host's folder of the local tier to resume from the durable tier"};
     }
-    if (hosts == placement->hosts) return Status::ok();
+    if (hosts < placement->hosts) owed = true;
   }
+  return owed;
+}
+
+Status write_host_record(FileSystem& fs, const std::string& root) {
+  const HostPlacement* placement = host_placement_of(fs);
+  if (!placement) return Status{ErrorCode::invalid_argument, "'" + root + "' is not in host folders"};
   const nlohmann::json record{{"hosts", placement->hosts},
                               {"ranks_per_host", placement->ranks_per_host},
                               {"replicas", placement->replicas},
                               {"stride", placement->stride}};
   // In every host's folder (the decorator makes what a host's folder lacks).
   SH_RETURN_IF_ERROR(fs.create_dir(root));
-  return write_file_atomic(fs, path, record.dump() + "\n");
+  return write_file_atomic(fs, root + "/" + kHostRecordFile, record.dump() + "\n");
 }
 
-Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir) {
+Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir,
+                                          const std::function<bool()>& should_stop) {
   const HostPlacement* hosts = host_placement_of(fs);
   FileSystem* below = host_folders_inner(fs);
   if (!hosts || !below || checkpoint_dir.find(kHostPlaceholder) == std::string::npos) {
@@ -216,7 +236,10 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
   for (const Version& v : versions) {
     std::vector<Examined> files;
     std::vector<std::string> lost;
-    auto look = [&](const std::string& path, const FileMeta& meta) {
+    auto look = [&](const std::string& path, const FileMeta& meta) -> Status {
+      if (should_stop && should_stop()) {
+        return Status{ErrorCode::aborted, "the check of '" + checkpoint_dir + "' was stopped: the run is stopping"};
+      }
       const int rank = data_file_rank(path);
       const std::string name = path.substr(path.rfind('/') + 1);
       Examined e;
@@ -231,9 +254,10 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
         lost.push_back(e.what + ": " + why + (rank >= 0 ? "; no replica verifies" : "; no host's copy verifies"));
       }
       files.push_back(std::move(e));
+      return Status::ok();
     };
-    for (const auto& [name, meta] : v.metadata.files) look(policy + "/" + name, meta);
-    if (v.metadata.trainer_state) look(checkpoint_dir + "/" + kTrainerStateFile, *v.metadata.trainer_state);
+    for (const auto& [name, meta] : v.metadata.files) SH_RETURN_IF_ERROR(look(policy + "/" + name, meta));
+    if (v.metadata.trainer_state) SH_RETURN_IF_ERROR(look(checkpoint_dir + "/" + kTrainerStateFile, *v.metadata.trainer_state));
     if (lost.empty()) {
       chosen = std::move(files);
       version = &v;
@@ -275,18 +299,28 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
       report.from_replicas.push_back(e.what + " from " + host_name(e.good) + " (" + offers_none[static_cast<std::size_t>(own)] + ")");
     }
   }
+  // Reads take the first host's metadata.json: a rewrite that fails before the first host that
+  // holds the chosen one rejects the step; after it, it is only reported.
+  bool chosen_seen = false;
   for (int host : every) {
     if (!unreadable[static_cast<std::size_t>(host)].empty()) continue;
     const std::string path = CheckpointLayout::policy_dir(placement.on_host(checkpoint_dir, host)) + "/" + kMetadataFile;
     auto text = read_small_file(inner, path);
-    if (text.is_ok() && *text && **text == version->text) continue;
+    if (text.is_ok() && *text && **text == version->text) {
+      chosen_seen = true;
+      continue;
+    }
     const std::string why = !text.is_ok() ? text.status().message() : !*text ? "missing" : "damaged or of another save";
-    Status st = write_file_atomic(inner, path, version->text);
-    if (!st.is_ok()) {
+    Status st = create_dirs(inner, parent_path(path));
+    if (st.is_ok()) st = write_file_atomic(inner, path, version->text);
+    if (!st.is_ok() && !chosen_seen) {
       return Status{ErrorCode::corruption, host_name(host) + "'s " + kMetadataFile + " (" + why +
                                                ") could not be rewritten: " + st.message()};
     }
-    report.repaired.push_back(host_name(host) + "'s copy of " + std::string(kMetadataFile) + " (" + why + ")");
+    (st.is_ok() ? report.repaired : report.unrepaired)
+        .push_back(host_name(host) + "'s copy of " + std::string(kMetadataFile) + " (" + why + ")" +
+                   (st.is_ok() ? "" : ": " + st.message()));
+    chosen_seen = chosen_seen || st.is_ok();
   }
   return report;
 }

@@ -358,28 +358,25 @@ class HostFoldersFileSystem final : public FileSystem {
     return file_exists(*inner_, p);
   }
 
-  /// The tracker naming the newest step of any host's copy (a host that missed the last commits,
-  /// or a commit cut between two hosts' trackers, names an older one); a copy that does not
-  /// parse is passed over while another does.
+  /// The tracker of the first host whose copy parses (hosts are written in order, so a commit
+  /// cut between two hosts leaves the newest in the first; a rollback's lower step is as new).
+  /// A copy that does not parse (torn, or damaged) is passed over for the next host's.
   Result<std::unique_ptr<ReadableFile>> open_tracker(const std::string& path) {
-    int best = -1;
-    std::int64_t best_step = -1;
-    for (int host : every_host()) {
-      auto text = read_small_file(*inner_, placement_.on_host(path, host));
-      if (!text.is_ok() || !*text) continue;
-      auto step = parse_tracker(**text, placement_.on_host(path, host));
-      if (step.is_ok() && *step > best_step) {
-        best_step = *step;
-        best = host;
-      }
-    }
-    if (best >= 0) return inner_->open_file(placement_.on_host(path, best));
     Status first_error;
+    int fallback = -1;
     for (int host : every_host()) {
-      auto file = inner_->open_file(placement_.on_host(path, host));
-      if (file.is_ok()) return file;
-      if (file.status().code() != ErrorCode::not_found && first_error.is_ok()) first_error = file.status();
+      const std::string p = placement_.on_host(path, host);
+      auto text = read_small_file(*inner_, p);
+      if (!text.is_ok()) {
+        if (first_error.is_ok()) first_error = text.status();
+        continue;
+      }
+      if (!*text) continue;
+      if (parse_tracker(**text, p).is_ok()) return inner_->open_file(p);
+      if (fallback < 0) fallback = host;
     }
+    // None parses: the first one's error is what the reader reports.
+    if (fallback >= 0) return inner_->open_file(placement_.on_host(path, fallback));
     if (!first_error.is_ok()) return first_error;
     return Status{ErrorCode::not_found, "'" + path + "' is in no host's folder (" + hosts_named() + ")"};
   }

@@ -5,6 +5,7 @@
 // and its folder) loses no committed step; and the check a resume makes before it trusts a step.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,13 +60,13 @@ int data_file_rank(const std::string& path);
 ///   path), and read from the first holder that has it, then from any other host;
 /// - anything else (metadata.json, trainer_state.json, the tracker, folders, renames, removals,
 ///   the lock) is done in every host's folder, each in host order, and read from the first host
-///   whose folder has it; the tracker is read from the host whose copy names the newest step (a
-///   host that missed commits, or a commit cut between two hosts, has an older one); a folder
+///   whose folder has it (the tracker: the first whose copy parses); a folder
 ///   lists what any host's holds, leaving out a host whose folder cannot be read while another
 ///   answers.
 /// Each host's own folder, the one whose name holds the placeholder (its disk), must exist: every
-/// change fails naming it when it does not ("is its disk mounted?"); below it, what a lost host's
-/// folder lacks is made again at the next change. Paths without the pattern go to `inner`
+/// change fails naming it when it does not ("is its disk mounted?"; an empty mount point of an
+/// unmounted disk is a folder, and is not told apart); below it, what a lost host's folder lacks
+/// is made again at the next change. Paths without the pattern go to `inner`
 /// unchanged. invalid_argument when the placement does not check (HostPlacement::check).
 ///
 /// Every folder must be reachable by path from every process of the job (the hosts' disks
@@ -84,11 +85,15 @@ FileSystem* host_folders_inner(FileSystem& fs);
 inline constexpr const char* kHostRecordFile = "host_folders.json";
 
 /// Refuses, before a run uses the host folders of `root` (on a host_folders_file_system `fs`),
-/// a placement with fewer hosts than the one that wrote them (the folders of the hosts beyond
-/// would never be read, nor cleaned by retention), naming both; records the placement when there
-/// is no record or it had fewer hosts. Other changes (ranks per host, copies, stride) are
-/// allowed: reads fall back to every host, and a resume's check copies parts to their new holders.
-Status keep_host_record(FileSystem& fs, const std::string& root);
+/// a placement with fewer hosts than some host's record says wrote them (the folders of the hosts
+/// beyond would never be read, nor cleaned by retention), naming both. Other changes (ranks per
+/// host, copies, stride) are allowed: reads fall back to every host, and a resume's check copies
+/// parts to their new holders.
+/// @return whether the record is owed: some host has none (a new or replaced host), or one of
+///         fewer hosts. write_host_record() then, once the run has committed a step.
+Result<bool> check_host_record(FileSystem& fs, const std::string& root);
+/// Writes the record of `fs`'s placement into every host's folder of `root`.
+Status write_host_record(FileSystem& fs, const std::string& root);
 
 /// What check_host_copies found and did.
 struct HostCheckReport {
@@ -112,11 +117,14 @@ struct HostCheckReport {
 /// Every distinct metadata.json that checks is tried, in host order, and the first whose files
 /// all have a good copy is the step's. Only then are copies rewritten (beside, read back, renamed
 /// over): those reads would take before the good one, missing ones, replicas of the wrong size,
-/// and every host's metadata.json that differs. corruption when some file has no copy that
+/// and every host's metadata.json that differs (a rewrite that fails is reported in `unrepaired`,
+/// unless reads would take that copy first: then the step is refused). corruption when some file has no copy that
 /// verifies, naming the rank, the file and what was wrong with each copy ("rank 3's part
 /// '__3_0.safetensors': host 1 has none, host 2's copy has XXH3 ...; no replica verifies"), or
 /// when a damaged copy that reads would take cannot be rewritten.
-/// Single-threaded, and not interruptible: it reads the whole step once.
-Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir);
+/// Single-threaded: it reads the whole step once. `should_stop` (when set) is asked before each
+/// file: true fails the check as aborted, before anything is rewritten.
+Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& checkpoint_dir,
+                                          const std::function<bool()>& should_stop = {});
 
 }  // namespace stagehand

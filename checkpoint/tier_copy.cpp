@@ -156,8 +156,11 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
 
 namespace {
 
+/// One copy; `source_damaged` says whether it failed on the source's bytes (its metadata, or a
+/// file that is not what the metadata records), not on the destination's.
 Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointStore& to, std::int64_t step,
-                                 const TierCopyOptions& options) {
+                                 const TierCopyOptions& options, bool& source_damaged) {
+  source_damaged = false;
   const auto started = Clock::now();
   TierCopyReport report;
   const std::string what = "copying step " + std::to_string(step) + " from '" + from.root() + "' to '" + to.root() + "'";
@@ -165,7 +168,10 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   const std::string source_dir = from.step_dir(step);
   std::string text;
   auto metadata = read_checkpoint_metadata(from.fs(), source_dir, &text);
-  if (!metadata.is_ok()) return metadata.status().with_context(what);
+  if (!metadata.is_ok()) {
+    source_damaged = metadata.status().code() == ErrorCode::corruption;
+    return metadata.status().with_context(what);
+  }
   auto there = to.is_committed(step);
   if (!there.is_ok()) return there.status().with_context(what);
   report.replaced = *there;
@@ -195,7 +201,11 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   Status st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
     return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
   });
-  if (!st.is_ok()) return fail(st);
+  if (!st.is_ok()) {
+    // Only the source's bytes are checked while copying (the destination's in the read-back).
+    source_damaged = st.code() == ErrorCode::corruption;
+    return fail(st);
+  }
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
@@ -220,21 +230,26 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
 
 Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
                                            std::int64_t step, const TierCopyOptions& options) {
-  auto copied = copy_once(from, to, step, options);
   const std::string source = from.step_dir(step);
-  if (copied.is_ok() || copied.status().code() != ErrorCode::corruption ||
-      source.find(kHostPlaceholder) == std::string::npos || host_placement_of(from.fs()) == nullptr) {
-    return copied;
-  }
+  const bool hosts = source.find(kHostPlaceholder) != std::string::npos && host_placement_of(from.fs()) != nullptr;
+  // Whether a committed step of this number was there before a first try (which, in an object
+  // store, removes it first) — for the report of a second one.
+  auto there = hosts ? to.is_committed(step) : Result<bool>(false);
+  bool source_damaged = false;
+  auto copied = copy_once(from, to, step, options, source_damaged);
+  if (copied.is_ok() || !source_damaged || !hosts) return copied;
   // A damaged copy in host folders (the first one read): rewritten from a good one, then once more.
-  auto checked = check_host_copies(from.fs(), source);
+  auto checked = check_host_copies(from.fs(), source, options.should_stop);
   if (!checked.is_ok()) {
-    return copied.status().with_context("no copy in the host folders verifies (" + checked.status().message() + ")");
+    return copied.status().with_context("the check of the host folders: " + checked.status().message());
   }
   if (checked->repaired.empty()) return copied;
-  auto again = copy_once(from, to, step, options);
-  if (!again.is_ok()) return again;
+  std::string repaired;
+  for (const auto& r : checked->repaired) repaired += (repaired.empty() ? "" : "; ") + r;
+  auto again = copy_once(from, to, step, options, source_damaged);
+  if (!again.is_ok()) return again.status().with_context("after rewriting " + repaired + " from good copies");
   again->repaired = std::move(checked->repaired);
+  again->replaced = again->replaced || (there.is_ok() && *there);
   return again;
 }
 

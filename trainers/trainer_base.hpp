@@ -205,6 +205,9 @@ class TrainerBase : public caf::blocking_actor {
   /// or of a newer step lands; a failed upload leaves it. Local steps beyond the step resumed (an
   /// older run's, with trainer.overwrite_checkpoints) are never owed.
   std::optional<std::int64_t> owed_upload_;
+  /// The local tier's host folders lack the record of this run's placement
+  /// (check_host_record): written after the first commit.
+  bool host_record_owed_ = false;
   /// Why the last upload that failed did, for the end of the run.
   std::string upload_error_;
   /// Steps resume_mode latest rejected as corrupt, by tier: they are not owed, and not what

@@ -78,7 +78,9 @@ Status TrainerBase::run() {
     SH_ASSIGN_OR_RETURN(summary_->durable_lock, durable_->lock_destination());
   }
   if (save_root(t).find(kHostPlaceholder) != std::string::npos && host_placement_of(*fs_) != nullptr) {
-    SH_RETURN_IF_ERROR(keep_host_record(*fs_, save_root(t)).with_context("trainer.local_ckpt_path"));
+    auto owed = check_host_record(*fs_, save_root(t));
+    if (!owed.is_ok()) return owed.status().with_context("trainer.local_ckpt_path");
+    host_record_owed_ = *owed;
   }
   // resume_mode latest checks before it trusts: it tries the committed steps newest first.
   Candidates candidates;

@@ -1,5 +1,6 @@
 // The trainer's side of a save: the trainer state, the stall, the commit's metrics line, the
 // periodic exports and retention.
+#include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
@@ -62,6 +63,11 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"commit_s", commit.commit_s},
                       {"commit_cpu_s", commit.commit_cpu_s}};
   write_metrics(line);
+  if (host_record_owed_) {
+    // The first commit of a run over host folders records how many hosts wrote them.
+    SH_RETURN_IF_ERROR(write_host_record(*fs_, policy_.store().root()).with_context("trainer.local_ckpt_path"));
+    host_record_owed_ = false;
+  }
   if (exports_ && policy_.should_export(saved.step)) exports_->enqueue(saved.step, dir, policy_.export_dir(saved.step));
   if (uploads_ && durable_->should_save(saved.step)) {
     owed_upload_ = saved.step;
