@@ -9,6 +9,18 @@
 
 namespace stagehand {
 
+namespace {
+
+/// The first eight of `items` joined by `separator` ("a, b and 3 more"; "a; b; and 3 more").
+std::string first_eight(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < 8; ++i) out += (i ? separator : "") + items[i];
+  if (items.size() > 8) out += (separator == "; " ? "; and " : " and ") + std::to_string(items.size() - 8) + " more";
+  return out;
+}
+
+}  // namespace
+
 Result<TrainerBase::Candidates> TrainerBase::resume_candidates() const {
   Candidates found;
   auto add = [&](const CheckpointPolicy& tier, const std::string& name) -> Status {
@@ -100,12 +112,7 @@ Status TrainerBase::check_host_folders(const std::string& dir) {
   say("checked every file of %s against its metadata across %d host folders (%.3f s)\n", dir.c_str(),
       host_placement_of(*fs_)->hosts,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  auto listed = [](const std::vector<std::string>& items) {
-    std::string out;
-    for (std::size_t i = 0; i < items.size() && i < 8; ++i) out += (i ? "; " : "") + items[i];
-    if (items.size() > 8) out += "; and " + std::to_string(items.size() - 8) + " more";
-    return out;
-  };
+  auto listed = [](const std::vector<std::string>& items) { return first_eight(items, "; "); };
   if (!check.from_replicas.empty()) {
     warn("%s: %zu part(s) whose own host has no copy are read from their replicas: %s\n", dir.c_str(),
          check.from_replicas.size(), listed(check.from_replicas).c_str());
@@ -147,12 +154,7 @@ Result<LoadReport> TrainerBase::load_everywhere(const std::string& dir, const Lo
     return reply.status().with_context(std::string(what) + (scope.strict ? "" : " (trainer.load_strict: false)"));
   }
   LoadReport load = std::move(*reply);
-  auto names = [](const std::vector<std::string>& list) {
-    std::string out;
-    for (std::size_t i = 0; i < list.size() && i < 8; ++i) out += (i ? ", " : "") + list[i];
-    if (list.size() > 8) out += " and " + std::to_string(list.size() - 8) + " more";
-    return out;
-  };
+  auto names = [](const std::vector<std::string>& list) { return first_eight(list, ", "); };
   if (!load.missing_tensors.empty()) {
     warn("%s: %zu tensor(s) not in '%s', left as initialized (trainer.load_strict: false): %s\n", what,
          load.missing_tensors.size(), dir.c_str(), names(load.missing_tensors).c_str());
