@@ -9,37 +9,28 @@
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/layout.hpp"
 #include "stagehand/checkpoint/metadata.hpp"
+#include "stagehand/checkpoint/tier_copy.hpp"
 #include "stagehand/core/xxh3.hpp"
 
 namespace stagehand {
 
 namespace {
 
-
 // -- the check before a resume --
 
 constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
-
-std::string describe(const FileMeta& meta) {
-  return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
-}
 
 /// Whether the copy at `path` holds what `meta` records: ok, not_found when there is none, or
 /// another error saying what differs (corruption) or why it cannot be read.
 Status verify_copy(FileSystem& fs, const std::string& path, const FileMeta& meta, std::vector<char>& buffer) {
   SH_ASSIGN_OR_RETURN(auto in, fs.open_file(path));
   if (in->size() != meta.size) {
-    return {ErrorCode::corruption, "holds " + std::to_string(in->size()) + " bytes where the metadata records " + describe(meta)};
+    return {ErrorCode::corruption,
+            "holds " + std::to_string(in->size()) + " bytes where the metadata records " + describe_file_meta(meta)};
   }
-  Xxh3Stream hash;
-  for (std::uint64_t offset = 0; offset < meta.size;) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - offset));
-    SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), n));
-    hash.update(buffer.data(), n);
-    offset += n;
-  }
-  if (hash.digest() != meta.xxh3) {
-    return {ErrorCode::corruption, "has XXH3 " + xxh3_hex(hash.digest()) + " where the metadata records " + describe(meta)};
+  SH_ASSIGN_OR_RETURN(std::uint64_t digest, read_hashed(*in, meta.size, buffer, nullptr, nullptr));
+  if (digest != meta.xxh3) {
+    return {ErrorCode::corruption, "has XXH3 " + xxh3_hex(digest) + " where the metadata records " + describe_file_meta(meta)};
   }
   return Status::ok();
 }
@@ -50,13 +41,9 @@ Status restore_copy(FileSystem& fs, const std::string& from, const std::string& 
   SH_ASSIGN_OR_RETURN(auto in, fs.open_file(from));
   SH_RETURN_IF_ERROR(create_dirs(fs, parent_path(to)));
   auto fill = [&](WritableFile& out) -> Status {
-    for (std::uint64_t offset = 0; offset < meta.size;) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - offset));
-      SH_RETURN_IF_ERROR(in->read(offset, buffer.data(), n));
-      SH_RETURN_IF_ERROR(out.append(buffer.data(), n));
-      offset += n;
-    }
-    return Status::ok();
+    return read_hashed(*in, meta.size, buffer, nullptr,
+                       [&](const char* data, std::size_t bytes) { return out.append(data, bytes); })
+        .status();
   };
   SH_RETURN_IF_ERROR(write_file_atomic(fs, to, fill));
   Status back = verify_copy(fs, to, meta, buffer);
@@ -83,8 +70,8 @@ struct Examined {
     bool in_the_way;
   };
   std::vector<Restore> restore;
-  /// The first copy in read order is on a host whose folder lacks the step.
-  bool own_lost = false;
+  /// The first host in read order (a data file's own).
+  int own = -1;
 };
 
 /// Reads every copy of `file` in read order until one verifies, then checks the sizes of the
@@ -92,11 +79,11 @@ struct Examined {
 Examined examine(const HostPlacement& placement, FileSystem& inner, const std::vector<int>& holders,
                  const std::vector<std::string>& unreadable, Examined file, std::vector<char>& buffer) {
   const std::vector<int> order = placement.read_order(file.path);
+  file.own = order.front();
   for (std::size_t i = 0; i < order.size(); ++i) {
     const int host = order[i];
     if (!unreadable[static_cast<std::size_t>(host)].empty()) {
       file.faults.push_back(unreadable[static_cast<std::size_t>(host)]);
-      if (i == 0) file.own_lost = true;
       continue;
     }
     Status st = verify_copy(inner, placement.on_host(file.path, host), file.meta, buffer);
@@ -118,10 +105,6 @@ Examined examine(const HostPlacement& placement, FileSystem& inner, const std::v
   }
   return file;
 }
-
-}  // namespace
-
-namespace {
 
 std::string describe_placement(std::int64_t hosts, std::int64_t per, std::int64_t replicas, std::int64_t stride) {
   return std::to_string(hosts) + " host folders (" + std::to_string(per) + " ranks per host, " +
@@ -210,14 +193,22 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
   };
   std::vector<Version> versions;
   std::vector<std::string> metadata_faults;
+  // Each host's metadata.json as read: its text when it checks, else why not (for the rewrite).
+  std::vector<std::string> host_text(every.size());
+  std::vector<std::string> host_fault(every.size());
   for (int host : every) {
     if (!unreadable[static_cast<std::size_t>(host)].empty()) continue;
     std::string text;
     auto m = read_checkpoint_metadata(inner, placement.on_host(checkpoint_dir, host), &text);
     if (!m.is_ok()) {
       metadata_faults.push_back(host_name(host) + ": " + m.status().message());
+      const ErrorCode code = m.status().code();
+      const bool damaged = code == ErrorCode::corruption || code == ErrorCode::invalid_argument;
+      host_fault[static_cast<std::size_t>(host)] =
+          code == ErrorCode::not_found ? "missing" : damaged ? "damaged or of another save" : m.status().message();
       continue;
     }
+    host_text[static_cast<std::size_t>(host)] = text;
     if (std::none_of(versions.begin(), versions.end(), [&](const Version& v) { return v.text == text; })) {
       versions.push_back({std::move(text), std::move(*m)});
     }
@@ -294,9 +285,8 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
       }
       report.unrepaired.push_back(what + " (" + st.message() + ")");
     }
-    if (e.own_lost && e.good >= 0) {
-      const int own = placement.read_order(e.path).front();
-      report.from_replicas.push_back(e.what + " from " + host_name(e.good) + " (" + offers_none[static_cast<std::size_t>(own)] + ")");
+    if (e.good != e.own && !offers_none[static_cast<std::size_t>(e.own)].empty()) {
+      report.from_replicas.push_back(e.what + " from " + host_name(e.good) + " (" + offers_none[static_cast<std::size_t>(e.own)] + ")");
     }
   }
   // Reads take the first host's metadata.json: a rewrite that fails before the first host that
@@ -304,13 +294,13 @@ Result<HostCheckReport> check_host_copies(FileSystem& fs, const std::string& che
   bool chosen_seen = false;
   for (int host : every) {
     if (!unreadable[static_cast<std::size_t>(host)].empty()) continue;
-    const std::string path = CheckpointLayout::policy_dir(placement.on_host(checkpoint_dir, host)) + "/" + kMetadataFile;
-    auto text = read_small_file(inner, path);
-    if (text.is_ok() && *text && **text == version->text) {
+    const std::size_t h = static_cast<std::size_t>(host);
+    if (host_fault[h].empty() && host_text[h] == version->text) {
       chosen_seen = true;
       continue;
     }
-    const std::string why = !text.is_ok() ? text.status().message() : !*text ? "missing" : "damaged or of another save";
+    const std::string path = CheckpointLayout::policy_dir(placement.on_host(checkpoint_dir, host)) + "/" + kMetadataFile;
+    const std::string why = host_fault[h].empty() ? "damaged or of another save" : host_fault[h];
     Status st = create_dirs(inner, parent_path(path));
     if (st.is_ok()) st = write_file_atomic(inner, path, version->text);
     if (!st.is_ok() && !chosen_seen) {

@@ -34,10 +34,6 @@ struct StepFile {
   FileMeta expected;
 };
 
-std::string describe(const FileMeta& meta) {
-  return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
-}
-
 using StopCheck = std::function<bool()>;
 
 /// An error once `stop` says so: the copy was asked to stop before it was complete.
@@ -46,40 +42,22 @@ Status check_stop(const StopCheck& stop, const StepFile& file) {
   return Status{ErrorCode::aborted, "stopped at '" + file.from + "': the run is stopping"};
 }
 
-/// Reads the `file.expected.size` bytes of `in` a piece at a time into `buffer`, asking `stop`
-/// before each, hashing each and handing it to `use` (when set).
-/// @return the XXH3 of the bytes.
-Result<std::uint64_t> read_hashed(ReadableFile& in, const StepFile& file, std::vector<char>& buffer,
-                                  const StopCheck& stop, const std::function<Status(const char*, std::size_t)>& use) {
-  Xxh3Stream hash;
-  for (std::uint64_t offset = 0; offset < file.expected.size;) {
-    SH_RETURN_IF_ERROR(check_stop(stop, file));
-    const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), file.expected.size - offset));
-    SH_RETURN_IF_ERROR(in.read(offset, buffer.data(), bytes));
-    hash.update(buffer.data(), bytes);
-    if (use) SH_RETURN_IF_ERROR(use(buffer.data(), bytes));
-    offset += bytes;
-  }
-  return hash.digest();
-}
-
 /// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
 Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
                     const StopCheck& stop) {
   SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.from + "' holds " + std::to_string(in->size()) +
-                                             " bytes where the metadata records " + describe(file.expected) +
+                                             " bytes where the metadata records " + describe_file_meta(file.expected) +
                                              ": the source is damaged and is not copied"};
   }
   SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file(file.to));
   SH_ASSIGN_OR_RETURN(std::uint64_t digest,
-                      read_hashed(*in, file, buffer, stop, [&](const char* data, std::size_t bytes) {
-                        return out->append(data, bytes);
-                      }));
+                      read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); },
+                                  [&](const char* data, std::size_t bytes) { return out->append(data, bytes); }));
   if (digest != file.expected.xxh3) {
     return Status{ErrorCode::corruption, "'" + file.from + "' has XXH3 " + xxh3_hex(digest) +
-                                             " where the metadata records " + describe(file.expected) +
+                                             " where the metadata records " + describe_file_meta(file.expected) +
                                              ": the source is damaged and is not copied"};
   }
   SH_RETURN_IF_ERROR(check_stop(stop, file));
@@ -93,12 +71,13 @@ Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& 
   SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file(file.to));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
-                                             " bytes after the copy, where " + describe(file.expected) + " were sent"};
+                                             " bytes after the copy, where " + describe_file_meta(file.expected) + " were sent"};
   }
-  SH_ASSIGN_OR_RETURN(std::uint64_t digest, read_hashed(*in, file, buffer, stop, nullptr));
+  SH_ASSIGN_OR_RETURN(std::uint64_t digest,
+                      read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); }, nullptr));
   if (digest != file.expected.xxh3) {
     return Status{ErrorCode::corruption, "'" + file.to + "' reads back with XXH3 " + xxh3_hex(digest) +
-                                             " after the copy, where " + describe(file.expected) + " were sent"};
+                                             " after the copy, where " + describe_file_meta(file.expected) + " were sent"};
   }
   return Status::ok();
 }
@@ -227,6 +206,25 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
 }
 
 }  // namespace
+
+std::string describe_file_meta(const FileMeta& meta) {
+  return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
+}
+
+Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::vector<char>& buffer,
+                                  const std::function<Status()>& before,
+                                  const std::function<Status(const char*, std::size_t)>& use) {
+  Xxh3Stream hash;
+  for (std::uint64_t offset = 0; offset < size;) {
+    if (before) SH_RETURN_IF_ERROR(before());
+    const std::size_t bytes = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), size - offset));
+    SH_RETURN_IF_ERROR(in.read(offset, buffer.data(), bytes));
+    hash.update(buffer.data(), bytes);
+    if (use) SH_RETURN_IF_ERROR(use(buffer.data(), bytes));
+    offset += bytes;
+  }
+  return hash.digest();
+}
 
 Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const CheckpointStore& to,
                                            std::int64_t step, const TierCopyOptions& options) {

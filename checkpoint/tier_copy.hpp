@@ -45,6 +45,17 @@ struct TierCopyReport {
   std::vector<std::string> repaired;
 };
 
+/// Reads the first `size` bytes of `in` a piece of `buffer.size()` bytes at a time, asking
+/// `before` (when set) first each time (an error stops the read), hashing each piece and handing
+/// it to `use` (when set).
+/// @return the XXH3 of the bytes.
+Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::vector<char>& buffer,
+                                  const std::function<Status()>& before,
+                                  const std::function<Status(const char*, std::size_t)>& use);
+
+/// "N bytes, XXH3 h": what the metadata records of a file, for messages.
+std::string describe_file_meta(const FileMeta& meta);
+
 /// Copies committed step `step` of root `from` (the local tier) into root `to` (the durable
 /// tier: a folder or an object store), so that it counts as committed there only once every
 /// byte is in place and checked:

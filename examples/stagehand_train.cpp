@@ -109,7 +109,8 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
 /// The file system of every path in the config: local folders, and object stores reached as
 /// storage.s3 says, files bound for them spooled in megatron_config.local_work_dir; a local tier
 /// with "{host}" over its host folders.
-Result<std::shared_ptr<FileSystem>> config_file_system(const Config& c) {
+/// Null (the error printed) when the local tier's host folders cannot be made.
+std::shared_ptr<FileSystem> config_file_system(const Config& c) {
   ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
   auto fs = default_file_system(store);
@@ -120,8 +121,11 @@ Result<std::shared_ptr<FileSystem>> config_file_system(const Config& c) {
       std::move(fs), host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
                                     static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
                                     static_cast<int>(t.local_replication_stride)));
-  if (!hosts.is_ok()) return hosts.status().with_context("trainer.local_ckpt_path");
-  return hosts;
+  if (!hosts.is_ok()) {
+    std::fprintf(stderr, "stagehand-train: %s\n", hosts.status().with_context("trainer.local_ckpt_path").to_string().c_str());
+    return nullptr;
+  }
+  return *hosts;
 }
 
 /// The strategy options of one rank from the config.
@@ -282,12 +286,8 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
     weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
-  auto made = config_file_system(c);
-  if (!made.is_ok()) {
-    std::fprintf(stderr, "stagehand-train: %s\n", made.status().to_string().c_str());
-    return 2;
-  }
-  const std::shared_ptr<FileSystem> fs = *made;
+  const auto fs = config_file_system(c);
+  if (!fs) return 2;
   auto coordinator = spawn_checkpoint_coordinator(
       system, {save_root(c.trainer), layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
   std::vector<worker_actor> workers;
@@ -314,12 +314,8 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 /// One rank of a world of processes.
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet, TeardownLimit& teardown) {
-  auto made = config_file_system(c);
-  if (!made.is_ok()) {
-    std::fprintf(stderr, "stagehand-train: %s\n", made.status().to_string().c_str());
-    return 2;
-  }
-  const std::shared_ptr<FileSystem> fs = *made;
+  const auto fs = config_file_system(c);
+  if (!fs) return 2;
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s),
                                  "trainer.call_timeout_s");
   const int rank = launch.rank;
