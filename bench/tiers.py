@@ -12,7 +12,8 @@ the same round, and the medians. Between rounds the arms rotate, so that none al
 
 Training: steps per second (the step lines' elapsed_s: a save's stall and its background work
 are inside), and the CPU seconds the saves cost per GiB saved, with local saves every step (and,
-to show the curve, every 5 steps) and a background copy into a durable folder every
+to show the curve, every 5 steps; and every step with the retired steps' files freed instead of
+written over, trainer.local_ckpt_reuse_files false) and a background copy into a durable folder every
 --durable-interval steps, against a run without checkpoints (ckpt_interval 0: its one save, of
 the last step, comes after its last step line), interleaved round by round.
 
@@ -175,6 +176,8 @@ def steps_bench(args):
               "trainer.max_ckpts_to_keep": 2}
     arms = {"no checkpoints": {"trainer.ckpt_interval": 0},
             "local every step": {"trainer.local_ckpt_interval": 1, **tiered},
+            "every step, no reuse": {"trainer.local_ckpt_interval": 1, **tiered,
+                                     "trainer.local_ckpt_reuse_files": False},
             "local every 5": {"trainer.local_ckpt_interval": 5, **tiered},
             "every step, 2 copies": {"trainer.local_ckpt_interval": 1, **tiered, "trainer.ranks_per_host": 1,
                                      "trainer.local_replication_factor": 2}}
@@ -211,22 +214,22 @@ def steps_bench(args):
             time.sleep(1)
     print(f"training, {args.steps} steps of {args.batch_size} samples, a {args.state_mib} MiB state: local saves every step into {args.local_dir}, "
           f"a background copy into a durable folder every {args.durable_interval} steps; {args.rounds} interleaved rounds")
-    print(f"{'arm':<20}{'steps/s by round':<28}{'ratio to none':<22}{'median':>7}")
+    print(f"{'arm':<22}{'steps/s by round':<28}{'ratio to none':<22}{'median':>7}")
     base_rows = results["no checkpoints"]
     ratios = {}
     for name, rows in results.items():
         ratio = [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(rows, base_rows)]
         rates = " ".join(f"{row['steps_per_s']:6.2f}" for row in rows)
-        print(f"{name:<20}{rates:<28}"
+        print(f"{name:<22}{rates:<28}"
               f"{' '.join(f'{x:5.2f}' for x in ratio):<22}{statistics.median(ratio):7.3f}")
         if name != "no checkpoints":
             ratios[name] = ratio
             stalls = [s for row in rows for s in row["stall_s"]]
             per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)
                        for row, b in zip(rows, base_rows)]
-            print(f"{'':<20}CPU seconds per GiB saved (this arm's CPU less the run without checkpoints', over the "
+            print(f"{'':<22}CPU seconds per GiB saved (this arm's CPU less the run without checkpoints', over the "
                   f"bytes it saved more): median {statistics.median(per_gib):.2f}")
-            print(f"{'':<20}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
+            print(f"{'':<22}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
                   f"{len(stalls)} saves; {sum(row['uploads'] for row in rows)} uploads")
     median = statistics.median(ratios["local every step"])
     print("target (local saves every step at most 5% slower than without checkpoints): " +

@@ -69,6 +69,10 @@ struct TrainerConfig {
   /// Committed checkpoints the local tier keeps; 0 keeps all. The step being copied into the
   /// durable tier, and the newest one the durable tier lacks, are kept whatever it says.
   std::int64_t local_max_ckpts_to_keep = 2;
+  /// The data files of the local tier's retired steps are kept (one per name, in
+  /// `<local_ckpt_path>/.spare_files`) and the next save writes over them, instead of freeing
+  /// them and allocating as much again (in /dev/shm, zeroed memory). false: freed at once.
+  bool local_ckpt_reuse_files = true;
   /// Ranks per host, for a local tier spread over hosts: rank r lives on host r /
   /// ranks_per_host. 0: every rank on one host.
   std::int64_t ranks_per_host = 0;

@@ -24,6 +24,7 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/config/load.hpp"
@@ -113,14 +114,25 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
 std::shared_ptr<FileSystem> config_file_system(const Config& c) {
   ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
-  auto fs = default_file_system(store);
+  std::shared_ptr<FileSystem> fs = default_file_system(store);
   const TrainerConfig& t = c.trainer;
-  if (t.local_ckpt_path.find(kHostPlaceholder) == std::string::npos) return fs;
+  const bool on_hosts = t.local_ckpt_path.find(kHostPlaceholder) != std::string::npos;
+  const HostPlacement placement =
+      host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
+                     static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
+                     static_cast<int>(t.local_replication_stride));
+  if (!t.local_ckpt_path.empty() && t.local_ckpt_reuse_files && t.local_max_ckpts_to_keep > 0) {
+    // Saves write over the retired local steps' data files, in each host's folder.
+    std::vector<std::string> roots{t.local_ckpt_path};
+    if (on_hosts) {
+      roots.clear();
+      for (int h = 0; h < placement.hosts; ++h) roots.push_back(placement.on_host(t.local_ckpt_path, h));
+    }
+    fs = reusing_file_system(std::move(fs), std::move(roots));
+  }
+  if (!on_hosts) return fs;
   // Each host's folder of the local tier, with copies of each rank's files on other hosts.
-  auto hosts = host_folders_file_system(
-      std::move(fs), host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
-                                    static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
-                                    static_cast<int>(t.local_replication_stride)));
+  auto hosts = host_folders_file_system(std::move(fs), placement);
   if (!hosts.is_ok()) {
     std::fprintf(stderr, "stagehand-train: %s\n", hosts.status().with_context("trainer.local_ckpt_path").to_string().c_str());
     return nullptr;

@@ -131,6 +131,15 @@ class FileSystem {
   virtual Result<std::optional<FileVersion>> stat_file(const std::string& path) = 0;
   /// Removes the file `path`; one that is not there is no error.
   virtual Status remove_file(const std::string& path) = 0;
+  /// Renames the regular file `from` to `to` (replacing a file there) and opens it for writing
+  /// over its old bytes, keeping the pages or blocks it holds instead of freeing them and
+  /// allocating new ones; once synced or closed it ends where what was written ends.
+  /// not_found when `from` is not there; unsupported where a store cannot (the default, and
+  /// every FileSystemWrapper unless it says otherwise, since it would not see the writes).
+  virtual Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to) {
+    (void)to;
+    return Status{ErrorCode::unsupported, "cannot reuse '" + from + "' here"};
+  }
 
   // -- folders --
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <utility>
@@ -19,9 +20,12 @@ namespace stagehand {
 
 namespace {
 
+/// `reused`: the file held other bytes before (FileSystem::reuse_file); it is cut where the
+/// bytes written end before it is synced or closed.
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  PosixWritableFile(int fd, std::string path, bool reused = false)
+      : fd_(fd), path_(std::move(path)), reused_(reused) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -36,7 +40,9 @@ class PosixWritableFile final : public WritableFile {
       }
       p += n;
       bytes -= static_cast<std::size_t>(n);
+      position_ += static_cast<std::uint64_t>(n);
     }
+    written_to(position_);
     return Status::ok();
   }
 
@@ -52,6 +58,7 @@ class PosixWritableFile final : public WritableFile {
       offset += static_cast<std::uint64_t>(n);
       bytes -= static_cast<std::size_t>(n);
     }
+    written_to(offset);
     return Status::ok();
   }
 
@@ -64,19 +71,42 @@ class PosixWritableFile final : public WritableFile {
   }
 
   Status sync() override {
+    SH_RETURN_IF_ERROR(cut());
     if (::fsync(fd_) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");
     return Status::ok();
   }
 
   Status close() override {
+    Status cut_st = fd_ >= 0 ? cut() : Status::ok();
+    if (!cut_st.is_ok()) return cut_st;
     int fd = std::exchange(fd_, -1);
     if (fd >= 0 && ::close(fd) != 0) return Status::from_errno(errno, "close of '" + path_ + "'");
     return Status::ok();
   }
 
  private:
+  void written_to(std::uint64_t end) {
+    if (!reused_) return;
+    std::uint64_t seen = end_.load();
+    while (seen < end && !end_.compare_exchange_weak(seen, end)) {
+    }
+  }
+
+  /// A reused file's old bytes past the written ones are cut off.
+  Status cut() {
+    if (reused_ && ::ftruncate(fd_, static_cast<off_t>(end_.load())) != 0) {
+      return Status::from_errno(errno, "cannot truncate '" + path_ + "'");
+    }
+    return Status::ok();
+  }
+
   int fd_;
   std::string path_;
+  bool reused_;
+  /// Where append() writes next: the file's own offset, which writes at a position leave alone.
+  std::uint64_t position_ = 0;
+  /// The end of the bytes written (a reused file only).
+  std::atomic<std::uint64_t> end_{0};
 };
 
 class PosixReadableFile final : public ReadableFile {
@@ -125,6 +155,22 @@ class PosixFileSystem final : public FileSystem {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Status::from_errno(errno, "cannot create '" + path + "'");
     return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, path));
+  }
+
+  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
+    }
+    // O_NOFOLLOW, O_NONBLOCK: a link or a FIFO moved there is refused at once (the caller then
+    // creates the file).
+    int fd = ::open(to.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return Status::from_errno(errno, "cannot open '" + to + "' to write over it");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return not_regular(to);
+    }
+    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, to, true));
   }
 
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {

@@ -1,19 +1,25 @@
 // The local tier spread over host folders (checkpoint/host_folders.hpp): where each file goes,
 // reads that fall back to a replica when a host's folder is lost, and the check a resume makes
-// (repairing damaged copies, refusing a step with a part no copy of which verifies).
+// (repairing damaged copies, refusing a step with a part no copy of which verifies); and the
+// retired steps' files that the local tier's saves write over (checkpoint/file_reuse.hpp).
 #define BOOST_TEST_MODULE host_folders
 #include <boost/test/unit_test.hpp>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/checkpoint/tier_copy.hpp"
+#include "stagehand/checkpoint/verify.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -88,6 +94,12 @@ void flip_byte(const std::string& path) {
   BOOST_REQUIRE(bytes.size() > 200);
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::uint64_t inode_of(const std::string& path) {
+  struct stat st {};
+  BOOST_REQUIRE_MESSAGE(::stat(path.c_str(), &st) == 0, path);
+  return static_cast<std::uint64_t>(st.st_ino);
 }
 
 std::string joined(const std::vector<std::string>& lines) {
@@ -359,4 +371,100 @@ BOOST_AUTO_TEST_CASE(paths_outside_the_pattern_pass_through_and_renames_of_nothi
   // A placement that would put two copies on one host is refused.
   auto doubled = host_folders_file_system(local_file_system(), host_placement(dir / "h{host}", 4, 2, 3, 1));
   BOOST_TEST(doubled.status().code() == ErrorCode::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(a_reused_file_is_written_over_and_cut_to_what_was_written) {
+  TempDir dir;
+  auto local = local_file_system();
+  const std::string spare = dir.path() + "/spare";
+  std::ofstream(spare, std::ios::binary) << std::string(100, 'x');
+  const auto inode = inode_of(spare);
+  auto file = local->reuse_file(spare, dir.path() + "/taken");
+  BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+  BOOST_REQUIRE((*file)->append("abc", 3).is_ok());
+  BOOST_REQUIRE((*file)->write_at(5, "fg", 2).is_ok());
+  BOOST_REQUIRE((*file)->append("de", 2).is_ok());
+  BOOST_REQUIRE((*file)->sync().is_ok());
+  BOOST_REQUIRE((*file)->close().is_ok());
+  BOOST_TEST(!fs::exists(spare));
+  BOOST_TEST(test::read_file(dir.path() + "/taken") == "abcdefg");
+  BOOST_TEST(inode_of(dir.path() + "/taken") == inode);
+  // Closed without a sync, a reused file is cut as well; none to take is not_found.
+  std::ofstream(spare, std::ios::binary) << std::string(100, 'x');
+  auto unsynced = local->reuse_file(spare, dir.path() + "/unsynced");
+  BOOST_REQUIRE(unsynced.is_ok());
+  BOOST_REQUIRE((*unsynced)->append("ab", 2).is_ok());
+  BOOST_REQUIRE((*unsynced)->close().is_ok());
+  BOOST_TEST(test::read_file(dir.path() + "/unsynced") == "ab");
+  BOOST_TEST(local->reuse_file(spare, dir.path() + "/none").status().code() == ErrorCode::not_found);
+  BOOST_TEST(!fs::exists(dir.path() + "/none"));
+}
+
+BOOST_AUTO_TEST_CASE(a_local_tier_writes_its_saves_over_the_files_of_retired_steps_byte_identical_to_fresh_files) {
+  TempDir dir;
+  const std::string root = dir.path() + "/local";
+  fs::create_directories(root);
+  auto reusing = reusing_file_system(local_file_system(), {root + "/"});
+  const auto states = states_for(11);
+  save(reusing, root, 1, states_for(1));
+  save(reusing, root, 2, states_for(2));
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
+  const std::string spares = root + "/" + kSpareFilesDir;
+  const std::vector<std::string> data{"__0_0.safetensors", "__0_1.safetensors", "__1_0.safetensors", "__1_1.safetensors",
+                                      "__2_0.safetensors", "__2_1.safetensors", "__3_0.safetensors", "__3_1.safetensors"};
+  BOOST_TEST(names_in(spares) == data);
+  // The listing of the tier does not show the spares.
+  auto listed = reusing->list_dir(root);
+  BOOST_REQUIRE(listed.is_ok());
+  for (const auto& e : *listed) BOOST_TEST(e.name != kSpareFilesDir);
+  // Spares longer than what is written over them, and holding other bytes.
+  std::map<std::string, std::uint64_t> inodes;
+  for (const auto& name : data) {
+    std::ofstream(spares + "/" + name, std::ios::binary | std::ios::app) << std::string(70000, '\xff');
+    inodes[name] = inode_of(spares + "/" + name);
+  }
+  save(reusing, root, 3, states);
+  BOOST_TEST(names_in(spares).empty());
+  const std::string fresh_root = dir.path() + "/fresh";
+  fs::create_directories(fresh_root);
+  save(local_file_system(), fresh_root, 3, states);
+  for (const auto& name : data) {
+    const std::string path = root + "/global_step_3/policy/" + name;
+    BOOST_TEST(inode_of(path) == inodes[name], name << " was not the spare");
+    BOOST_TEST(test::read_file(path) == test::read_file(fresh_root + "/global_step_3/policy/" + name), name);
+  }
+  expect_loads(*reusing, root + "/global_step_3", states);
+  auto verified = verify_checkpoint(*local_file_system(), root + "/global_step_3");
+  BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
+  // Nothing to take: created as usual. The spares go when the file system does.
+  save(reusing, root, 4, states);
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(2).is_ok());
+  BOOST_TEST(names_in(spares) == data);
+  reusing.reset();
+  BOOST_TEST(!fs::exists(spares));
+}
+
+BOOST_AUTO_TEST_CASE(host_folders_over_reused_files_take_each_hosts_own_spares) {
+  TempDir dir;
+  const auto placement = placement_in(dir.path());
+  std::vector<std::string> roots;
+  for (int h = 0; h < kRanks; ++h) roots.push_back(placement.on_host(placement.pattern, h));
+  auto made = host_folders_file_system(reusing_file_system(local_file_system(), roots), placement);
+  BOOST_REQUIRE(made.is_ok());
+  auto hosts = *made;
+  const auto states = states_for(5);
+  save(hosts, placement.pattern, 1, states_for(1));
+  CheckpointStore store(hosts, placement.pattern);
+  BOOST_REQUIRE(store.remove_step(1).is_ok());
+  std::map<std::string, std::uint64_t> inodes;
+  for (const auto& root : roots) {
+    const auto names = names_in(root + "/" + kSpareFilesDir);
+    BOOST_TEST(names.size() == 4u, root);
+    for (const auto& name : names) inodes[root + "/global_step_2/policy/" + name] = inode_of(root + "/" + kSpareFilesDir + "/" + name);
+  }
+  save(hosts, placement.pattern, 2, states);
+  for (const auto& [path, inode] : inodes) BOOST_TEST(inode_of(path) == inode, path);
+  expect_loads(*hosts, placement.pattern + "/global_step_2", states);
+  auto checked = check_host_copies(*hosts, placement.pattern + "/global_step_2");
+  BOOST_REQUIRE_MESSAGE(checked.is_ok(), checked.status().to_string());
 }

@@ -1,0 +1,107 @@
+#include "stagehand/checkpoint/file_reuse.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <utility>
+
+#include "stagehand/checkpoint/host_folders.hpp"
+
+namespace stagehand {
+
+namespace {
+
+std::string base_name(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+class ReusingFileSystem final : public FileSystemWrapper {
+ public:
+  ReusingFileSystem(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots)
+      : FileSystemWrapper(std::move(inner)), roots_(std::move(roots)) {
+    for (auto& root : roots_) {
+      while (root.size() > 1 && root.back() == '/') root.pop_back();
+    }
+  }
+
+  ~ReusingFileSystem() override {
+    for (const auto& root : roots_) (void)inner().remove_tree(spares(root));
+  }
+
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    const std::string* root = root_of(path);
+    if (root != nullptr && reuse_works_.load() && data_file_rank(path) >= 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto reused = inner().reuse_file(spares(*root) + "/" + base_name(path), path);
+      if (reused.is_ok()) return reused;
+      // None to take (not_found) or it cannot be taken: created as usual.
+      if (reused.status().code() == ErrorCode::unsupported) reuse_works_ = false;
+    }
+    return inner().create_file(path);
+  }
+
+  Result<std::vector<DirEntry>> list_dir(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto entries, inner().list_dir(path));
+    if (is_root(path)) {
+      std::erase_if(entries, [](const DirEntry& e) { return e.name == kSpareFilesDir; });
+    }
+    return entries;
+  }
+
+  Status remove_tree(const std::string& path) override {
+    const std::string* root = root_of(path);
+    if (root != nullptr && reuse_works_.load() && path != spares(*root)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (inner().create_dir(spares(*root)).is_ok()) keep_data_files(path, spares(*root), 0);
+    }
+    return inner().remove_tree(path);
+  }
+
+ private:
+  static std::string spares(const std::string& root) { return root + "/" + kSpareFilesDir; }
+
+  bool is_root(const std::string& path) const {
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return std::find(roots_.begin(), roots_.end(), p) != roots_.end();
+  }
+
+  /// The root strictly above `path`, or null.
+  const std::string* root_of(const std::string& path) const {
+    for (const auto& root : roots_) {
+      if (path.size() > root.size() + 1 && path.compare(0, root.size(), root) == 0 && path[root.size()] == '/') {
+        return &root;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Moves the data files below `dir` into `spare_dir`. Best effort: a file that cannot be moved is
+  /// removed with its folder, as without reuse.
+  void keep_data_files(const std::string& dir, const std::string& spare_dir, int depth) {
+    auto entries = inner().list_dir(dir);
+    if (!entries.is_ok()) return;
+    for (const auto& e : *entries) {
+      const std::string path = dir + "/" + e.name;
+      if (e.is_dir && depth < 2) {
+        keep_data_files(path, spare_dir, depth + 1);
+      } else if (!e.is_dir && data_file_rank(path) >= 0) {
+        (void)inner().rename(path, spare_dir + "/" + e.name);
+      }
+    }
+  }
+
+  std::vector<std::string> roots_;
+  std::mutex mutex_;
+  /// False once `inner` said it cannot reuse files: nothing is kept from then on.
+  std::atomic<bool> reuse_works_{true};
+};
+
+}  // namespace
+
+std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots) {
+  return std::make_shared<ReusingFileSystem>(std::move(inner), std::move(roots));
+}
+
+}  // namespace stagehand
