@@ -56,48 +56,83 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
 
 Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto recount = [this] {
-    std::size_t sum = 0;
-    for (const auto& s : slots_) sum += s.size();
-    bytes_.store(sum, std::memory_order_relaxed);
-  };
-  // A buffer of the same size is kept whatever slot it was (the first save's plan may order its
-  // pieces otherwise than the plan the slots were reserved for): it is already allocated and
-  // touched. Only the sizes that are new are allocated; buffers no size asks for are freed.
-  std::multimap<std::size_t, HostBuffer> kept;
-  for (auto& slot : slots_) {
-    if (slot.valid()) kept.emplace(slot.size(), std::move(slot));
-  }
-  slots_.clear();
-  slots_.resize(sizes.size());
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += s;
+  const std::size_t most = total + total / kSlackDivisor;
+  std::size_t held = 0;
+  for (const auto& b : buffers_) held += b.size();
+  // Freed before anything is allocated: the peak is the larger of the two, not their sum.
+  if (held > most) buffers_.clear();
+  sizes_ = sizes;
+  starts_.assign(sizes.size(), nullptr);
   free_.assign(sizes.size(), true);
-  for (std::size_t j = 0; j < sizes.size(); ++j) {
-    if (auto same = kept.find(sizes[j]); same != kept.end()) {
-      slots_[j] = std::move(same->second);
-      kept.erase(same);
+  std::vector<std::size_t> order(sizes.size());
+  for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return sizes[a] > sizes[b]; });
+  // Largest first, each into the first buffer held with room for it.
+  std::vector<std::size_t> used(buffers_.size(), 0);
+  std::vector<std::size_t> rest;
+  std::size_t rest_bytes = 0;
+  for (std::size_t j : order) {
+    if (sizes[j] == 0) continue;
+    std::size_t b = 0;
+    while (b < buffers_.size() && buffers_[b].size() - used[b] < sizes[j]) ++b;
+    if (b == buffers_.size()) {
+      rest.push_back(j);
+      rest_bytes += sizes[j];
+      continue;
     }
+    starts_[j] = buffers_[b].data() + used[b];
+    used[b] += sizes[j];
   }
-  kept.clear();
-  for (std::size_t j = 0; j < sizes.size(); ++j) {
-    if (slots_[j].valid()) continue;
-    slots_[j] = HostBuffer(sizes[j], pinned_, &staging_memory());
-    if (!slots_[j].valid()) {
-      slots_.resize(j);
-      free_.resize(j);
-      recount();
-      return {ErrorCode::no_space, "cannot allocate a host staging buffer of " + std::to_string(sizes[j]) + " bytes"};
+  // Buffers no slot took are freed (moving a HostBuffer keeps its memory where it is).
+  std::vector<HostBuffer> kept;
+  held = 0;
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    if (used[b] == 0) continue;
+    held += buffers_[b].size();
+    kept.push_back(std::move(buffers_[b]));
+  }
+  buffers_ = std::move(kept);
+  if (rest_bytes > 0 && held + rest_bytes > most) {
+    // Laid out over what is held, the slots would waste too much of it: all of them anew.
+    buffers_.clear();
+    rest = order;
+    rest_bytes = total;
+  }
+  if (rest_bytes > 0) {
+    HostBuffer buffer(rest_bytes, pinned_, &staging_memory());
+    if (!buffer.valid()) {
+      clear_locked();
+      return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes) + " bytes of host staging memory"};
     }
     // Touch every page now: first-touch page faults would otherwise land in the first save.
-    std::memset(slots_[j].data(), 0, slots_[j].size());
+    std::memset(buffer.data(), 0, buffer.size());
+    std::size_t at = 0;
+    for (std::size_t j : rest) {
+      starts_[j] = buffer.data() + at;
+      at += sizes[j];
+    }
+    buffers_.push_back(std::move(buffer));
   }
-  recount();
+  held = 0;
+  for (const auto& b : buffers_) held += b.size();
+  bytes_.store(held, std::memory_order_relaxed);
   return Status::ok();
+}
+
+void StagingPool::clear_locked() {
+  buffers_.clear();
+  sizes_.clear();
+  starts_.clear();
+  free_.clear();
+  bytes_.store(0, std::memory_order_relaxed);
 }
 
 bool StagingPool::take_locked(std::size_t bytes, std::size_t& slot) {
   bool found = false;
-  for (std::size_t j = 0; j < slots_.size(); ++j) {
-    if (free_[j] && slots_[j].size() >= bytes && (!found || slots_[j].size() < slots_[slot].size())) {
+  for (std::size_t j = 0; j < sizes_.size(); ++j) {
+    if (free_[j] && sizes_[j] >= bytes && (!found || sizes_[j] < sizes_[slot])) {
       slot = j;
       found = true;
     }
@@ -128,15 +163,13 @@ void StagingPool::give_back(std::size_t slot) {
 
 std::size_t StagingPool::piece_bytes() const {
   std::size_t largest = 0;
-  for (const auto& s : slots_) largest = std::max(largest, s.size());
+  for (std::size_t s : sizes_) largest = std::max(largest, s);
   return largest;
 }
 
 void StagingPool::release_all() {
   std::lock_guard<std::mutex> lock(mutex_);
-  slots_.clear();
-  free_.clear();
-  bytes_.store(0, std::memory_order_relaxed);
+  clear_locked();
 }
 
 Status stage_range(const PlannedBucket& bucket, std::uint64_t begin, std::uint64_t end, const StateDict& state,

@@ -31,9 +31,9 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
 /// [k * piece_bytes, min((k + 1) * piece_bytes, data_bytes)).
 std::size_t piece_count(const PlannedBucket& bucket, std::size_t piece_bytes);
 
-/// Host buffers that staged pieces of bucket files pass through: allocated once (pages touched
-/// at once, pinned on request), kept across saves while the sizes stay the same, handed out and
-/// returned as pieces are staged and written.
+/// Host memory that staged pieces of bucket files pass through: buffers allocated at the sizes
+/// asked for (pages touched at once, pinned on request) and cut into slots, kept across saves,
+/// the slots handed out and returned as pieces are staged and written.
 ///
 /// Thread-safety: reserve() and release_all() while no slot is taken; acquire(), try_acquire(),
 /// give_back() and data() from any thread.
@@ -41,8 +41,18 @@ class StagingPool {
  public:
   explicit StagingPool(bool pinned) : pinned_(pinned) {}
 
-  /// Makes the slots have exactly `sizes`; every slot is free afterwards.
+  /// Makes the slots have `sizes`; every slot is free afterwards. The slots are laid into the
+  /// buffers held (largest first, each into the first with room), and only the ones that do not
+  /// fit get a buffer of their own, of exactly their sum: a plan cut otherwise than the one
+  /// reserved for (the first save's, whose global plan gives a rank other ranks' replicas to
+  /// write and leaves out its own, against the whole state's at start) allocates and touches
+  /// only what is more. When that would hold more than an eighth over the sum of `sizes`
+  /// (kSlackDivisor), everything held is freed first and one buffer of exactly the sum is
+  /// allocated.
+  /// @post bytes() is at least the sum of `sizes` and at most 9/8 of it
   Status reserve(const std::vector<std::size_t>& sizes);
+  /// The memory held may be at most 1/kSlackDivisor more than the slots' sum.
+  static constexpr std::size_t kSlackDivisor = 8;
   /// The smallest free slot of at least `bytes`, taken; blocks until one is free.
   /// @pre some slot has at least `bytes`
   std::size_t acquire(std::size_t bytes);
@@ -50,20 +60,24 @@ class StagingPool {
   bool try_acquire(std::size_t bytes, std::size_t& slot);
   void give_back(std::size_t slot);
 
-  std::uint8_t* data(std::size_t slot) { return slots_[slot].data(); }
+  std::uint8_t* data(std::size_t slot) { return starts_[slot]; }
   /// The largest slot; 0 without slots.
   std::size_t piece_bytes() const;
-  std::size_t slot_count() const { return slots_.size(); }
-  /// Bytes held by all slots; may be read from any thread.
+  std::size_t slot_count() const { return sizes_.size(); }
+  /// Bytes of host memory held; may be read from any thread.
   std::size_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
-  /// Frees every slot; the next reserve() allocates them again.
+  /// Frees the memory and every slot; the next reserve() allocates again.
   void release_all();
 
  private:
   bool take_locked(std::size_t bytes, std::size_t& slot);
+  void clear_locked();
 
   bool pinned_;
-  std::vector<HostBuffer> slots_;
+  std::vector<HostBuffer> buffers_;
+  /// Each slot's size and where it starts, in one of `buffers_`.
+  std::vector<std::size_t> sizes_;
+  std::vector<std::uint8_t*> starts_;
   std::vector<bool> free_;
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -14,6 +14,7 @@
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/stager.hpp"
 #include "stagehand/checkpoint/writer.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/test_util.hpp"
@@ -162,6 +163,50 @@ BOOST_AUTO_TEST_CASE(staging_buffers_are_reused_across_saves) {
   BOOST_REQUIRE(ranks.save(dir.path(), 3).is_ok());
   BOOST_TEST(staging_memory().current() == before);
   BOOST_TEST(ranks.engines[0]->staging_bytes() == held);
+}
+
+BOOST_AUTO_TEST_CASE(staging_memory_held_serves_slots_cut_otherwise_and_only_what_is_more_is_allocated) {
+  // The first save's plan (the global plan's, with other ranks' replicas to write and without
+  // its own) is cut otherwise than the whole state reserved at start: its slots take the
+  // memory held.
+  constexpr std::size_t k = 64u << 10;
+  StagingPool pool(false);
+  BOOST_REQUIRE(pool.reserve({8 * k, 8 * k, 8 * k}).is_ok());
+  const std::size_t before = staging_memory().current();
+  const std::uint8_t* held = pool.data(0);
+  // Up to an eighth less: laid out in what is held, largest first.
+  BOOST_REQUIRE(pool.reserve({7 * k, 2 * k, 6 * k, 7 * k}).is_ok());
+  BOOST_TEST(pool.data(0) == held);
+  BOOST_TEST(pool.data(3) == held + 7 * k);
+  BOOST_TEST(pool.data(2) == held + 14 * k);
+  BOOST_TEST(pool.data(1) == held + 20 * k);
+  BOOST_TEST(staging_memory().current() == before);
+  BOOST_TEST(pool.bytes() == 24 * k);
+  // Slots are what was reserved: pieces are cut to 7k, a piece over 6k fits slots 0 and 3.
+  BOOST_TEST(pool.piece_bytes() == 7 * k);
+  std::size_t slot = 0;
+  BOOST_REQUIRE(pool.try_acquire(6 * k + 1, slot));
+  BOOST_TEST(slot == 0u);
+  BOOST_REQUIRE(pool.try_acquire(6 * k + 1, slot));
+  BOOST_TEST(slot == 3u);
+  BOOST_TEST(!pool.try_acquire(6 * k + 1, slot));
+  BOOST_REQUIRE(pool.try_acquire(2 * k, slot));
+  BOOST_TEST(slot == 1u);
+  for (std::size_t taken : {0, 1, 3}) pool.give_back(taken);
+  // More: what does not fit in what is held gets a buffer of its own, of exactly its size.
+  BOOST_REQUIRE(pool.reserve({12 * k, 12 * k, 4 * k}).is_ok());
+  BOOST_TEST(pool.data(0) == held);
+  BOOST_TEST(pool.data(1) == held + 12 * k);
+  BOOST_TEST(pool.bytes() == 28 * k);
+  BOOST_TEST(staging_memory().current() == before + 4 * k);
+  // More than an eighth less: freed first, then exactly the sum allocated.
+  BOOST_REQUIRE(pool.reserve({10 * k, 10 * k}).is_ok());
+  BOOST_TEST(pool.bytes() == 20 * k);
+  BOOST_TEST(staging_memory().current() == before - 4 * k);
+  pool.release_all();
+  BOOST_TEST(pool.bytes() == 0u);
+  BOOST_TEST(pool.slot_count() == 0u);
+  BOOST_TEST(staging_memory().current() == before - 24 * k);
 }
 
 /// Saves kSpec's rank states through begin_async/write_async, as an async save does.

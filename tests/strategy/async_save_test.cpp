@@ -21,6 +21,7 @@
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
+#include "stagehand/checkpoint/stager.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
@@ -454,7 +455,10 @@ BOOST_AUTO_TEST_CASE(queue_and_buffers_persist_across_saves) {
     staging.push_back(staging_memory().current());
   }
   for (auto s : staging) BOOST_TEST(s == staging.front());
-  BOOST_TEST(staging.front() == before + at_spawn);
+  // The first save's global plan moves replicas between ranks: a rank given more allocates only
+  // that, one given less keeps what it holds (up to an eighth more than it needs).
+  BOOST_TEST(staging.front() >= before + at_spawn);
+  BOOST_TEST(staging.front() - before <= at_spawn + at_spawn / StagingPool::kSlackDivisor);
   BOOST_TEST((test::committed_steps(dir.path()) == std::vector<std::int64_t>{1, 2, 3, 4}));
 }
 
