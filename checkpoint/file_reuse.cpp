@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -33,7 +34,8 @@ class ReusingFileSystem final : public FileSystemWrapper {
     const std::string* root = root_of(path);
     if (root != nullptr && reuse_works_.load() && data_file_rank(path) >= 0) {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto reused = inner().reuse_file(spares(*root) + "/" + base_name(path), path);
+      const std::string spare = spares(*root) + "/" + base_name(path);
+      auto reused = inner().reuse_file(spare, path, &mappings_[spare]);
       if (reused.is_ok()) return reused;
       // None to take (not_found) or it cannot be taken: created as usual.
       if (reused.status().code() == ErrorCode::unsupported) reuse_works_ = false;
@@ -94,6 +96,9 @@ class ReusingFileSystem final : public FileSystemWrapper {
 
   std::vector<std::string> roots_;
   std::mutex mutex_;
+  /// By spare: the mappings of the files that were taken from there (one per file written over
+  /// again, so each is mapped once; in memory-backed folders only).
+  std::map<std::string, FileMappings> mappings_;
   /// False once `inner` said it cannot reuse files: nothing is kept from then on.
   std::atomic<bool> reuse_works_{true};
 };

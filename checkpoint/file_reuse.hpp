@@ -22,7 +22,10 @@ inline constexpr const char* kSpareFilesDir = ".spare_files";
 ///   spares are at most one file per name;
 /// - on create_file() of a data file whose name has a spare, takes the spare
 ///   (FileSystem::reuse_file: renamed into place, written over, cut to what was written when
-///   synced or closed), and creates the file as usual when there is none or it cannot be taken;
+///   synced or closed; in a folder kept in memory, tmpfs, written through a mapping of the file
+///   that is kept for its next reuse, so that a save copies its bytes in with memcpy instead of
+///   write calls into pages found one by one), and creates the file as usual when there is
+///   none or it cannot be taken;
 /// - leaves `.spare_files` out of the root's listing, and removes it when destroyed (at the end of
 ///   a run; a killed run's spares are taken or replaced by the next run's).
 /// Everything else passes to `inner` unchanged. A spare is only ever taken by the save of the

@@ -98,6 +98,25 @@ struct FileSystemCapabilities {
   bool uploads = false;
 };
 
+/// A regular file's bytes mapped into memory and shared with it, where a file system keeps
+/// files in memory (tmpfs): what is written there is the file's at once, with no call and no
+/// copy through the kernel, and nothing to flush. Kept across reuses of the file
+/// (FileSystem::reuse_file), so that its pages are mapped once.
+///
+/// Thread-safety: disjoint ranges of data() may be written from several threads at once.
+class FileMapping {
+ public:
+  virtual ~FileMapping() = default;
+  virtual std::uint8_t* data() = 0;
+  /// The file's size when it was mapped: the bytes of data().
+  virtual std::uint64_t size() const = 0;
+  /// False once the file has no name left: its memory is then held by this mapping alone.
+  virtual bool linked() const = 0;
+};
+
+/// Mappings of the files that FileSystem::reuse_file() wrote over, to hand it again.
+using FileMappings = std::vector<std::shared_ptr<FileMapping>>;
+
 /// A lock on a file, released when destroyed.
 class FileLock {
  public:
@@ -134,10 +153,16 @@ class FileSystem {
   /// Renames the regular file `from` to `to` (replacing a file there) and opens it for writing
   /// over its old bytes, keeping the pages or blocks it holds instead of freeing them and
   /// allocating new ones; once synced or closed it ends where what was written ends.
+  /// With `mappings`, where the store keeps files in memory (tmpfs), writes within the file's
+  /// old size go through a FileMapping of it: the one in `*mappings` that maps this file at
+  /// this size, else a new one added there (its pages mapped at once); mappings in `*mappings`
+  /// of files no longer linked, or of this file at another size, are dropped.
   /// not_found when `from` is not there; unsupported where a store cannot (the default, and
   /// every FileSystemWrapper unless it says otherwise, since it would not see the writes).
-  virtual Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to) {
+  virtual Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
+                                                           FileMappings* mappings) {
     (void)to;
+    (void)mappings;
     return Status{ErrorCode::unsupported, "cannot reuse '" + from + "' here"};
   }
 

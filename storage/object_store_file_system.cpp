@@ -297,9 +297,10 @@ class DefaultFileSystem final : public FileSystem {
     return at(path).stat_file(path);
   }
   Status remove_file(const std::string& path) override { return at(path).remove_file(path); }
-  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to) override {
+  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
+                                                   FileMappings* mappings) override {
     if (&at(from) != &at(to)) return no_rename(from);
-    return at(from).reuse_file(from, to);
+    return at(from).reuse_file(from, to, mappings);
   }
   Status create_dir(const std::string& path) override { return at(path).create_dir(path); }
   Result<bool> is_dir(const std::string& path) override { return at(path).is_dir(path); }

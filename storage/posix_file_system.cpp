@@ -2,14 +2,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -20,34 +24,93 @@ namespace stagehand {
 
 namespace {
 
+/// A whole regular file of a file system that keeps files in memory, mapped shared for reading
+/// and writing, with the pages it holds mapped at once.
+class PosixFileMapping final : public FileMapping {
+ public:
+  /// Maps the file open at `fd` (read-write), whose stat is `st`.
+  static Result<std::shared_ptr<PosixFileMapping>> map(posix::Fd fd, const struct stat& st, const std::string& path) {
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    if (data == MAP_FAILED) return Status::from_errno(errno, "cannot map '" + path + "'");
+    return std::shared_ptr<PosixFileMapping>(new PosixFileMapping(std::move(fd), static_cast<std::uint8_t*>(data), st));
+  }
+  ~PosixFileMapping() override { ::munmap(data_, static_cast<std::size_t>(size_)); }
+  PosixFileMapping(const PosixFileMapping&) = delete;
+  PosixFileMapping& operator=(const PosixFileMapping&) = delete;
+
+  std::uint8_t* data() override { return data_; }
+  std::uint64_t size() const override { return size_; }
+  bool linked() const override {
+    struct stat st {};
+    return ::fstat(fd_.get(), &st) == 0 && st.st_nlink > 0;
+  }
+  /// Whether this maps the file of `st`, and whole as it is now.
+  bool of(const struct stat& st) const { return st.st_dev == dev_ && st.st_ino == ino_; }
+  bool maps(const struct stat& st) const { return of(st) && static_cast<std::uint64_t>(st.st_size) == size_; }
+
+ private:
+  PosixFileMapping(posix::Fd fd, std::uint8_t* data, const struct stat& st)
+      : fd_(std::move(fd)), data_(data), size_(static_cast<std::uint64_t>(st.st_size)), dev_(st.st_dev), ino_(st.st_ino) {}
+
+  posix::Fd fd_;
+  std::uint8_t* data_;
+  std::uint64_t size_;
+  dev_t dev_;
+  ino_t ino_;
+};
+
+/// Whether the file open at `fd` lives in memory (tmpfs, ramfs): writes through a mapping of it
+/// need no flush, and a crash loses it whatever was synced.
+bool in_memory(int fd) {
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) != 0) return false;
+  return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
+}
+
+/// A mapping of the whole file at `path`, whose stat is `st`, or null where it is better left
+/// unmapped: empty, or with holes (a write into one would need a page that a full tmpfs cannot
+/// give, a SIGBUS instead of an error). Writes then take the usual way.
+std::shared_ptr<PosixFileMapping> map_whole(const std::string& path, const struct stat& st) {
+  if (st.st_size <= 0 || static_cast<std::uint64_t>(st.st_blocks) * 512 < static_cast<std::uint64_t>(st.st_size)) {
+    return nullptr;
+  }
+  posix::Fd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat now {};
+  if (!fd.valid() || ::fstat(fd.get(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino ||
+      now.st_size != st.st_size) {
+    return nullptr;
+  }
+  auto mapping = PosixFileMapping::map(std::move(fd), st, path);
+  return mapping.is_ok() ? *mapping : nullptr;
+}
+
 /// `reused`: the file held other bytes before (FileSystem::reuse_file); it is cut where the
-/// bytes written end before it is synced or closed.
+/// bytes written end before it is synced or closed. `mapping`: the file mapped whole, at its
+/// size when it was opened; bytes written within it are copied there.
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(int fd, std::string path, bool reused = false)
-      : fd_(fd), path_(std::move(path)), reused_(reused) {}
+  PosixWritableFile(int fd, std::string path, bool reused = false, std::shared_ptr<PosixFileMapping> mapping = nullptr)
+      : fd_(fd), path_(std::move(path)), reused_(reused), mapping_(std::move(mapping)) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
 
   Status append(const void* data, std::size_t bytes) override {
-    const auto* p = static_cast<const std::uint8_t*>(data);
-    while (bytes > 0) {
-      ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::from_errno(errno, "write to '" + path_ + "'");
-      }
-      p += n;
-      bytes -= static_cast<std::size_t>(n);
-      position_ += static_cast<std::uint64_t>(n);
-    }
-    written_to(position_);
+    SH_RETURN_IF_ERROR(write_at(position_, data, bytes));
+    position_ += bytes;
     return Status::ok();
   }
 
   Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
     const auto* p = static_cast<const std::uint8_t*>(data);
+    if (mapping_ && offset < mapping_->size()) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, mapping_->size() - offset));
+      std::memcpy(mapping_->data() + offset, p, n);
+      p += n;
+      offset += n;
+      bytes -= n;
+    }
     while (bytes > 0) {
       ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
       if (n < 0) {
@@ -92,10 +155,14 @@ class PosixWritableFile final : public WritableFile {
     }
   }
 
-  /// A reused file's old bytes past the written ones are cut off.
+  /// A reused file's old bytes past the written ones are cut off; one written through its
+  /// mapping gets the time of the writes (a store's writes through memory do not set it).
   Status cut() {
     if (reused_ && ::ftruncate(fd_, static_cast<off_t>(end_.load())) != 0) {
       return Status::from_errno(errno, "cannot truncate '" + path_ + "'");
+    }
+    if (mapping_ && ::futimens(fd_, nullptr) != 0) {
+      return Status::from_errno(errno, "cannot set the times of '" + path_ + "'");
     }
     return Status::ok();
   }
@@ -103,7 +170,8 @@ class PosixWritableFile final : public WritableFile {
   int fd_;
   std::string path_;
   bool reused_;
-  /// Where append() writes next: the file's own offset, which writes at a position leave alone.
+  std::shared_ptr<PosixFileMapping> mapping_;
+  /// Where append() writes next (writes at a position leave it alone).
   std::uint64_t position_ = 0;
   /// The end of the bytes written (a reused file only).
   std::atomic<std::uint64_t> end_{0};
@@ -157,7 +225,8 @@ class PosixFileSystem final : public FileSystem {
     return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, path));
   }
 
-  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to) override {
+  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
+                                                   FileMappings* mappings) override {
     if (::rename(from.c_str(), to.c_str()) != 0) {
       return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
     }
@@ -170,7 +239,21 @@ class PosixFileSystem final : public FileSystem {
       ::close(fd);
       return not_regular(to);
     }
-    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, to, true));
+    std::shared_ptr<PosixFileMapping> mapping;
+    if (mappings != nullptr && in_memory(fd)) {
+      std::erase_if(*mappings, [&](const std::shared_ptr<FileMapping>& m) {
+        const auto* posix = dynamic_cast<const PosixFileMapping*>(m.get());
+        return posix == nullptr || !posix->linked() || (posix->of(st) && !posix->maps(st));
+      });
+      for (const auto& m : *mappings) {
+        if (static_cast<const PosixFileMapping*>(m.get())->maps(st)) mapping = std::static_pointer_cast<PosixFileMapping>(m);
+      }
+      if (!mapping) {
+        mapping = map_whole(to, st);
+        if (mapping) mappings->push_back(mapping);
+      }
+    }
+    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, to, true, std::move(mapping)));
   }
 
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {

@@ -102,6 +102,14 @@ std::uint64_t inode_of(const std::string& path) {
   return static_cast<std::uint64_t>(st.st_ino);
 }
 
+/// Files below `root` mapped into this process (/proc/self/maps names each mapped file).
+std::size_t mappings_below(const std::string& root) {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(root + "/") != std::string::npos ? 1 : 0;
+  return n;
+}
+
 std::string joined(const std::vector<std::string>& lines) {
   std::string out;
   for (const auto& l : lines) out += l + "\n";
@@ -373,75 +381,77 @@ BOOST_AUTO_TEST_CASE(paths_outside_the_pattern_pass_through_and_renames_of_nothi
   BOOST_TEST(doubled.status().code() == ErrorCode::invalid_argument);
 }
 
-BOOST_AUTO_TEST_CASE(a_reused_file_is_written_over_and_cut_to_what_was_written) {
-  TempDir dir;
-  auto local = local_file_system();
-  const std::string spare = dir.path() + "/spare";
-  std::ofstream(spare, std::ios::binary) << std::string(100, 'x');
-  const auto inode = inode_of(spare);
-  auto file = local->reuse_file(spare, dir.path() + "/taken");
-  BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
-  BOOST_REQUIRE((*file)->append("abc", 3).is_ok());
-  BOOST_REQUIRE((*file)->write_at(5, "fg", 2).is_ok());
-  BOOST_REQUIRE((*file)->append("de", 2).is_ok());
-  BOOST_REQUIRE((*file)->sync().is_ok());
-  BOOST_REQUIRE((*file)->close().is_ok());
-  BOOST_TEST(!fs::exists(spare));
-  BOOST_TEST(test::read_file(dir.path() + "/taken") == "abcdefg");
-  BOOST_TEST(inode_of(dir.path() + "/taken") == inode);
-  // Closed without a sync, a reused file is cut as well; none to take is not_found.
-  std::ofstream(spare, std::ios::binary) << std::string(100, 'x');
-  auto unsynced = local->reuse_file(spare, dir.path() + "/unsynced");
-  BOOST_REQUIRE(unsynced.is_ok());
-  BOOST_REQUIRE((*unsynced)->append("ab", 2).is_ok());
-  BOOST_REQUIRE((*unsynced)->close().is_ok());
-  BOOST_TEST(test::read_file(dir.path() + "/unsynced") == "ab");
-  BOOST_TEST(local->reuse_file(spare, dir.path() + "/none").status().code() == ErrorCode::not_found);
-  BOOST_TEST(!fs::exists(dir.path() + "/none"));
-}
-
 BOOST_AUTO_TEST_CASE(a_local_tier_writes_its_saves_over_the_files_of_retired_steps_byte_identical_to_fresh_files) {
-  TempDir dir;
-  const std::string root = dir.path() + "/local";
-  fs::create_directories(root);
-  auto reusing = reusing_file_system(local_file_system(), {root + "/"});
-  const auto states = states_for(11);
-  save(reusing, root, 1, states_for(1));
-  save(reusing, root, 2, states_for(2));
-  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
-  const std::string spares = root + "/" + kSpareFilesDir;
-  const std::vector<std::string> data{"__0_0.safetensors", "__0_1.safetensors", "__1_0.safetensors", "__1_1.safetensors",
-                                      "__2_0.safetensors", "__2_1.safetensors", "__3_0.safetensors", "__3_1.safetensors"};
-  BOOST_TEST(names_in(spares) == data);
-  // The listing of the tier does not show the spares.
-  auto listed = reusing->list_dir(root);
-  BOOST_REQUIRE(listed.is_ok());
-  for (const auto& e : *listed) BOOST_TEST(e.name != kSpareFilesDir);
-  // Spares longer than what is written over them, and holding other bytes.
-  std::map<std::string, std::uint64_t> inodes;
-  for (const auto& name : data) {
-    std::ofstream(spares + "/" + name, std::ios::binary | std::ios::app) << std::string(70000, '\xff');
-    inodes[name] = inode_of(spares + "/" + name);
+  // On disk, and in memory (tmpfs), where the files taken are written through mappings.
+  for (const std::string& parent : {fs::temp_directory_path().string(), std::string("/dev/shm")}) {
+    BOOST_TEST_CONTEXT("in " << parent) {
+      TempDir dir(parent);
+      const std::string root = dir.path() + "/local";
+      fs::create_directories(root);
+      auto reusing = reusing_file_system(local_file_system(), {root + "/"});
+      const auto states = states_for(11);
+      save(reusing, root, 1, states_for(1));
+      save(reusing, root, 2, states_for(2));
+      BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
+      const std::string spares = root + "/" + kSpareFilesDir;
+      const std::vector<std::string> data{"__0_0.safetensors", "__0_1.safetensors", "__1_0.safetensors",
+                                          "__1_1.safetensors", "__2_0.safetensors", "__2_1.safetensors",
+                                          "__3_0.safetensors", "__3_1.safetensors"};
+      BOOST_TEST(names_in(spares) == data);
+      // The listing of the tier does not show the spares.
+      auto listed = reusing->list_dir(root);
+      BOOST_REQUIRE(listed.is_ok());
+      for (const auto& e : *listed) BOOST_TEST(e.name != kSpareFilesDir);
+      // Spares longer than what is written over them, and holding other bytes.
+      std::map<std::string, std::uint64_t> inodes;
+      for (const auto& name : data) {
+        std::ofstream(spares + "/" + name, std::ios::binary | std::ios::app) << std::string(70000, '\xff');
+        inodes[name] = inode_of(spares + "/" + name);
+      }
+      save(reusing, root, 3, states);
+      BOOST_TEST(names_in(spares).empty());
+      const std::string fresh_root = dir.path() + "/fresh";
+      fs::create_directories(fresh_root);
+      save(local_file_system(), fresh_root, 3, states);
+      auto expect_as_fresh = [&](std::int64_t step) {
+        for (const auto& name : data) {
+          const std::string path = root + "/global_step_" + std::to_string(step) + "/policy/" + name;
+          BOOST_TEST(test::read_file(path) == test::read_file(fresh_root + "/global_step_3/policy/" + name), name);
+        }
+        expect_loads(*reusing, root + "/global_step_" + std::to_string(step), states);
+        auto verified = verify_checkpoint(*local_file_system(), root + "/global_step_" + std::to_string(step));
+        BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
+      };
+      for (const auto& name : data) {
+        BOOST_TEST(inode_of(root + "/global_step_3/policy/" + name) == inodes[name], name << " was not the spare");
+      }
+      expect_as_fresh(3);
+      // Nothing to take: created as usual.
+      save(reusing, root, 4, states);
+      BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(2).is_ok());
+      BOOST_TEST(names_in(spares) == data);
+      // Saving on, keeping two steps: every save takes a retired step's files. In memory each
+      // file is mapped once and its mapping taken again, so they stay at most one per file of
+      // the three steps that rotate (and are not there on disk).
+      for (std::int64_t step = 5; step <= 12; ++step) {
+        save(reusing, root, step, states);
+        BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(step - 2).is_ok());
+        BOOST_TEST(names_in(spares) == data);
+        const std::size_t mapped = mappings_below(root);
+        if (parent == "/dev/shm") {
+          BOOST_TEST(mapped > 0u);
+          BOOST_TEST(mapped <= 3 * data.size());
+        } else {
+          BOOST_TEST(mapped == 0u);
+        }
+      }
+      expect_as_fresh(12);
+      // The spares and the mappings go when the file system does.
+      reusing.reset();
+      BOOST_TEST(!fs::exists(spares));
+      BOOST_TEST(mappings_below(root) == 0u);
+    }
   }
-  save(reusing, root, 3, states);
-  BOOST_TEST(names_in(spares).empty());
-  const std::string fresh_root = dir.path() + "/fresh";
-  fs::create_directories(fresh_root);
-  save(local_file_system(), fresh_root, 3, states);
-  for (const auto& name : data) {
-    const std::string path = root + "/global_step_3/policy/" + name;
-    BOOST_TEST(inode_of(path) == inodes[name], name << " was not the spare");
-    BOOST_TEST(test::read_file(path) == test::read_file(fresh_root + "/global_step_3/policy/" + name), name);
-  }
-  expect_loads(*reusing, root + "/global_step_3", states);
-  auto verified = verify_checkpoint(*local_file_system(), root + "/global_step_3");
-  BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
-  // Nothing to take: created as usual. The spares go when the file system does.
-  save(reusing, root, 4, states);
-  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(2).is_ok());
-  BOOST_TEST(names_in(spares) == data);
-  reusing.reset();
-  BOOST_TEST(!fs::exists(spares));
 }
 
 BOOST_AUTO_TEST_CASE(host_folders_over_reused_files_take_each_hosts_own_spares) {

@@ -1,0 +1,179 @@
+// The local file system's files written over again (FileSystem::reuse_file): cut to what was
+// written, and in a folder kept in memory written through a mapping kept for the next reuse.
+#define BOOST_TEST_MODULE file_system
+#include <boost/test/unit_test.hpp>
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "stagehand/storage/file_system.hpp"
+#include "tests/test_util.hpp"
+
+using namespace stagehand;
+using stagehand::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMemoryFolder = "/dev/shm";
+
+bool in_memory(const std::string& path) {
+  struct statfs s {};
+  return ::statfs(path.c_str(), &s) == 0 && static_cast<unsigned long>(s.f_type) == TMPFS_MAGIC;
+}
+
+boost::test_tools::assertion_result memory_folder_exists(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result ok(in_memory(kMemoryFolder));
+  ok.message() << kMemoryFolder << " is not a tmpfs on this machine";
+  return ok;
+}
+
+struct stat stat_of(const std::string& path) {
+  struct stat st {};
+  BOOST_REQUIRE_MESSAGE(::stat(path.c_str(), &st) == 0, path);
+  return st;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+/// Sets the file's times far in the past, so that a write that sets them shows.
+void age(const std::string& path) {
+  const timespec old[2] = {{1000, 0}, {1000, 0}};
+  BOOST_REQUIRE(::utimensat(AT_FDCWD, path.c_str(), old, 0) == 0);
+}
+
+std::string pattern(std::size_t bytes, char seed) {
+  std::string s(bytes, '\0');
+  for (std::size_t i = 0; i < bytes; ++i) s[i] = static_cast<char>(seed + static_cast<char>(i % 61));
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_reused_file_is_written_over_and_cut_to_what_was_written) {
+  for (const std::string& parent : {fs::temp_directory_path().string(), std::string(kMemoryFolder)}) {
+    for (bool mapped : {false, true}) {
+      BOOST_TEST_CONTEXT("in " << parent << (mapped ? ", with mappings" : "")) {
+        TempDir dir(parent);
+        auto local = local_file_system();
+        FileMappings mappings;
+        FileMappings* kept = mapped ? &mappings : nullptr;
+        const std::string spare = dir / "spare";
+        write_file(spare, std::string(100, 'x'));
+        const auto inode = stat_of(spare).st_ino;
+        auto file = local->reuse_file(spare, dir / "taken", kept);
+        BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+        BOOST_REQUIRE((*file)->append("abc", 3).is_ok());
+        BOOST_REQUIRE((*file)->write_at(5, "fg", 2).is_ok());
+        BOOST_REQUIRE((*file)->append("de", 2).is_ok());
+        BOOST_REQUIRE((*file)->sync().is_ok());
+        BOOST_REQUIRE((*file)->close().is_ok());
+        BOOST_TEST(!fs::exists(spare));
+        BOOST_TEST(test::read_file(dir / "taken") == "abcdefg");
+        BOOST_TEST(stat_of(dir / "taken").st_ino == inode);
+        // Mapped only in memory, and only when asked.
+        BOOST_TEST(mappings.size() == (mapped && in_memory(parent) ? 1u : 0u));
+        // Closed without a sync, a reused file is cut as well; none to take is not_found.
+        write_file(spare, std::string(100, 'x'));
+        auto unsynced = local->reuse_file(spare, dir / "unsynced", kept);
+        BOOST_REQUIRE(unsynced.is_ok());
+        BOOST_REQUIRE((*unsynced)->append("ab", 2).is_ok());
+        BOOST_REQUIRE((*unsynced)->close().is_ok());
+        BOOST_TEST(test::read_file(dir / "unsynced") == "ab");
+        BOOST_TEST(local->reuse_file(spare, dir / "none", kept).status().code() == ErrorCode::not_found);
+        BOOST_TEST(!fs::exists(dir / "none"));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reused_files_in_memory_are_written_through_a_mapping_kept_for_their_next_reuse,
+                     *boost::unit_test::precondition(memory_folder_exists)) {
+  TempDir dir(kMemoryFolder);
+  auto local = local_file_system();
+  FileMappings mappings;
+  const std::string spare = dir / "spare";
+  const std::string taken = dir / "taken";
+  constexpr std::size_t kOld = 64u << 10;
+  write_file(spare, pattern(kOld, 'a'));
+  age(spare);
+
+  // Written within the old size: through the mapping, no write call (the time stays until the
+  // sync sets it); past it, with write calls.
+  const std::string fresh = pattern(kOld + 100, 'k');
+  auto file = local->reuse_file(spare, taken, &mappings);
+  BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+  BOOST_REQUIRE(mappings.size() == 1u);
+  const std::shared_ptr<FileMapping> first = mappings.front();
+  BOOST_TEST(first->size() == kOld);
+  BOOST_REQUIRE((*file)->append(fresh.data(), 10).is_ok());
+  BOOST_REQUIRE((*file)->write_at(10, fresh.data() + 10, kOld - 10).is_ok());
+  BOOST_TEST(stat_of(taken).st_mtim.tv_sec == 1000);
+  BOOST_TEST(std::memcmp(first->data(), fresh.data(), kOld) == 0);
+  BOOST_REQUIRE((*file)->write_at(kOld, fresh.data() + kOld, 100).is_ok());
+  BOOST_REQUIRE((*file)->sync().is_ok());
+  BOOST_REQUIRE((*file)->close().is_ok());
+  BOOST_TEST(stat_of(taken).st_mtim.tv_sec != 1000);
+  BOOST_TEST(test::read_file(taken) == fresh);
+
+  // The file grew: its mapping no longer maps it whole and is replaced by one of its new size,
+  // which the next reuse at that size takes again.
+  BOOST_REQUIRE(::rename(taken.c_str(), spare.c_str()) == 0);
+  const std::string again = pattern(kOld + 100, 'p');
+  for (int round = 0; round < 2; ++round) {
+    BOOST_TEST_CONTEXT("round " << round) {
+      auto over = local->reuse_file(spare, taken, &mappings);
+      BOOST_REQUIRE(over.is_ok());
+      BOOST_REQUIRE(mappings.size() == 1u);
+      BOOST_TEST(mappings.front() != first);
+      BOOST_TEST(mappings.front()->size() == kOld + 100);
+      BOOST_REQUIRE((*over)->write_at(0, again.data(), again.size()).is_ok());
+      BOOST_REQUIRE((*over)->close().is_ok());
+      BOOST_TEST(test::read_file(taken) == again);
+      BOOST_REQUIRE(::rename(taken.c_str(), spare.c_str()) == 0);
+    }
+  }
+  const FileMapping* kept = mappings.front().get();
+
+  // A second file: its own mapping beside the first; once the first is removed, its mapping is
+  // dropped at the next reuse (it held the removed file's memory).
+  const std::string other = dir / "other";
+  write_file(other, pattern(kOld, 'z'));
+  auto second = local->reuse_file(other, dir / "other_taken", &mappings);
+  BOOST_REQUIRE(second.is_ok());
+  BOOST_REQUIRE((*second)->write_at(0, fresh.data(), kOld).is_ok());
+  BOOST_REQUIRE((*second)->close().is_ok());
+  BOOST_TEST(mappings.size() == 2u);
+  BOOST_TEST(mappings.front().get() == kept);
+  BOOST_REQUIRE(::unlink(spare.c_str()) == 0);
+  BOOST_TEST(!mappings.front()->linked());
+  BOOST_REQUIRE(::rename((dir / "other_taken").c_str(), other.c_str()) == 0);
+  auto third = local->reuse_file(other, dir / "other_taken", &mappings);
+  BOOST_REQUIRE(third.is_ok());
+  BOOST_REQUIRE((*third)->write_at(0, fresh.data(), kOld).is_ok());
+  BOOST_REQUIRE((*third)->close().is_ok());
+  BOOST_REQUIRE(mappings.size() == 1u);
+  BOOST_TEST(mappings.front()->linked());
+  BOOST_TEST(test::read_file(dir / "other_taken") == fresh.substr(0, kOld));
+
+  // A file with holes is written the usual way, never mapped: a write into a hole of a full
+  // tmpfs would be a SIGBUS instead of an error.
+  const std::string sparse = dir / "sparse";
+  { std::ofstream(sparse, std::ios::binary); }
+  fs::resize_file(sparse, kOld);
+  auto holes = local->reuse_file(sparse, dir / "holes_taken", &mappings);
+  BOOST_REQUIRE(holes.is_ok());
+  BOOST_TEST(mappings.size() == 1u);
+  BOOST_REQUIRE((*holes)->write_at(0, fresh.data(), kOld).is_ok());
+  BOOST_REQUIRE((*holes)->close().is_ok());
+  BOOST_TEST(test::read_file(dir / "holes_taken") == fresh.substr(0, kOld));
+}
