@@ -116,7 +116,6 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   }
   // Slots a begin_async() staged into without its write_async() are free again.
   for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
-  forget_opened();
   prestaged_.assign(plan_->buckets.size(), {});
   prestage_copy_s_ = 0;
   std::size_t pieces = 0;
@@ -129,7 +128,7 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   return write_buckets(state, direct, policy_dir, step, {});
 }
 
-Status SaveEngine::begin_async(const StateDict& state, const std::string& policy_dir) {
+Status SaveEngine::begin_async(const StateDict& state) {
   Status st = [&]() -> Status {
     auto planned = plan_for(state);
     if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
@@ -137,44 +136,27 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     const std::size_t piece = staging_.piece_bytes();
     const std::size_t buckets = plan_->buckets.size();
     prestaged_.assign(buckets, {});
-    forget_opened();
-    if (!policy_dir.empty() && options_.staging_buckets == 0 && !copies_out(state) &&
-        fs_->capabilities(policy_dir).in_memory) {
-      open_bucket_files(policy_dir);
-    }
-    // A piece goes into a staging slot, or straight into its file's memory (slot unused).
+    // The first pieces of every bucket in turn, while slots are free, so that every writer
+    // thread has staged bytes to write at once.
     struct Staged {
       std::size_t bucket;
       std::uint64_t begin, end;
       std::size_t slot;
-      std::uint8_t* dst;
     };
     std::vector<Staged> staged;
     std::size_t total = 0;
-    for (std::size_t b = 0; b < buckets; ++b) {
-      const PlannedBucket& bucket = plan_->buckets[b];
-      if (b < in_file_.size() && in_file_[b] != nullptr) {
-        for (std::uint64_t at = 0; at < bucket.data_bytes; at += kMaxPieceBytes) {
-          staged.push_back({b, at, std::min<std::uint64_t>(at + kMaxPieceBytes, bucket.data_bytes), 0, in_file_[b] + at});
-        }
-      } else if (piece > 0) {
-        total += piece_count(bucket, piece);
-      }
-    }
-    const std::size_t in_files = staged.size();
-    // The first pieces of every bucket in turn, while slots are free, so that every writer
-    // thread has staged bytes to write at once.
+    for (const auto& b : plan_->buckets) total += piece ? piece_count(b, piece) : 0;
     bool room = true;
-    for (std::size_t k = 0; room && staged.size() - in_files < total; ++k) {
+    for (std::size_t k = 0; room && staged.size() < total; ++k) {
       for (std::size_t b = 0; room && b < buckets; ++b) {
         const PlannedBucket& bucket = plan_->buckets[b];
-        if (k >= piece_count(bucket, piece) || (b < in_file_.size() && in_file_[b] != nullptr)) continue;
+        if (k >= piece_count(bucket, piece)) continue;
         const std::uint64_t begin = k * piece;
         const std::uint64_t end = std::min<std::uint64_t>(begin + piece, bucket.data_bytes);
         std::size_t slot = 0;
         room = staging_.try_acquire(static_cast<std::size_t>(end - begin), slot);
         if (room) {
-          staged.push_back({b, begin, end, slot, staging_.data(slot)});
+          staged.push_back({b, begin, end, slot});
           prestaged_[b].push_back(slot);
         }
       }
@@ -186,20 +168,19 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
       done.push_back(writers_.submit([&, i] {
         const Staged& s = staged[i];
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
-        results[i] = stage_range(bucket, s.begin, s.end, state, s.dst, copies_, stream_of(bucket))
+        results[i] = stage_range(bucket, s.begin, s.end, state, staging_.data(s.slot), copies_, stream_of(bucket))
                          .with_context(bucket_context(bucket));
       }));
     }
     for (auto& f : done) f.get();
     prestage_copy_s_ = std::chrono::duration<double>(Clock::now() - start).count();
-    unstaged_ = total - (staged.size() - in_files);
+    unstaged_ = total - staged.size();
     for (const auto& r : results) SH_RETURN_IF_ERROR(r);
     return Status::ok();
   }();
   if (!st.is_ok()) {
     // No write follows to give them back.
     for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
-    forget_opened();
     unstaged_ = 0;
     if (options_.release_after_save) staging_.release_all();
     return st;
@@ -211,30 +192,6 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
 RankSaveReport SaveEngine::write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
                                        const std::function<void()>& on_all_staged) {
   return write_buckets(state, false, policy_dir, step, on_all_staged);
-}
-
-void SaveEngine::open_bucket_files(const std::string& policy_dir) {
-  const std::size_t buckets = plan_->buckets.size();
-  opened_.resize(buckets);
-  in_file_.assign(buckets, nullptr);
-  // On the writer threads: files are made at the writers' priority, as in write_bucket().
-  std::vector<std::future<void>> done;
-  for (std::size_t b = 0; b < buckets; ++b) {
-    done.push_back(writers_.submit([&, b] {
-      const PlannedBucket& bucket = plan_->buckets[b];
-      auto file = open_bucket_file(*fs_, policy_dir, bucket);
-      if (file.is_ok()) {
-        if (std::uint8_t* bytes = (*file)->memory(bucket.file_size())) in_file_[b] = bytes + bucket.header.size();
-      }
-      opened_[b] = std::move(file);
-    }));
-  }
-  for (auto& f : done) f.get();
-}
-
-void SaveEngine::forget_opened() {
-  opened_.clear();
-  in_file_.clear();
 }
 
 void SaveEngine::give_back_prestaged(std::size_t bucket, std::size_t from_piece) {
@@ -281,7 +238,6 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   }
   report.phases.copy_s += prestage_copy_s_;
   prestage_copy_s_ = 0;
-  forget_opened();
   if (options_.release_after_save) staging_.release_all();
   return report;
 }
@@ -311,12 +267,9 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
   result.file = bucket.file_name;
   const auto b = static_cast<std::size_t>(bucket.index);
   std::size_t written_pieces = 0;
-  const bool opened = b < opened_.size() && opened_[b].has_value();
-  const std::uint8_t* in_file = b < in_file_.size() ? in_file_[b] : nullptr;
   Status st = [&]() -> Status {
-    SH_ASSIGN_OR_RETURN(auto file, opened ? std::move(*opened_[b]) : timed(result.phases.write_s, [&] {
-      return open_bucket_file(*fs_, policy_dir, bucket);
-    }));
+    SH_ASSIGN_OR_RETURN(auto file,
+                        timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
     // No write-back of the file is left running or queued once this scope ends (before the file
     // is destroyed, on every path) or the file is synced.
     struct Forget {
@@ -327,18 +280,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       }
     } forget{writeback, *file};
     BucketHasher hasher(bucket, result.chunks);
-    if (in_file != nullptr) {
-      // Staged by begin_async() into the file itself: only the checksums are left.
-      for (std::uint64_t at = 0; at < bucket.data_bytes;) {
-        if (failed_.load()) return stopped_by_another_bucket();
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, bucket.data_bytes - at));
-        timed(result.phases.hash_s, [&] {
-          hasher.consume(in_file + at, n);
-          return 0;
-        });
-        at += n;
-      }
-    } else if (direct) {
+    if (direct) {
       for (const PlannedItem& item : bucket.items) {
         if (failed_.load()) return stopped_by_another_bucket();
         const Tensor& tensor = state.tensors[item.tensor_index].tensor;

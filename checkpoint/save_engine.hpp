@@ -87,11 +87,7 @@ class SaveEngine {
 
   /// Starts an async save of `state`: stages as many pieces as the staging slots hold (every
   /// piece when staging_buckets is 0: the device-to-host copy), and its objects.
-  /// With `policy_dir` (where write_async() will write) in a store that keeps files in memory
-  /// (tmpfs), staging_buckets 0 and a state in host memory, the bucket files are opened now
-  /// and a file that offers its bytes as memory (one written over, FileSystem::reuse_file) is
-  /// staged straight into them: the copy is the file, and the write that follows only hashes.
-  Status begin_async(const StateDict& state, const std::string& policy_dir = {});
+  Status begin_async(const StateDict& state);
 
   /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
   /// stages and writes the rest from `state` as slots free up. `on_all_staged` runs once, as soon
@@ -128,11 +124,6 @@ class SaveEngine {
   std::string bucket_context(const PlannedBucket& bucket) const;
   /// Gives back the slots of staged pieces that no bucket will write any more.
   void give_back_prestaged(std::size_t bucket, std::size_t from_piece);
-  /// Opens every bucket file of `policy_dir` on the writer threads, noting each one that offers
-  /// its bytes as memory (in_file_).
-  void open_bucket_files(const std::string& policy_dir);
-  /// Forgets the files and memory of begin_async() (closing the files).
-  void forget_opened();
 
   int rank_;
   SaveEngineOptions options_;
@@ -146,10 +137,6 @@ class SaveEngine {
   StagingPool staging_;
   /// Per bucket, the slots of its first pieces, staged by begin_async().
   std::vector<std::vector<std::size_t>> prestaged_;
-  /// Per bucket, its file when begin_async() opened it (or why it could not), and where its
-  /// data section starts in the file's memory when it was staged there (else null).
-  std::vector<std::optional<Result<std::unique_ptr<WritableFile>>>> opened_;
-  std::vector<std::uint8_t*> in_file_;
   /// Seconds begin_async() spent copying.
   double prestage_copy_s_ = 0;
   /// Pieces of the current save not staged yet.

@@ -44,13 +44,6 @@ class WritableFile {
     (void)bytes;
     return Status::ok();
   }
-  /// Memory shared with the file's bytes [0, bytes), where what is written is the file's at
-  /// once (a file written over through its FileMapping), or null where there is none, the
-  /// usual case. Those bytes then count as written: the file ends no earlier when synced.
-  virtual std::uint8_t* memory(std::uint64_t bytes) {
-    (void)bytes;
-    return nullptr;
-  }
   /// Makes everything written so far durable: fsync, or the upload of an object.
   /// @post on an object store the object exists whole; nothing may be written after it.
   virtual Status sync() = 0;
@@ -103,9 +96,6 @@ struct FileSystemCapabilities {
   /// synchronously (async_dist_ckpt_save falls back, as DESIGN asks: the upload must finish
   /// before the commit), and a save reports its sync time as upload time.
   bool uploads = false;
-  /// Files live in memory (tmpfs): a file written over may offer its bytes as memory
-  /// (WritableFile::memory), and nothing is more durable for being synced.
-  bool in_memory = false;
 };
 
 /// A regular file's bytes mapped into memory and shared with it, where a file system keeps

@@ -62,13 +62,10 @@ class PosixFileMapping final : public FileMapping {
 
 /// Whether the file open at `fd` lives in memory (tmpfs, ramfs): writes through a mapping of it
 /// need no flush, and a crash loses it whatever was synced.
-bool in_memory(const struct statfs& fs) {
-  return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
-}
-
 bool in_memory(int fd) {
   struct statfs fs {};
-  return ::fstatfs(fd, &fs) == 0 && in_memory(fs);
+  if (::fstatfs(fd, &fs) != 0) return false;
+  return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
 }
 
 /// A mapping of the whole file at `path`, whose stat is `st`, or null where it is better left
@@ -126,12 +123,6 @@ class PosixWritableFile final : public WritableFile {
     }
     written_to(offset);
     return Status::ok();
-  }
-
-  std::uint8_t* memory(std::uint64_t bytes) override {
-    if (!mapping_ || mapping_->size() < bytes) return nullptr;
-    written_to(bytes);
-    return mapping_->data();
   }
 
   Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
@@ -226,19 +217,7 @@ Status not_regular(const std::string& path) {
 
 class PosixFileSystem final : public FileSystem {
  public:
-  FileSystemCapabilities capabilities(const std::string& path) const override {
-    FileSystemCapabilities can;
-    // The folder nearest `path` that exists says where it lives.
-    std::string at = path;
-    struct statfs fs {};
-    while (::statfs(at.c_str(), &fs) != 0) {
-      const std::size_t slash = at.find_last_of('/');
-      if (errno != ENOENT || slash == std::string::npos || slash == 0) return can;
-      at.resize(slash);
-    }
-    can.in_memory = in_memory(fs);
-    return can;
-  }
+  FileSystemCapabilities capabilities(const std::string&) const override { return {}; }
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -12,7 +11,6 @@
 
 #include "bench/synthetic_state.hpp"
 #include "tests/checkpoint_test_util.hpp"
-#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
@@ -231,64 +229,6 @@ static std::map<std::string, std::string> async_files(const SaveEngineOptions& o
   }
   BOOST_REQUIRE(test::commit_checkpoint(dir.path(), 4, reports, kSpec.ranks).is_ok());
   return test::files_of(dir.path());
-}
-
-boost::test_tools::assertion_result dev_shm_in_memory(boost::unit_test::test_unit_id) {
-  boost::test_tools::assertion_result ok(local_file_system()->capabilities("/dev/shm").in_memory);
-  ok.message() << "/dev/shm is not a tmpfs on this machine";
-  return ok;
-}
-
-BOOST_AUTO_TEST_CASE(an_async_save_into_memory_stages_straight_into_the_files_it_writes_over,
-                     *boost::unit_test::precondition(dev_shm_in_memory)) {
-  // A local tier in /dev/shm that writes over retired steps' files (reusing_file_system): the
-  // snapshot is copied into the files themselves, the background write only hashes.
-  const SaveEngineOptions options{4, 0, false, {}};
-  TempDir fresh_dir;
-  Ranks fresh(kSpec, options);
-  auto fresh_tmp = *test::prepare_checkpoint_dir(fresh_dir.path(), 2);
-  TempDir dir("/dev/shm");
-  auto reusing = reusing_file_system(local_file_system(), {dir.path()});
-  Ranks ranks(kSpec, options, reusing);
-  std::vector<const StateDict*> states;
-  for (const auto& s : ranks.states) states.push_back(&s);
-  auto planned = planned_states(states, 1);
-  BOOST_REQUIRE(planned.is_ok());
-  for (std::int64_t step : {1, 2}) {
-    auto tmp = *test::prepare_checkpoint_dir(dir.path(), step);
-    const std::string policy = CheckpointLayout::policy_dir(tmp);
-    for (std::size_t r = 0; r < ranks.states.size(); ++r) {
-      StateDict& state = (*planned)[r];
-      // The reference: the same state saved fresh on disk, before anything changes it.
-      if (step == 2) {
-        BOOST_REQUIRE(fresh.engines[r]->begin_async(state).is_ok());
-        auto report = fresh.engines[r]->write_async(state, CheckpointLayout::policy_dir(fresh_tmp), 2, [] {});
-        BOOST_REQUIRE(report.status.is_ok());
-      }
-      BOOST_REQUIRE(ranks.engines[r]->begin_async(state, policy).is_ok());
-      if (step == 2) {
-        // Every file already holds the snapshot, before the write; then the state changes.
-        for (const auto& b : ranks.engines[r]->plan_for(state).value()->buckets) {
-          BOOST_TEST(test::read_file(policy + "/" + b.file_name) ==
-                         test::read_file(CheckpointLayout::policy_dir(fresh_tmp) + "/" + b.file_name),
-                     b.file_name);
-        }
-        for (auto& t : ranks.states[r].tensors) std::memset(t.tensor.data(), 0x5a, t.tensor.nbytes());
-      }
-      auto report = ranks.engines[r]->write_async(state, policy, step, [] {});
-      BOOST_REQUIRE_MESSAGE(report.status.is_ok(), report.status.to_string());
-      if (step == 2) {
-        BOOST_TEST(report.phases.write_s < 1.0);
-        for (const auto& b : report.buckets) {
-          BOOST_TEST(test::read_file(policy + "/" + b.file) ==
-                         test::read_file(CheckpointLayout::policy_dir(fresh_tmp) + "/" + b.file),
-                     b.file);
-        }
-      }
-    }
-    // Retired: its files become the spares the next save takes.
-    if (step == 1) BOOST_REQUIRE(reusing->remove_tree(tmp).is_ok());
-  }
 }
 
 BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_source_and_staging) {
