@@ -43,6 +43,14 @@ class ReusingFileSystem final : public FileSystemWrapper {
     return inner().create_file(path);
   }
 
+  /// Outside the local tier (the durable tier beside it) as `inner` does it.
+  Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    return root_of(path) != nullptr ? create_file(path) : inner().create_file_uncached(path);
+  }
+  Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) override {
+    return root_of(path) != nullptr ? open_file(path) : inner().open_file_uncached(path);
+  }
+
   Result<std::vector<DirEntry>> list_dir(const std::string& path) override {
     SH_ASSIGN_OR_RETURN(auto entries, inner().list_dir(path));
     if (is_root(path)) {

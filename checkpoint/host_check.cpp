@@ -22,7 +22,7 @@ constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
 
 /// Whether the copy at `path` holds what `meta` records: ok, not_found when there is none, or
 /// another error saying what differs (corruption) or why it cannot be read.
-Status verify_copy(FileSystem& fs, const std::string& path, const FileMeta& meta, std::vector<char>& buffer) {
+Status verify_copy(FileSystem& fs, const std::string& path, const FileMeta& meta, std::span<char> buffer) {
   SH_ASSIGN_OR_RETURN(auto in, fs.open_file(path));
   if (in->size() != meta.size) {
     return {ErrorCode::corruption,
@@ -37,7 +37,7 @@ Status verify_copy(FileSystem& fs, const std::string& path, const FileMeta& meta
 
 /// Rewrites `to` from the verified copy `from` (beside it, then renamed over it) and reads it back.
 Status restore_copy(FileSystem& fs, const std::string& from, const std::string& to, const FileMeta& meta,
-                    std::vector<char>& buffer) {
+                    std::span<char> buffer) {
   SH_ASSIGN_OR_RETURN(auto in, fs.open_file(from));
   SH_RETURN_IF_ERROR(create_dirs(fs, parent_path(to)));
   auto fill = [&](WritableFile& out) -> Status {
@@ -77,7 +77,7 @@ struct Examined {
 /// Reads every copy of `file` in read order until one verifies, then checks the sizes of the
 /// remaining holders' copies.
 Examined examine(const HostPlacement& placement, FileSystem& inner, const std::vector<int>& holders,
-                 const std::vector<std::string>& unreadable, Examined file, std::vector<char>& buffer) {
+                 const std::vector<std::string>& unreadable, Examined file, std::span<char> buffer) {
   const std::vector<int> order = placement.read_order(file.path);
   file.own = order.front();
   for (std::size_t i = 0; i < order.size(); ++i) {

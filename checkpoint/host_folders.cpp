@@ -164,6 +164,14 @@ class HostFoldersFileSystem final : public FileSystem {
     return std::unique_ptr<WritableFile>(new TeeFile(std::move(outs)));
   }
 
+  Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    return covers(path) ? create_file(path) : inner_->create_file_uncached(path);
+  }
+
+  Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) override {
+    return covers(path) ? open_file(path) : inner_->open_file_uncached(path);
+  }
+
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {
     if (!covers(path)) return inner_->open_file(path);
     if (path.ends_with(std::string("/") + kTrackerFile)) return open_tracker(path);

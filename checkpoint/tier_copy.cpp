@@ -5,8 +5,8 @@
 #include <chrono>
 #include <exception>
 #include <functional>
-#include <new>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +14,7 @@
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/layout.hpp"
+#include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/core/xxh3.hpp"
 
@@ -43,7 +44,7 @@ Status check_stop(const StopCheck& stop, const StepFile& file) {
 }
 
 /// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
-Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
+Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::span<char> buffer,
                     const StopCheck& stop) {
   SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
   if (in->size() != file.expected.size) {
@@ -51,7 +52,9 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
                                              " bytes where the metadata records " + describe_file_meta(file.expected) +
                                              ": the source is damaged and is not copied"};
   }
-  SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file(file.to));
+  // Around the page cache where the destination can: the copy is not read again (but by the
+  // read-back, which must see the device's bytes), and fills no memory training needs.
+  SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file_uncached(file.to));
   SH_ASSIGN_OR_RETURN(std::uint64_t digest,
                       read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); },
                                   [&](const char* data, std::size_t bytes) { return out->append(data, bytes); }));
@@ -66,9 +69,9 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
 }
 
 /// Reads `file.to` back and checks its size and XXH3 against the metadata's.
-Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& buffer,
+Status check_copied(FileSystem& to_fs, const StepFile& file, std::span<char> buffer,
                     const StopCheck& stop) {
-  SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file(file.to));
+  SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file_uncached(file.to));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
                                              " bytes after the copy, where " + describe_file_meta(file.expected) + " were sent"};
@@ -85,17 +88,16 @@ Status check_copied(FileSystem& to_fs, const StepFile& file, std::vector<char>& 
 /// Runs `work` on every file with `threads` threads; the first error (in file order) wins and
 /// stops the files not yet started.
 Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options,
-                     const std::function<Status(const StepFile&, std::vector<char>&)>& work) {
+                     const std::function<Status(const StepFile&, std::span<char>)>& work) {
   std::atomic<std::size_t> next{0};
   std::mutex mutex;
   std::size_t failed_at = files.size();
   Status failure;
   auto run = [&] {
     if (options.low_priority) (void)lower_current_thread_priority();
-    std::vector<char> buffer;
-    try {
-      buffer.resize(std::max<std::size_t>(options.piece_bytes, 4096));
-    } catch (const std::bad_alloc&) {
+    // Aligned (4096 bytes), so that uncached files take it with no copy.
+    HostBuffer memory(std::max<std::size_t>(options.piece_bytes, 4096), false, nullptr);
+    if (!memory.valid()) {
       std::lock_guard<std::mutex> lock(mutex);
       if (failure.is_ok()) {
         failed_at = 0;
@@ -103,6 +105,7 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
       }
       return;
     }
+    const std::span<char> buffer(reinterpret_cast<char*>(memory.data()), memory.size());
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -177,7 +180,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   };
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
-  Status st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
+  Status st = for_each_file(files, options, [&](const StepFile& file, std::span<char> buffer) {
     return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) {
@@ -188,7 +191,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
-  st = for_each_file(files, options, [&](const StepFile& file, std::vector<char>& buffer) {
+  st = for_each_file(files, options, [&](const StepFile& file, std::span<char> buffer) {
     return check_copied(to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) return fail(st);
@@ -211,7 +214,7 @@ std::string describe_file_meta(const FileMeta& meta) {
   return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
 }
 
-Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::vector<char>& buffer,
+Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::span<char> buffer,
                                   const std::function<Status()>& before,
                                   const std::function<Status(const char*, std::size_t)>& use) {
   Xxh3Stream hash;

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ struct TierCopyReport {
 /// `before` (when set) first each time (an error stops the read), hashing each piece and handing
 /// it to `use` (when set).
 /// @return the XXH3 of the bytes.
-Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::vector<char>& buffer,
+Result<std::uint64_t> read_hashed(ReadableFile& in, std::uint64_t size, std::span<char> buffer,
                                   const std::function<Status()>& before,
                                   const std::function<Status(const char*, std::size_t)>& use);
 

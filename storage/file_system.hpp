@@ -150,6 +150,21 @@ class FileSystem {
   virtual Result<std::optional<FileVersion>> stat_file(const std::string& path) = 0;
   /// Removes the file `path`; one that is not there is no error.
   virtual Status remove_file(const std::string& path) = 0;
+  /// As create_file(), but writing around the page cache where the store can (O_DIRECT on a
+  /// local file system), for bytes that are not read again soon (a copy into a durable tier):
+  /// they then take no page-cache memory and cost no copy into it. Writes of any size, offset
+  /// and alignment work; 4096-aligned memory written at 4096-aligned offsets goes to the device
+  /// with no copy. Where the store cannot (the default, and every FileSystemWrapper unless it
+  /// says otherwise), it is create_file().
+  virtual Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) {
+    return create_file(path);
+  }
+  /// As open_file(), but reading around the page cache where the store can: what the device
+  /// holds, not what was last written into memory. Reads of 4096-aligned memory at
+  /// 4096-aligned offsets take no copy. Where the store cannot, it is open_file().
+  virtual Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) {
+    return open_file(path);
+  }
   /// Renames the regular file `from` to `to` (replacing a file there) and opens it for writing
   /// over its old bytes, keeping the pages or blocks it holds instead of freeing them and
   /// allocating new ones; once synced or closed it ends where what was written ends.

@@ -293,6 +293,12 @@ class DefaultFileSystem final : public FileSystem {
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {
     return at(path).open_file(path);
   }
+  Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    return at(path).create_file_uncached(path);
+  }
+  Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) override {
+    return at(path).open_file_uncached(path);
+  }
   Result<std::optional<FileVersion>> stat_file(const std::string& path) override {
     return at(path).stat_file(path);
   }

@@ -256,6 +256,18 @@ class PosixFileSystem final : public FileSystem {
     return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, to, true, std::move(mapping)));
   }
 
+  Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto file, posix::create_uncached(path));
+    if (file) return file;
+    return create_file(path);
+  }
+
+  Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto file, posix::open_uncached(path));
+    if (file) return file;
+    return open_file(path);
+  }
+
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {
     // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; it is refused below.
     posix::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));

@@ -21,6 +21,12 @@ Fd::~Fd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Status Fd::close(const std::string& path) {
+  const int fd = std::exchange(fd_, -1);
+  if (fd >= 0 && ::close(fd) != 0) return Status::from_errno(errno, "close of '" + path + "'");
+  return Status::ok();
+}
+
 namespace {
 
 Status ends_early(const std::string& path, std::uint64_t offset, std::size_t left) {

@@ -3,6 +3,7 @@
 // (which uploads from local spool files). Not installed, not for other layers.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,8 @@ class Fd {
   ~Fd();
   bool valid() const { return fd_ >= 0; }
   int get() const { return fd_; }
+  /// Closes it now, naming `path` in the error (close can report a write that failed).
+  Status close(const std::string& path);
 
  private:
   int fd_ = -1;
@@ -37,5 +40,14 @@ Status pread_exact(int fd, std::uint64_t offset, void* dst, std::size_t bytes,
 /// system allows (one for up to IOV_MAX segments); a file that ends first is corruption.
 Status preadv_exact(int fd, std::uint64_t offset, const std::vector<ReadSegment>& segments,
                     const std::string& path);
+
+/// The local file `path` created for writing around the page cache (O_DIRECT): whole blocks of
+/// 4096-aligned memory at 4096-aligned offsets with no copy, the rest through the page cache.
+/// Null (no error) where the file system refuses O_DIRECT.
+Result<std::unique_ptr<WritableFile>> create_uncached(const std::string& path);
+
+/// The local regular file `path` opened for reading around the page cache (O_DIRECT): every byte
+/// from the device. Null (no error) where the file system refuses O_DIRECT.
+Result<std::unique_ptr<ReadableFile>> open_uncached(const std::string& path);
 
 }  // namespace stagehand::posix

@@ -1,17 +1,22 @@
 // The local file system's files written over again (FileSystem::reuse_file): cut to what was
-// written, and in a folder kept in memory written through a mapping kept for the next reuse.
+// written, and in a folder kept in memory written through a mapping kept for the next reuse;
+// and files written and read around the page cache (create_file_uncached, open_file_uncached).
 #define BOOST_TEST_MODULE file_system
 #include <boost/test/unit_test.hpp>
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <vector>
 
 #include "stagehand/storage/file_system.hpp"
 #include "tests/test_util.hpp"
@@ -176,4 +181,83 @@ BOOST_AUTO_TEST_CASE(reused_files_in_memory_are_written_through_a_mapping_kept_f
   BOOST_REQUIRE((*holes)->write_at(0, fresh.data(), kOld).is_ok());
   BOOST_REQUIRE((*holes)->close().is_ok());
   BOOST_TEST(test::read_file(dir / "holes_taken") == fresh.substr(0, kOld));
+}
+
+namespace {
+
+/// Whether the file system of folder `dir` takes O_DIRECT.
+bool takes_direct_io(const std::string& dir) {
+  const std::string probe = dir + "/probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
+/// How many of the file's pages are in the page cache.
+std::size_t cached_pages(const std::string& path) {
+  const auto size = static_cast<std::size_t>(fs::file_size(path));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  BOOST_REQUIRE(fd >= 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  BOOST_REQUIRE(map != MAP_FAILED);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  BOOST_REQUIRE(::mincore(map, size, resident.data()) == 0);
+  ::munmap(map, size);
+  std::size_t n = 0;
+  for (unsigned char r : resident) n += r & 1;
+  return n;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(uncached_files_hold_every_byte_written_whatever_its_alignment_and_leave_no_cache_behind) {
+  // On disk (O_DIRECT where the file system takes it, the usual files where it does not) and in
+  // memory.
+  constexpr std::size_t kMiB = 1u << 20;
+  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
+  BOOST_REQUIRE(memory);
+  const std::string bytes = pattern(4 * kMiB, 'c');
+  std::memcpy(memory.get(), bytes.data(), bytes.size());
+  for (const std::string& parent : {fs::temp_directory_path().string(), std::string(kMemoryFolder)}) {
+    BOOST_TEST_CONTEXT("in " << parent) {
+      TempDir dir(parent);
+      auto local = local_file_system();
+      const std::string path = dir / "copy";
+      // Aligned whole blocks, a piece that ends mid-block, an unaligned piece of memory, and a
+      // write at an unaligned offset: the file is exactly what was written.
+      auto file = local->create_file_uncached(path);
+      BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+      BOOST_REQUIRE((*file)->append(memory.get(), 2 * kMiB).is_ok());
+      BOOST_REQUIRE((*file)->append(memory.get() + 2 * kMiB, kMiB + 100).is_ok());
+      BOOST_REQUIRE((*file)->append(memory.get() + 3 * kMiB + 101, 5000).is_ok());
+      std::string expected = bytes.substr(0, 3 * kMiB + 100) + bytes.substr(3 * kMiB + 101, 5000);
+      BOOST_REQUIRE((*file)->write_at(7, "unaligned", 9).is_ok());
+      expected.replace(7, 9, "unaligned");
+      BOOST_REQUIRE((*file)->sync().is_ok());
+      BOOST_REQUIRE((*file)->close().is_ok());
+      BOOST_TEST(fs::file_size(path) == expected.size());
+      // Read back around the cache, into aligned and unaligned memory, from aligned and
+      // unaligned offsets, to the file's end.
+      auto in = local->open_file_uncached(path);
+      BOOST_REQUIRE_MESSAGE(in.is_ok(), in.status().to_string());
+      BOOST_TEST((*in)->size() == expected.size());
+      std::unique_ptr<char, decltype(&std::free)> back(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
+      BOOST_REQUIRE((*in)->read(0, back.get(), expected.size()).is_ok());
+      BOOST_TEST(std::string(back.get(), expected.size()) == expected);
+      BOOST_REQUIRE((*in)->read(4096 * 3, back.get() + 1, 10000).is_ok());
+      BOOST_TEST(std::string(back.get() + 1, 10000) == expected.substr(4096 * 3, 10000));
+      BOOST_REQUIRE((*in)->read(expected.size() - 33, back.get(), 33).is_ok());
+      BOOST_TEST(std::string(back.get(), 33) == expected.substr(expected.size() - 33));
+      BOOST_TEST((*in)->read(expected.size() - 10, back.get(), 11).code() == ErrorCode::corruption);
+      // What went around the cache is not in it: at most the blocks written through it (a
+      // file system on a device; tmpfs, which takes O_DIRECT since Linux 6.6, is its cache).
+      if (!in_memory(parent) && takes_direct_io(dir.path())) {
+        BOOST_TEST(cached_pages(path) <= 3u);
+      }
+      BOOST_TEST(test::read_file(path) == expected);
+    }
+  }
 }
