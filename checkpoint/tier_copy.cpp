@@ -85,15 +85,25 @@ Status check_copied(FileSystem& to_fs, const StepFile& file, std::span<char> buf
   return Status::ok();
 }
 
-/// Runs `work` on every file with `threads` threads; the first error (in file order) wins and
-/// stops the files not yet started.
-Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options,
+/// Runs `work` on every file with `threads` threads, adding their CPU seconds to `cpu_s`; the
+/// first error (in file order) wins and stops the files not yet started.
+Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options, double& cpu_s,
                      const std::function<Status(const StepFile&, std::span<char>)>& work) {
   std::atomic<std::size_t> next{0};
   std::mutex mutex;
   std::size_t failed_at = files.size();
   Status failure;
   auto run = [&] {
+    const double cpu_start = thread_cpu_seconds();
+    struct AddCpu {
+      std::mutex& mutex;
+      double& cpu_s;
+      double start;
+      ~AddCpu() {
+        std::lock_guard<std::mutex> lock(mutex);
+        cpu_s += thread_cpu_seconds() - start;
+      }
+    } add_cpu{mutex, cpu_s, cpu_start};
     if (options.low_priority) (void)lower_current_thread_priority();
     // Aligned (4096 bytes), so that uncached files take it with no copy.
     HostBuffer memory(std::max<std::size_t>(options.piece_bytes, 4096), false, nullptr);
@@ -180,7 +190,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   };
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
-  Status st = for_each_file(files, options, [&](const StepFile& file, std::span<char> buffer) {
+  Status st = for_each_file(files, options, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
     return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) {
@@ -191,7 +201,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
-  st = for_each_file(files, options, [&](const StepFile& file, std::span<char> buffer) {
+  st = for_each_file(files, options, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
     return check_copied(to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) return fail(st);

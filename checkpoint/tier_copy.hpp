@@ -39,6 +39,8 @@ struct TierCopyReport {
   double verify_s = 0;
   double commit_s = 0;
   double total_s = 0;
+  /// CPU seconds of the threads that copied and read back the files, summed.
+  double cpu_s = 0;
   /// A committed step of the same number was at the destination, and was replaced.
   bool replaced = false;
   /// Copies of a source in host folders rewritten from good ones before the copy was tried

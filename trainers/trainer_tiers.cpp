@@ -43,7 +43,8 @@ Status TrainerBase::report_uploads() {
     const TierCopyReport& r = done.report;
     nlohmann::json line{{"type", "upload"}, {"step", done.step},       {"path", done.out_dir},
                         {"ok", done.status.is_ok()}, {"upload_s", r.total_s}, {"copy_s", r.copy_s},
-                        {"verify_s", r.verify_s},   {"commit_s", r.commit_s}, {"bytes", r.bytes},
+                        {"verify_s", r.verify_s},   {"commit_s", r.commit_s}, {"cpu_s", r.cpu_s},
+                        {"bytes", r.bytes},
                         {"files", r.files},         {"replaced", r.replaced}};
     if (!r.repaired.empty()) {
       std::string list;
