@@ -34,6 +34,9 @@ inline constexpr const char* kSpareFilesDir = ".spare_files";
 ///
 /// `inner` must implement reuse_file (the local file system does); where it does not, every data
 /// file is created as usual and the spares are removed with their folders' next removal.
+///
+/// Thread-safety: as any FileSystem's; taking a spare and moving files into the spares hold one
+/// lock, so that two threads never take one spare.
 std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots);
 
 }  // namespace stagehand

@@ -111,17 +111,8 @@ class PosixWritableFile final : public WritableFile {
       offset += n;
       bytes -= n;
     }
-    while (bytes > 0) {
-      ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::from_errno(errno, "write to '" + path_ + "'");
-      }
-      p += n;
-      offset += static_cast<std::uint64_t>(n);
-      bytes -= static_cast<std::size_t>(n);
-    }
-    written_to(offset);
+    SH_RETURN_IF_ERROR(posix::pwrite_all(fd_, offset, p, bytes, path_));
+    written_to(offset + bytes);
     return Status::ok();
   }
 

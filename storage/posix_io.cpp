@@ -21,6 +21,21 @@ Fd::~Fd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Status pwrite_all(int fd, std::uint64_t offset, const void* data, std::size_t bytes, const std::string& path) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::from_errno(errno, "write to '" + path + "'");
+    }
+    p += n;
+    offset += static_cast<std::uint64_t>(n);
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
 Status Fd::close(const std::string& path) {
   const int fd = std::exchange(fd_, -1);
   if (fd >= 0 && ::close(fd) != 0) return Status::from_errno(errno, "close of '" + path + "'");

@@ -41,6 +41,9 @@ Status pread_exact(int fd, std::uint64_t offset, void* dst, std::size_t bytes,
 Status preadv_exact(int fd, std::uint64_t offset, const std::vector<ReadSegment>& segments,
                     const std::string& path);
 
+/// Writes all `bytes` at `offset`, again after a short write or EINTR; an error names `path`.
+Status pwrite_all(int fd, std::uint64_t offset, const void* data, std::size_t bytes, const std::string& path);
+
 /// The local file `path` created for writing around the page cache (O_DIRECT): whole blocks of
 /// 4096-aligned memory at 4096-aligned offsets with no copy, the rest through the page cache.
 /// Null (no error) where the file system refuses O_DIRECT.

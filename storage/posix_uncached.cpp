@@ -22,20 +22,6 @@ constexpr std::uint64_t kBlock = 4096;
 bool aligned(std::uint64_t v) { return v % kBlock == 0; }
 bool aligned(const void* p) { return aligned(reinterpret_cast<std::uintptr_t>(p)); }
 
-Status pwrite_all(int fd, std::uint64_t offset, const std::uint8_t* p, std::size_t bytes, const std::string& path) {
-  while (bytes > 0) {
-    ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::from_errno(errno, "write to '" + path + "'");
-    }
-    p += n;
-    offset += static_cast<std::uint64_t>(n);
-    bytes -= static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
 /// Whole blocks of aligned memory at aligned offsets go through `direct_` (O_DIRECT, no copy);
 /// the rest, a file's last partial block or unaligned writes, through `cached_`, a second
 /// descriptor of the same file (the kernel keeps the two coherent; fsync syncs the file).
