@@ -47,4 +47,10 @@ using rdv_set_atom = caf::atom_constant<caf::atom("rdvset")>;
 /// rdv_get_atom, key -> value, once some rank has published it.
 using rdv_get_atom = caf::atom_constant<caf::atom("rdvget")>;
 
+// -- atoms of a host's file server (actors/file_server.hpp) --
+
+/// rfs_atom, call, path, second path, handle, offset, size, bytes, session -> code, message,
+/// value, bytes, strings: one call of a remote file system.
+using rfs_atom = caf::atom_constant<caf::atom("rfs")>;
+
 }  // namespace stagehand
