@@ -200,31 +200,36 @@ class Channel {
   /// Ends the session: the server drops what it holds for it.
   void end_session() { caf::anon_send_exit(session_, caf::exit_reason::user_shutdown); }
 
-  /// One call, answered or failed within the limit.
+  /// One call, answered or failed within the limit. The server is watched while the call waits:
+  /// a server whose process or connection is lost fails the call at once (a request to a lost
+  /// remote actor would otherwise wait out its whole limit).
   Answer call(const char* op, const std::string& a, const std::string& b = {}, std::uint64_t handle = 0,
               std::uint64_t offset = 0, std::uint64_t size = 0, std::string bytes = {}) const {
     Answer out;
+    const std::string what = name_ + ": " + op + (a.empty() ? std::string() : " '" + a + "'");
     caf::scoped_actor self{system_};
-    self->request(server_, limit_, rfs_atom::value, std::string(op), a, b, handle, offset, size, std::move(bytes),
-                  session_)
-        .receive(
-            [&](std::int32_t code, std::string& message, std::uint64_t value, std::string& data,
-                std::vector<std::string>& strings) {
-              if (code != 0) {
-                out.status = Status{static_cast<ErrorCode>(code), message};
-                return;
-              }
-              out.value = value;
-              out.bytes = std::move(data);
-              out.strings = std::move(strings);
-            },
-            [&](caf::error& err) {
-              const std::string what = name_ + ": " + op + (a.empty() ? std::string() : " '" + a + "'");
-              out.status = err == caf::sec::request_timeout
-                               ? Status{ErrorCode::timeout,
-                                        what + ": no answer within " + std::to_string(limit_.count()) + " ms"}
-                               : Status{ErrorCode::io_error, what + ": " + system_.render(err)};
-            });
+    self->monitor(server_);
+    // A plain send: the server's answer comes back as an ordinary message, received below with
+    // the server's down message and the limit.
+    self->send(server_, rfs_atom::value, std::string(op), a, b, handle, offset, size, std::move(bytes), session_);
+    self->receive(
+        [&](std::int32_t code, std::string& message, std::uint64_t value, std::string& data,
+            std::vector<std::string>& strings) {
+          if (code != 0) {
+            out.status = Status{static_cast<ErrorCode>(code), message};
+            return;
+          }
+          out.value = value;
+          out.bytes = std::move(data);
+          out.strings = std::move(strings);
+        },
+        [&](caf::down_msg& down) {
+          out.status = Status{ErrorCode::io_error, what + ": the server is gone (" + system_.render(down.reason) + ")"};
+        },
+        caf::after(limit_) >> [&] {
+          out.status = Status{ErrorCode::timeout, what + ": no answer within " + std::to_string(limit_.count()) + " ms"};
+        });
+    self->demonitor(server_);
     return out;
   }
   /// Tells the server without waiting (releasing what a destroyed handle held).

@@ -60,6 +60,12 @@ std::string HostPlacement::on_host(const std::string& path, int host) const {
   return out;
 }
 
+std::string HostPlacement::disk(int host) const {
+  const std::size_t at = pattern.find(kHostPlaceholder);
+  const std::size_t slash = at == std::string::npos ? std::string::npos : pattern.find('/', at);
+  return on_host(slash == std::string::npos ? pattern : pattern.substr(0, slash), host);
+}
+
 HostPlacement host_placement(const std::string& pattern, int world_size, int ranks_per_host, int replicas,
                              int stride) {
   HostPlacement p;
@@ -138,13 +144,7 @@ class HostLocks final : public FileLock {
 class HostFoldersFileSystem final : public FileSystem {
  public:
   HostFoldersFileSystem(std::shared_ptr<FileSystem> inner, HostPlacement placement)
-      : inner_(std::move(inner)), placement_(std::move(placement)) {
-    // The folder of each host that must exist (its disk), the one whose name holds the
-    // placeholder: what is below it is made as needed, it never is.
-    const std::size_t at = placement_.pattern.find(kHostPlaceholder);
-    const std::size_t slash = placement_.pattern.find('/', at);
-    mount_ = slash == std::string::npos ? placement_.pattern : placement_.pattern.substr(0, slash);
-  }
+      : inner_(std::move(inner)), placement_(std::move(placement)) {}
 
   const HostPlacement& placement() const { return placement_; }
   FileSystem& inner() const { return *inner_; }
@@ -302,7 +302,7 @@ class HostFoldersFileSystem final : public FileSystem {
       SH_RETURN_IF_ERROR(check_mounted(host));
       const std::string p = placement_.on_host(path, host);
       SH_ASSIGN_OR_RETURN(bool dir, inner_->is_dir(p));
-      SH_RETURN_IF_ERROR(inner_->check_access(dir ? p : placement_.on_host(mount_, host)));
+      SH_RETURN_IF_ERROR(inner_->check_access(dir ? p : placement_.disk(host)));
     }
     return Status::ok();
   }
@@ -333,7 +333,7 @@ class HostFoldersFileSystem final : public FileSystem {
   /// An error naming host `host`'s own folder when it does not exist (its disk not mounted):
   /// nothing is made below a folder that should be a disk.
   Status check_mounted(int host) {
-    const std::string mount = placement_.on_host(mount_, host);
+    const std::string mount = placement_.disk(host);
     SH_ASSIGN_OR_RETURN(bool dir, inner_->is_dir(mount));
     if (dir) return Status::ok();
     return Status{ErrorCode::not_found, "host " + std::to_string(host) + "'s folder '" + mount + "' of '" +
@@ -401,7 +401,6 @@ class HostFoldersFileSystem final : public FileSystem {
 
   std::shared_ptr<FileSystem> inner_;
   HostPlacement placement_;
-  std::string mount_;
 };
 
 }  // namespace

@@ -42,6 +42,9 @@ struct HostPlacement {
   std::vector<int> read_order(const std::string& path) const;
   /// `path` (which holds the pattern) on host `host`.
   std::string on_host(const std::string& path, int host) const;
+  /// Host `host`'s own folder: the pattern's path component holding the placeholder (its disk),
+  /// which must exist; what lies below it is made as needed.
+  std::string disk(int host) const;
 };
 
 /// Builds the placement of trainer.local_ckpt_path's pattern for a world of `world_size` ranks:

@@ -26,6 +26,16 @@ const char* to_string(ResumeMode mode) {
   return "?";
 }
 
+const char* to_string(HostTransport transport) {
+  switch (transport) {
+    case HostTransport::file_system:
+      return "file_system";
+    case HostTransport::network:
+      return "network";
+  }
+  return "?";
+}
+
 const char* to_string(StagingMemory memory) {
   switch (memory) {
     case StagingMemory::persistent:

@@ -12,11 +12,16 @@ enum class TrainerKind { sync, fully_async, sft };
 enum class ResumeMode { none, latest, from_path };
 /// Host staging buffers: kept for the run, or freed when each save's last bucket is written.
 enum class StagingMemory { persistent, per_save };
+/// How a process reaches the local tier's folders of other hosts: by path (every host's folder
+/// reachable from every process), or through that host's file server over TCP (each disk seen
+/// by its own host's processes only).
+enum class HostTransport { file_system, network };
 
 /// The YAML name of each value ("fully_async", "from_path", "per_save").
 const char* to_string(TrainerKind kind);
 const char* to_string(ResumeMode mode);
 const char* to_string(StagingMemory memory);
+const char* to_string(HostTransport transport);
 
 /// `trainer:` keys.
 struct TrainerConfig {
@@ -84,6 +89,13 @@ struct TrainerConfig {
   /// Hosts between one copy and the next: rank r's copies are on hosts h, h + stride, ...
   /// (modulo the number of hosts), h its own.
   std::int64_t local_replication_stride = 1;
+  /// How each process reaches the other hosts' folders of a local tier with "{host}":
+  /// file_system, by their paths (each host's disk exported to the others, or folders of one
+  /// machine); network, where each host's disk is seen by its own processes only: the first
+  /// rank's process of each host serves its host's folder, and the others' replicas, metadata
+  /// and tracker reach it (and a resume's check reads it) through that server over TCP. Needs one
+  /// process per rank.
+  HostTransport local_replication_transport = HostTransport::file_system;
 };
 
 /// Where saves commit: local_ckpt_path when there is a local tier, else ckpt_path.

@@ -89,6 +89,11 @@ Status check_replication(const Config& c, const ConfigOrigins& origins) {
                          "copies on other hosts need each host's own folder: trainer.local_ckpt_path must hold " +
                              std::string(kHost) + (t.local_ckpt_path.empty() ? " (there is no local tier)" : ", got '" + t.local_ckpt_path + "'"));
   }
+  if (t.local_replication_transport == HostTransport::network && !per_host) {
+    return origins.error({"trainer.local_replication_transport", "trainer.local_ckpt_path"},
+                         "network reaches other hosts' folders of the local tier: trainer.local_ckpt_path must hold " +
+                             std::string(kHost) + (t.local_ckpt_path.empty() ? " (there is no local tier)" : ", got '" + t.local_ckpt_path + "'"));
+  }
   if (!per_host) return Status::ok();
   const std::int64_t world = c.parallel.tensor_parallel * c.parallel.data_parallel;
   const std::int64_t per = t.ranks_per_host > 0 ? t.ranks_per_host : world;

@@ -125,6 +125,8 @@ std::vector<ConfigKey> make_config_keys() {
       {"trainer.ranks_per_host", integer<kTrainer, &TrainerConfig::ranks_per_host>(0, kMaxRanks)},
       {"trainer.local_replication_factor", integer<kTrainer, &TrainerConfig::local_replication_factor>(1, kMaxRanks)},
       {"trainer.local_replication_stride", integer<kTrainer, &TrainerConfig::local_replication_stride>(1, kMaxRanks)},
+      {"trainer.local_replication_transport", one_of<kTrainer, &TrainerConfig::local_replication_transport>(
+                                                  {HostTransport::file_system, HostTransport::network})},
 
       {"megatron_config.async_dist_ckpt_save",
        boolean<kMegatron, &MegatronConfig::async_dist_ckpt_save>()},

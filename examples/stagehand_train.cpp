@@ -26,6 +26,7 @@
 #include "stagehand/actors/worker_dispatch.hpp"
 #include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/models/host_servers.hpp"
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/config/load.hpp"
 #include "stagehand/core/device.hpp"
@@ -107,20 +108,38 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
                               1);
 }
 
+/// The local tier's host placement of the config.
+HostPlacement host_placement_of_config(const Config& c) {
+  const TrainerConfig& t = c.trainer;
+  return host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
+                        static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
+                        static_cast<int>(t.local_replication_stride));
+}
+
 /// The file system of every path in the config: local folders, and object stores reached as
 /// storage.s3 says, files bound for them spooled in megatron_config.local_work_dir; a local tier
 /// with "{host}" over its host folders.
+/// With trainer.local_replication_transport network, the other hosts' folders are routes that
+/// wait for their servers (`*routes`, connected by HostServers once the world formed; `rank` is
+/// this process's).
 /// Null (the error printed) when the local tier's host folders cannot be made.
-std::shared_ptr<FileSystem> config_file_system(const Config& c) {
+std::shared_ptr<FileSystem> config_file_system(const Config& c, int rank = 0,
+                                               std::shared_ptr<RoutedFileSystem>* routes = nullptr) {
   ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
   std::shared_ptr<FileSystem> fs = default_file_system(store);
   const TrainerConfig& t = c.trainer;
   const bool on_hosts = t.local_ckpt_path.find(kHostPlaceholder) != std::string::npos;
-  const HostPlacement placement =
-      host_placement(t.local_ckpt_path, static_cast<int>(c.parallel.tensor_parallel * c.parallel.data_parallel),
-                     static_cast<int>(t.ranks_per_host), static_cast<int>(t.local_replication_factor),
-                     static_cast<int>(t.local_replication_stride));
+  const HostPlacement placement = host_placement_of_config(c);
+  if (on_hosts && t.local_replication_transport == HostTransport::network) {
+    if (routes == nullptr) {
+      std::fprintf(stderr, "stagehand-train: trainer.local_replication_transport network needs one process per rank "
+                           "(WORLD_SIZE, scripts/launch-local.sh): in one process every host's folder is this one's\n");
+      return nullptr;
+    }
+    *routes = host_routes(fs, placement, placement.host_of(rank), std::chrono::seconds(t.call_timeout_s));
+    fs = *routes;
+  }
   if (!t.local_ckpt_path.empty() && t.local_ckpt_reuse_files && t.local_max_ckpts_to_keep > 0) {
     // Saves write over the retired local steps' data files, in each host's folder.
     std::vector<std::string> roots{t.local_ckpt_path};
@@ -326,8 +345,20 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 /// One rank of a world of processes.
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet, TeardownLimit& teardown) {
-  const auto fs = config_file_system(c);
+  std::shared_ptr<RoutedFileSystem> routes;
+  const auto fs = config_file_system(c, launch.rank, &routes);
   if (!fs) return 2;
+  // With routes: this process's part of the host servers, once the world formed.
+  std::unique_ptr<HostServers> servers;
+  auto start_servers = [&](caf::actor rendezvous) -> Status {
+    if (!routes) return Status::ok();
+    auto started = HostServers::start(system, host_placement_of_config(c), launch.rank,
+                                      default_file_system(ObjectStoreOptions::from_config(c.storage.s3)), routes,
+                                      std::move(rendezvous), launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
+    if (!started.is_ok()) return started.status().with_context("trainer.local_replication_transport network");
+    servers = std::move(*started);
+    return Status::ok();
+  };
   ProcessCollectives collectives(system, launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s),
                                  "trainer.call_timeout_s");
   const int rank = launch.rank;
@@ -351,9 +382,12 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     }
     auto world = (*host)->gather({*worker0}, collectives.host_rendezvous(), coordinator);
     int code = 0;
+    Status served = world.is_ok() ? start_servers(collectives.host_rendezvous()) : Status::ok();
     if (!world.is_ok()) {
       code = fail("starting the world of " + std::to_string(launch.world_size) + " processes: " +
                   world.status().message());
+    } else if (!served.is_ok()) {
+      code = fail("rank 0: " + served.message());
     } else {
       collectives.set_rendezvous(collectives.host_rendezvous());
       code = run_trainer(system, c, layout, *world, coordinator, weights, fs, metrics_out, quiet,
@@ -361,6 +395,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
                          [&] { collectives.abort("the trainer failed"); });
     }
     (*host)->shutdown(code);
+    servers.reset();
     if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
       fail("rank 0: closing the collectives: " + closed.message());
     teardown.arm(c.trainer.call_timeout_s, "rank 0", code);
@@ -373,8 +408,12 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   WorldMember member(system, launch);
   auto joined = member.join({*worker});
   int code = 0;
+  Status served = joined.is_ok() ? start_servers(joined->rendezvous) : Status::ok();
   if (!joined.is_ok()) {
     code = fail("rank " + std::to_string(rank) + ": " + joined.status().message());
+  } else if (!served.is_ok()) {
+    code = fail("rank " + std::to_string(rank) + ": " + served.message());
+    collectives.abort("rank " + std::to_string(rank) + " cannot reach the other hosts' folders");
   } else {
     collectives.set_rendezvous(joined->rendezvous);
     caf::anon_send(*worker, report_to_atom::value, joined->coordinator);
@@ -402,6 +441,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down"); !closed.is_ok())
       fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
   }
+  servers.reset();
   teardown.arm(c.trainer.call_timeout_s, "rank " + std::to_string(rank), code);
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;

@@ -12,10 +12,6 @@
 
 namespace stagehand {
 
-namespace {
-
-/// This host's address on the route to `master_addr` (a connected UDP socket sends nothing): the
-/// address the other ranks reach this one at, on one host (127.0.0.1) or several.
 std::string local_address_towards(const std::string& master_addr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -40,6 +36,8 @@ std::string local_address_towards(const std::string& master_addr) {
   ::freeaddrinfo(found);
   return out;
 }
+
+namespace {
 
 std::string duration_text(std::chrono::milliseconds d) {
   if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + " s";

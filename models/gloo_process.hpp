@@ -19,6 +19,11 @@ class UnboundBuffer;
 
 namespace stagehand {
 
+/// This host's address on the route to `master_addr` (a connected UDP socket sends nothing): the
+/// address the other ranks reach this one at, on one host (127.0.0.1) or several; `master_addr`
+/// itself when there is no route.
+std::string local_address_towards(const std::string& master_addr);
+
 /// What the Gloo groups of one process share: the actor system and the call limit, rank 0's
 /// rendezvous store (once the world announces it), the process's one Gloo device, and the stop.
 ///

@@ -181,6 +181,91 @@ BOOST_AUTO_TEST_CASE(a_host_killed_with_its_local_folder_resumes_from_the_replic
   expect_same_checkpoint(dir / "inproc/global_step_60", dir / "durable/global_step_60");
 }
 
+/// Whether this process may make mount namespaces (root, CAP_SYS_ADMIN): the hosts whose disks
+/// only they see.
+struct CanMakeMountNamespaces {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    auto run = test::run_command("unshare -m --propagation private sh -c 'mount -t tmpfs none /mnt' 2>&1");
+    boost::test_tools::assertion_result ok(run.code == 0);
+    ok.message() << "mount namespaces cannot be made here (" << run.output << ")";
+    return ok;
+  }
+};
+
+BOOST_AUTO_TEST_CASE(hosts_whose_disks_only_they_see_replicate_over_the_network_and_resume_a_killed_host_byte_identical,
+                     *boost::unit_test::precondition(CanMakeMountNamespaces())) {
+  TempDir dir;
+  const int total = 60;
+  auto straight = test::run_command(train_command({"trainer.ckpt_path=" + dir / "inproc", "trainer.total_steps=60",
+                                                   "trainer.ckpt_interval=30", "trainer.max_ckpts_to_keep=0"}));
+  BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
+  auto sets = [&](bool resume) {
+    std::vector<std::string> out{"trainer.local_ckpt_path=" + dir / "disk{host}/local",
+                                 "trainer.ckpt_path=" + dir / "durable",
+                                 "trainer.total_steps=" + std::to_string(resume ? total : 100000),
+                                 "trainer.local_ckpt_interval=5",
+                                 "trainer.local_max_ckpts_to_keep=2",
+                                 "trainer.ckpt_interval=30",
+                                 "trainer.max_ckpts_to_keep=0",
+                                 "trainer.ranks_per_host=2",
+                                 "trainer.local_replication_factor=2",
+                                 "trainer.local_replication_transport=network",
+                                 "trainer.call_timeout_s=60"};
+    if (resume) out.push_back("trainer.resume_mode=latest");
+    return out;
+  };
+  for (int h = 0; h < 2; ++h) fs::create_directories(dir / ("disk" + std::to_string(h)));
+  // Each host's two ranks in a mount namespace of their own where the other host's disk is an
+  // empty memory file system: what they wrote there by path would vanish with them.
+  auto start_hosts = [&](bool resume) {
+    const int port = test::free_port();
+    std::vector<std::unique_ptr<RankProcess>> ranks;
+    for (int r = 0; r < 4; ++r) {
+      const std::string hidden = dir / ("disk" + std::to_string(1 - r / 2));
+      const std::string cmd = "unshare -m --propagation private sh -c 'mount -t tmpfs none " + hidden + " && exec " +
+                              train_command(sets(resume)) + "'";
+      ranks.push_back(std::make_unique<RankProcess>(r, 4, port, cmd,
+                                                    dir / ((resume ? "resumed" : "rank") + std::to_string(r) + ".log")));
+    }
+    return ranks;
+  };
+  auto ranks = start_hosts(false);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  auto tracked = [&] {
+    auto t = test::read_tracker(dir / "disk0/local");
+    return t.is_ok() && *t ? **t : std::int64_t{-1};
+  };
+  while (tracked() < 10 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(ranks[2]->pid, SIGKILL);
+  ::kill(ranks[3]->pid, SIGKILL);
+  BOOST_REQUIRE_MESSAGE(tracked() >= 10, ranks[0]->output() + ranks[2]->output());
+  for (auto& rank : ranks) BOOST_TEST(rank->wait_for(std::chrono::seconds(60)) != -1, rank->output());
+  const std::int64_t at_kill = tracked();
+  BOOST_REQUIRE_MESSAGE(at_kill < total, "host 1 was killed only at step " << at_kill);
+  // Host 1's disk holds host 0's parts of that step, and host 0's holds host 1's: each reached
+  // the other only through its host's server.
+  const std::string step_dir = "/local/global_step_" + std::to_string(at_kill) + "/policy/";
+  BOOST_TEST(fs::exists(dir / ("disk1" + step_dir + "__0_0.safetensors")));
+  BOOST_TEST(fs::exists(dir / ("disk1" + step_dir + "metadata.json")));
+  BOOST_TEST(fs::exists(dir / ("disk0" + step_dir + "__3_0.safetensors")));
+  BOOST_TEST((test::read_file(dir / ("disk0" + step_dir + "__3_0.safetensors")) ==
+              test::read_file(dir / ("disk1" + step_dir + "__3_0.safetensors"))));
+  // Host 1 comes back with an empty disk; the job resumes from the newest local step, host 1's
+  // parts read from host 0 through its server.
+  fs::remove_all(dir / "disk1");
+  fs::create_directories(dir / "disk1");
+  auto resumed = start_hosts(true);
+  for (auto& rank : resumed) BOOST_TEST(rank->wait_for(std::chrono::seconds(120)) == 0, rank->output());
+  const std::string from = dir / ("disk{host}/local/global_step_" + std::to_string(at_kill));
+  BOOST_TEST(resumed[0]->output().find(from + ": 4 part(s) whose own host has no copy are read from their replicas: "
+                                              "rank 2's part '__2_0.safetensors' from host 0 (host 1's folder lacks the "
+                                              "step)") != std::string::npos,
+             resumed[0]->output());
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "disk0/local/global_step_60");
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "disk1/local/global_step_60");
+  expect_same_checkpoint(dir / "inproc/global_step_60", dir / "durable/global_step_60");
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_process_killed_during_an_async_save_fails_rank_0_and_keeps_the_previous_checkpoint) {
   TempDir dir;
   const int port = test::free_port();
