@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <tuple>
 #include <variant>
 #include <vector>
@@ -185,13 +186,35 @@ struct Answer {
   std::vector<std::string> strings;
 };
 
+/// What a client's session saw of its server: why it was lost (empty while it is there), and
+/// the calls waiting for an answer, to wake when it is.
+struct Watch {
+  std::mutex mutex;
+  std::string lost;
+  std::vector<caf::actor> waiting;
+};
+
 /// A client's way to its server: every call, and the session whose end releases what it holds
 /// there. Shared by the file system and the files it opened, which may outlive it.
 class Channel {
  public:
   Channel(caf::actor_system& system, caf::actor server, std::string name, std::chrono::milliseconds limit)
       : system_(system), server_(std::move(server)), name_(std::move(name)), limit_(limit) {
-    session_ = system_.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; });
+    // The session also watches the server (one monitor for every call): once the server's
+    // process or connection is lost, it wakes the calls waiting and fails the later ones at once
+    // (an answer from a lost remote actor never comes, and would be waited for to the limit).
+    session_ = system_.spawn(
+        [](caf::event_based_actor* self, caf::actor watched, std::shared_ptr<Watch> watch) -> caf::behavior {
+          self->monitor(watched);
+          self->set_down_handler([self, watch](caf::down_msg& down) {
+            std::lock_guard<std::mutex> lock(watch->mutex);
+            watch->lost = self->system().render(down.reason);
+            if (watch->lost.empty()) watch->lost = "its connection was lost";
+            for (const auto& waiting : watch->waiting) caf::anon_send(waiting, rfs_gone_atom::value);
+          });
+          return {[](caf::ok_atom) {}};
+        },
+        server_, watch_);
   }
   ~Channel() { end_session(); }
   Channel(const Channel&) = delete;
@@ -200,17 +223,26 @@ class Channel {
   /// Ends the session: the server drops what it holds for it.
   void end_session() { caf::anon_send_exit(session_, caf::exit_reason::user_shutdown); }
 
-  /// One call, answered or failed within the limit. The server is watched while the call waits:
-  /// a server whose process or connection is lost fails the call at once (a request to a lost
-  /// remote actor would otherwise wait out its whole limit).
+  /// One call, answered or failed within the limit, or at once when the server is lost.
   Answer call(const char* op, const std::string& a, const std::string& b = {}, std::uint64_t handle = 0,
               std::uint64_t offset = 0, std::uint64_t size = 0, std::string bytes = {}) const {
     Answer out;
     const std::string what = name_ + ": " + op + (a.empty() ? std::string() : " '" + a + "'");
+    auto gone = [&](const std::string& reason) {
+      return Status{ErrorCode::io_error, what + ": the server is gone (" + reason + ")"};
+    };
     caf::scoped_actor self{system_};
-    self->monitor(server_);
+    const auto me = caf::actor_cast<caf::actor>(self);
+    {
+      std::lock_guard<std::mutex> lock(watch_->mutex);
+      if (!watch_->lost.empty()) {
+        out.status = gone(watch_->lost);
+        return out;
+      }
+      watch_->waiting.push_back(me);
+    }
     // A plain send: the server's answer comes back as an ordinary message, received below with
-    // the server's down message and the limit.
+    // the session's word that the server is gone, and the limit.
     self->send(server_, rfs_atom::value, std::string(op), a, b, handle, offset, size, std::move(bytes), session_);
     self->receive(
         [&](std::int32_t code, std::string& message, std::uint64_t value, std::string& data,
@@ -223,13 +255,15 @@ class Channel {
           out.bytes = std::move(data);
           out.strings = std::move(strings);
         },
-        [&](caf::down_msg& down) {
-          out.status = Status{ErrorCode::io_error, what + ": the server is gone (" + system_.render(down.reason) + ")"};
+        [&](rfs_gone_atom) {
+          std::lock_guard<std::mutex> lock(watch_->mutex);
+          out.status = gone(watch_->lost);
         },
         caf::after(limit_) >> [&] {
           out.status = Status{ErrorCode::timeout, what + ": no answer within " + std::to_string(limit_.count()) + " ms"};
         });
-    self->demonitor(server_);
+    std::lock_guard<std::mutex> lock(watch_->mutex);
+    watch_->waiting.erase(std::find(watch_->waiting.begin(), watch_->waiting.end(), me));
     return out;
   }
   /// Tells the server without waiting (releasing what a destroyed handle held).
@@ -244,6 +278,7 @@ class Channel {
   std::string name_;
   std::chrono::milliseconds limit_;
   caf::actor session_;
+  std::shared_ptr<Watch> watch_ = std::make_shared<Watch>();
 };
 
 

@@ -52,5 +52,7 @@ using rdv_get_atom = caf::atom_constant<caf::atom("rdvget")>;
 /// rfs_atom, call, path, second path, handle, offset, size, bytes, session -> code, message,
 /// value, bytes, strings: one call of a remote file system.
 using rfs_atom = caf::atom_constant<caf::atom("rfs")>;
+/// rfs_gone_atom: a client's session tells its waiting calls that the server is gone.
+using rfs_gone_atom = caf::atom_constant<caf::atom("rfsgone")>;
 
 }  // namespace stagehand

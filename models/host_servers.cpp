@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <charconv>
+
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/models/gloo_process.hpp"
 #include "stagehand/models/rendezvous.hpp"
@@ -52,10 +54,17 @@ Result<std::unique_ptr<HostServers>> HostServers::start(caf::actor_system& syste
       return st;
     }
     const std::size_t colon = where->rfind(':');
+    unsigned port = 0;
+    const char* end = where->data() + where->size();
+    if (colon == std::string::npos || std::from_chars(where->data() + colon + 1, end, port).ptr != end || port == 0 ||
+        port > 65535) {
+      Status st{ErrorCode::invalid_argument, what + " was published as '" + *where + "', not host:port"};
+      routes->fail_route(placement.disk(h), st);
+      return st;
+    }
     const std::string host = where->substr(0, colon);
-    const auto port = static_cast<std::uint16_t>(std::stoul(where->substr(colon + 1)));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto actor = connect_remote_actor(system, host, port, std::max(left, std::chrono::milliseconds(1)));
+    auto actor = connect_remote_actor(system, host, static_cast<std::uint16_t>(port), std::max(left, std::chrono::milliseconds(1)));
     if (!actor.is_ok()) {
       Status st = actor.status().with_context("connecting to " + what + " at " + *where);
       routes->fail_route(placement.disk(h), st);

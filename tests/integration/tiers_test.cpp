@@ -415,6 +415,14 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
         "trainer.local_replication_factor=3"},
        "3 copies of each rank's files, hosts 1 apart, over the 2 host(s) of 4 ranks at 2 per host would put two on "
        "one host: at most 2"},
+      {{"trainer.local_ckpt_path=" + dir / "local", "trainer.ckpt_path=" + dir / "ckpt",
+        "trainer.local_replication_transport=network"},
+       "network reaches other hosts' folders of the local tier: trainer.local_ckpt_path must hold {host}"},
+      {{"trainer.local_replication_transport=tcp"}, "trainer.local_replication_transport"},
+      // In one process every host's folder is this process's: there is no other host to serve.
+      {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "ckpt", "trainer.ranks_per_host=2",
+        "trainer.local_replication_factor=2", "trainer.local_replication_transport=network"},
+       "trainer.local_replication_transport network needs one process per rank"},
       {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "ckpt{host}"},
        "trainer.ckpt_path: holds {host}, which only trainer.local_ckpt_path may"},
       {{"trainer.local_ckpt_path=" + dir / "h{host}", "trainer.ckpt_path=" + dir / "h1/durable", "trainer.ranks_per_host=1"},
