@@ -72,9 +72,11 @@ int data_file_rank(const std::string& path);
 /// is made again at the next change. Paths without the pattern go to `inner`
 /// unchanged. invalid_argument when the placement does not check (HostPlacement::check).
 ///
-/// Every folder must be reachable by path from every process of the job (the hosts' disks
-/// exported to each other, or folders of one machine in tests): each process writes its own
-/// ranks' files and their replicas, and the coordinator's process writes the rest.
+/// Every folder must be reachable from every process of the job through `inner`: by path (the
+/// hosts' disks exported to each other, or folders of one machine in tests), or through routes to
+/// the other hosts' file servers (storage/routed_file_system.hpp, models/host_servers.hpp) when
+/// each disk is seen by its own host only. Each process writes its own ranks' files and their
+/// replicas, and the coordinator's process writes the rest.
 Result<std::shared_ptr<FileSystem>> host_folders_file_system(std::shared_ptr<FileSystem> inner, HostPlacement placement);
 
 /// The placement of `fs` when it is a host_folders_file_system; null otherwise.

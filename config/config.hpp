@@ -67,7 +67,8 @@ struct TrainerConfig {
   /// committed local checkpoint is copied there in the background, checked by size and XXH3,
   /// its metadata and tracker written last. resume_mode latest takes the newest step that
   /// loads whole from either tier. "{host}" in it (say `/local/{host}/ckpt`) gives each host
-  /// its own folder (trainer.ranks_per_host), every one reachable by path from every process.
+  /// its own folder (trainer.ranks_per_host), reached by path from every process or through its
+  /// host's file server (local_replication_transport).
   std::string local_ckpt_path;
   /// Steps between saves to the local tier (with local_ckpt_path).
   std::int64_t local_ckpt_interval = 1;
