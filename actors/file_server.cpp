@@ -4,7 +4,10 @@
 #include <caf/io/all.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <atomic>
 #include <map>
+#include <set>
 #include <mutex>
 #include <tuple>
 #include <variant>
@@ -27,6 +30,7 @@ Reply reply_of(const Status& st, std::uint64_t value = 0, std::string bytes = {}
 }
 
 bool under(const std::string& path, const std::string& folder) {
+  if (folder == "/") return path.starts_with("/");
   if (!path.starts_with(folder)) return false;
   return path.size() == folder.size() || path[folder.size()] == '/';
 }
@@ -44,57 +48,84 @@ bool has_dot_dot(const std::string& path) {
 struct ServerState {
   std::shared_ptr<FileSystem> fs;
   std::string folder;
-  std::uint64_t next = 1;
-  struct Held {
-    caf::actor_addr session;
-    std::variant<std::unique_ptr<WritableFile>, std::unique_ptr<ReadableFile>, std::unique_ptr<FileLock>> what;
-  };
-  std::map<std::uint64_t, Held> held;
+  using Held = std::variant<std::unique_ptr<WritableFile>, std::unique_ptr<ReadableFile>, std::unique_ptr<FileLock>>;
+  /// By the client's session and the handle the client chose for it: a client reaches only its
+  /// own, and one whose call timed out can release what the server opened for it anyway.
+  std::map<std::pair<caf::actor_addr, std::uint64_t>, Held> held;
   std::vector<caf::actor_addr> sessions;
 };
+
+/// One call on the server's side.
+Reply serve(caf::event_based_actor* self, ServerState& state, const std::string& op, const std::string& a,
+            const std::string& b, std::uint64_t handle, std::uint64_t offset, std::uint64_t size, const std::string& bytes,
+            const caf::actor& session);
 
 caf::behavior file_server(caf::event_based_actor* self, std::shared_ptr<ServerState> s) {
   self->set_down_handler([s](caf::down_msg& down) {
     // The client's process went away: what it held is dropped (unsynced writes are lost).
     for (auto it = s->held.begin(); it != s->held.end();) {
-      it = it->second.session == down.source ? s->held.erase(it) : std::next(it);
+      it = it->first.first == down.source ? s->held.erase(it) : std::next(it);
     }
     s->sessions.erase(std::remove(s->sessions.begin(), s->sessions.end(), down.source), s->sessions.end());
   });
   return {
       [self, s](rfs_atom, const std::string& op, const std::string& a, const std::string& b, std::uint64_t handle,
                 std::uint64_t offset, std::uint64_t size, const std::string& bytes, const caf::actor& session) -> Reply {
+        // A handler that throws would end the server for every client: what throws is an error.
+        try {
+          return serve(self, *s, op, a, b, handle, offset, size, bytes, session);
+        } catch (const std::exception& e) {
+          return reply_of(Status{ErrorCode::internal, op + " '" + a + "': " + e.what()});
+        }
+      },
+  };
+}
+
+Reply serve(caf::event_based_actor* self, ServerState& state, const std::string& op, const std::string& a,
+            const std::string& b, std::uint64_t handle, std::uint64_t offset, std::uint64_t size, const std::string& bytes,
+            const caf::actor& session) {
+  ServerState* s = &state;
+  {
+        static const std::set<std::string> kPathCalls{"create", "reuse", "open", "stat", "remove", "mkdir", "isdir",
+                                                      "list", "rmtree", "syncdir", "rename", "exchange", "access",
+                                                      "lock", "abort"};
+        if (kPathCalls.count(op) > 0 && a.empty()) {
+          return reply_of(Status{ErrorCode::invalid_argument, op + " needs a path"});
+        }
         // The second string is a path for the calls that move files (a lock's is its holder).
         const bool two_paths = op == "reuse" || op == "rename" || op == "exchange";
         for (const std::string* p : {&a, &b}) {
-          if (p->empty() || (p == &b && !two_paths)) continue;
+          if (p == &b && !two_paths) continue;
+          if (p->empty() && kPathCalls.count(op) == 0) continue;
           if (!under(*p, s->folder) || has_dot_dot(*p)) {
             return reply_of(Status{ErrorCode::permission_denied,
                                    "'" + *p + "' is outside the folder '" + s->folder + "' this server serves"});
           }
         }
+        const auto key = std::make_pair(session.address(), handle);
         auto keep = [&](auto thing) {
-          const std::uint64_t h = s->next++;
           if (session && std::find(s->sessions.begin(), s->sessions.end(), session.address()) == s->sessions.end()) {
             self->monitor(session);
             s->sessions.push_back(session.address());
           }
-          s->held.emplace(h, ServerState::Held{session.address(), std::move(thing)});
-          return h;
+          s->held.insert_or_assign(key, ServerState::Held{std::move(thing)});
+          return handle;
         };
         auto writable = [&]() -> WritableFile* {
-          auto it = s->held.find(handle);
+          auto it = s->held.find(key);
           if (it == s->held.end()) return nullptr;
-          auto* f = std::get_if<std::unique_ptr<WritableFile>>(&it->second.what);
+          auto* f = std::get_if<std::unique_ptr<WritableFile>>(&it->second);
           return f ? f->get() : nullptr;
         };
         auto readable = [&]() -> ReadableFile* {
-          auto it = s->held.find(handle);
+          auto it = s->held.find(key);
           if (it == s->held.end()) return nullptr;
-          auto* f = std::get_if<std::unique_ptr<ReadableFile>>(&it->second.what);
+          auto* f = std::get_if<std::unique_ptr<ReadableFile>>(&it->second);
           return f ? f->get() : nullptr;
         };
-        const Status unknown{ErrorCode::invalid_argument, "no open file " + std::to_string(handle) + " here"};
+        const Status unknown{ErrorCode::invalid_argument,
+                             "no open file " + std::to_string(handle) +
+                                 " of this client here (released when its session ended, or never opened)"};
         FileSystem& fs = *s->fs;
         if (op == "create" || op == "reuse") {
           auto f = op == "create" ? fs.create_file(a) : fs.reuse_file(a, b, nullptr);
@@ -119,7 +150,7 @@ caf::behavior file_server(caf::event_based_actor* self, std::shared_ptr<ServerSt
           WritableFile* f = writable();
           if (f == nullptr) return reply_of(unknown);
           Status st = f->close();
-          s->held.erase(handle);
+          s->held.erase(key);
           return reply_of(st);
         }
         if (op == "open") {
@@ -131,12 +162,17 @@ caf::behavior file_server(caf::event_based_actor* self, std::shared_ptr<ServerSt
         if (op == "read") {
           ReadableFile* f = readable();
           if (f == nullptr) return reply_of(unknown);
+          if (size > kRemoteChunkBytes) {
+            return reply_of(Status{ErrorCode::invalid_argument, "a read of " + std::to_string(size) +
+                                                                    " bytes in one call (at most " +
+                                                                    std::to_string(kRemoteChunkBytes) + ")"});
+          }
           std::string out(static_cast<std::size_t>(size), '\0');
           Status st = f->read(offset, out.data(), out.size());
           return st.is_ok() ? reply_of(st, 0, std::move(out)) : reply_of(st);
         }
         if (op == "release") {
-          s->held.erase(handle);
+          s->held.erase(key);
           return reply_of(Status::ok());
         }
         if (op == "stat") {
@@ -173,8 +209,7 @@ caf::behavior file_server(caf::event_based_actor* self, std::shared_ptr<ServerSt
         if (op == "exchange") return reply_of(fs.exchange(a, b));
         if (op == "access") return reply_of(fs.check_access(a));
         return reply_of(Status{ErrorCode::invalid_argument, "unknown file server call '" + op + "'"});
-      },
-  };
+  }
 }
 
 // -- the client --
@@ -203,7 +238,9 @@ class Channel {
     // The session also watches the server (one monitor for every call): once the server's
     // process or connection is lost, it wakes the calls waiting and fails the later ones at once
     // (an answer from a lost remote actor never comes, and would be waited for to the limit).
-    session_ = system_.spawn(
+    // Detached: it must hear of the server's end even while every scheduler thread is blocked
+    // in a call.
+    session_ = system_.spawn<caf::detached>(
         [](caf::event_based_actor* self, caf::actor watched, std::shared_ptr<Watch> watch) -> caf::behavior {
           self->monitor(watched);
           self->set_down_handler([self, watch](caf::down_msg& down) {
@@ -223,11 +260,22 @@ class Channel {
   /// Ends the session: the server drops what it holds for it.
   void end_session() { caf::anon_send_exit(session_, caf::exit_reason::user_shutdown); }
 
-  /// One call, answered or failed within the limit, or at once when the server is lost.
+  using Clock = std::chrono::steady_clock;
+
+  /// The limit of one call of the file system, from now.
+  Clock::time_point deadline() const { return Clock::now() + limit_; }
+  /// A handle for what the next call opens, chosen here so that a call that times out can still
+  /// release what the server opened for it.
+  std::uint64_t new_handle() const { return next_handle_.fetch_add(1); }
+
+  /// One call, answered or failed by `until` (default: the limit from now), or at once when the
+  /// server is lost. An error the server answers names the server.
   Answer call(const char* op, const std::string& a, const std::string& b = {}, std::uint64_t handle = 0,
-              std::uint64_t offset = 0, std::uint64_t size = 0, std::string bytes = {}) const {
+              std::uint64_t offset = 0, std::uint64_t size = 0, std::string bytes = {},
+              Clock::time_point until = {}) const {
     Answer out;
     const std::string what = name_ + ": " + op + (a.empty() ? std::string() : " '" + a + "'");
+    if (until == Clock::time_point{}) until = deadline();
     auto gone = [&](const std::string& reason) {
       return Status{ErrorCode::io_error, what + ": the server is gone (" + reason + ")"};
     };
@@ -241,6 +289,16 @@ class Channel {
       }
       watch_->waiting.push_back(me);
     }
+    struct Unwait {
+      const std::shared_ptr<Watch>& watch;
+      const caf::actor& me;
+      ~Unwait() {
+        std::lock_guard<std::mutex> lock(watch->mutex);
+        watch->waiting.erase(std::find(watch->waiting.begin(), watch->waiting.end(), me));
+      }
+    } unwait{watch_, me};
+    const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()),
+                               std::chrono::milliseconds(1));
     // A plain send: the server's answer comes back as an ordinary message, received below with
     // the session's word that the server is gone, and the limit.
     self->send(server_, rfs_atom::value, std::string(op), a, b, handle, offset, size, std::move(bytes), session_);
@@ -248,7 +306,7 @@ class Channel {
         [&](std::int32_t code, std::string& message, std::uint64_t value, std::string& data,
             std::vector<std::string>& strings) {
           if (code != 0) {
-            out.status = Status{static_cast<ErrorCode>(code), message};
+            out.status = Status{static_cast<ErrorCode>(code), name_ + ": " + message};
             return;
           }
           out.value = value;
@@ -259,11 +317,13 @@ class Channel {
           std::lock_guard<std::mutex> lock(watch_->mutex);
           out.status = gone(watch_->lost);
         },
-        caf::after(limit_) >> [&] {
+        [&](caf::error& err) { out.status = Status{ErrorCode::io_error, what + ": " + system_.render(err)}; },
+        caf::after(left) >> [&] {
           out.status = Status{ErrorCode::timeout, what + ": no answer within " + std::to_string(limit_.count()) + " ms"};
+          // What the server may still open for this call is released when it does.
+          const std::string opened = op;
+          if (opened == "create" || opened == "reuse" || opened == "open" || opened == "lock") tell("release", handle);
         });
-    std::lock_guard<std::mutex> lock(watch_->mutex);
-    watch_->waiting.erase(std::find(watch_->waiting.begin(), watch_->waiting.end(), me));
     return out;
   }
   /// Tells the server without waiting (releasing what a destroyed handle held).
@@ -279,6 +339,7 @@ class Channel {
   std::chrono::milliseconds limit_;
   caf::actor session_;
   std::shared_ptr<Watch> watch_ = std::make_shared<Watch>();
+  mutable std::atomic<std::uint64_t> next_handle_{1};
 };
 
 
@@ -332,24 +393,32 @@ class RemoteFileSystem final : public FileSystem {
   ~RemoteFileSystem() override { channel_->end_session(); }
 
   Answer call(const char* op, const std::string& a, const std::string& b = {}) const { return channel_->call(op, a, b); }
+  /// A call that opens something, under a handle chosen here.
+  Answer open_call(const char* op, const std::string& a, const std::string& b = {}) const {
+    return channel_->call(op, a, b, channel_->new_handle());
+  }
 
   FileSystemCapabilities capabilities(const std::string&) const override { return {}; }
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    Answer r = call("create", path);
+    Answer r = open_call("create", path);
     if (!r.status.is_ok()) return r.status;
     return std::unique_ptr<WritableFile>(new RemoteFile(channel_, path, r.value));
   }
   Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                    FileMappings*) override {
-    Answer r = call("reuse", from, to);
+    Answer r = open_call("reuse", from, to);
     if (!r.status.is_ok()) return r.status;
     return std::unique_ptr<WritableFile>(new RemoteFile(channel_, to, r.value));
   }
   Result<std::unique_ptr<ReadableFile>> open_file(const std::string& path) override {
-    Answer r = call("open", path);
+    Answer r = open_call("open", path);
     if (!r.status.is_ok()) return r.status;
-    const std::uint64_t size = r.strings.empty() ? 0 : std::stoull(r.strings[0]);
+    std::uint64_t size = 0;
+    if (r.strings.size() != 1 ||
+        std::from_chars(r.strings[0].data(), r.strings[0].data() + r.strings[0].size(), size).ec != std::errc{}) {
+      return Status{ErrorCode::io_error, "open '" + path + "': the server answered no size"};
+    }
     return std::unique_ptr<ReadableFile>(new RemoteReadable(channel_, path, r.value, size));
   }
   Result<std::optional<FileVersion>> stat_file(const std::string& path) override {
@@ -382,7 +451,7 @@ class RemoteFileSystem final : public FileSystem {
   Status exchange(const std::string& a, const std::string& b) override { return call("exchange", a, b).status; }
   Status check_access(const std::string& path) override { return call("access", path).status; }
   Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, const std::string& holder) override {
-    Answer r = call("lock", path, holder);
+    Answer r = open_call("lock", path, holder);
     if (!r.status.is_ok()) return r.status;
     return std::unique_ptr<FileLock>(new RemoteLock(channel_, r.value));
   }
@@ -402,19 +471,22 @@ RemoteFile::~RemoteFile() {
 
 Status RemoteFile::append(const void* data, std::size_t bytes) {
   const auto* p = static_cast<const char*>(data);
+  const auto until = fs_->deadline();
   for (std::size_t at = 0; at < bytes; at += kRemoteChunkBytes) {
     const std::size_t n = std::min(kRemoteChunkBytes, bytes - at);
-    SH_RETURN_IF_ERROR(fs_->call("append", {}, {}, handle_, 0, n, std::string(p + at, n)).status.with_context("'" + path_ + "'"));
+    SH_RETURN_IF_ERROR(
+        fs_->call("append", {}, {}, handle_, 0, n, std::string(p + at, n), until).status.with_context("'" + path_ + "'"));
   }
   return Status::ok();
 }
 
 Status RemoteFile::write_at(std::uint64_t offset, const void* data, std::size_t bytes) {
   const auto* p = static_cast<const char*>(data);
+  const auto until = fs_->deadline();
   for (std::size_t at = 0; at < bytes; at += kRemoteChunkBytes) {
     const std::size_t n = std::min(kRemoteChunkBytes, bytes - at);
-    SH_RETURN_IF_ERROR(
-        fs_->call("write", {}, {}, handle_, offset + at, n, std::string(p + at, n)).status.with_context("'" + path_ + "'"));
+    SH_RETURN_IF_ERROR(fs_->call("write", {}, {}, handle_, offset + at, n, std::string(p + at, n), until)
+                           .status.with_context("'" + path_ + "'"));
   }
   return Status::ok();
 }
@@ -435,9 +507,10 @@ RemoteReadable::~RemoteReadable() { fs_->tell("release", handle_); }
 
 Status RemoteReadable::read(std::uint64_t offset, void* dst, std::size_t bytes) {
   auto* p = static_cast<char*>(dst);
+  const auto until = fs_->deadline();
   for (std::size_t at = 0; at < bytes; at += kRemoteChunkBytes) {
     const std::size_t n = std::min(kRemoteChunkBytes, bytes - at);
-    Answer r = fs_->call("read", {}, {}, handle_, offset + at, n);
+    Answer r = fs_->call("read", {}, {}, handle_, offset + at, n, {}, until);
     if (!r.status.is_ok()) return r.status.with_context("'" + path_ + "'");
     if (r.bytes.size() != n) {
       return Status{ErrorCode::corruption, "'" + path_ + "': " + std::to_string(r.bytes.size()) + " bytes came back of " +

@@ -25,9 +25,12 @@ struct FileServer {
 
 /// Serves the paths at or below `folder` (absolute, no "..") of `local` to remote file systems
 /// (remote_file_system), on a TCP port of `address` that the system picks. Paths elsewhere are
-/// refused (permission_denied). Files opened and locks taken for a client are kept until it
-/// closes or releases them, or until the client's process goes away (a write never synced is
-/// then lost, as in a crash).
+/// refused (permission_denied), as are calls without a path and reads of more than
+/// kRemoteChunkBytes at once; the server follows symbolic links inside the folder as the local
+/// file system does (the folder is trusted). Files opened and locks taken for a client are kept
+/// until it closes or releases them, or until its remote file system or process goes away (a
+/// write never synced is then lost, as in a crash); a client reaches only its own. An exception
+/// in a call is that call's error, not the server's end.
 ///
 /// Requests are served one at a time on a thread of their own: every call blocks on the disk.
 /// @returns io_error when the port cannot be opened.
@@ -41,7 +44,10 @@ void stop_file_server(caf::actor_system& system, const FileServer& server);
 /// connect_remote_actor): bytes travel in messages of at most kRemoteChunkBytes. `name` says
 /// whose server it is in errors ("host 1's file server at 10.0.0.2:41234"). Every call waits at
 /// most `limit`; one that gets no answer fails with timeout, and one whose server is gone with
-/// io_error, naming the server, the call and the path. Capabilities are those of a local disk.
+/// io_error, naming the server, the call and the path; a read or write of many messages has one
+/// limit for all of them. What a call that timed out opened on the server is released there.
+/// Files and locks opened through it are released on the server when it is destroyed.
+/// Capabilities are those of a local disk.
 /// Thread-safety: every member may be called from any thread.
 std::shared_ptr<FileSystem> remote_file_system(caf::actor_system& system, caf::actor server, std::string name,
                                                std::chrono::milliseconds limit);

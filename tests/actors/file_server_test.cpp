@@ -68,7 +68,12 @@ struct Served {
     BOOST_REQUIRE_MESSAGE(served.is_ok(), served.status().to_string());
     server = *served;
     auto actor = connect_remote_actor(client_system, "127.0.0.1", server.port, 10s);
-    BOOST_REQUIRE_MESSAGE(actor.is_ok(), actor.status().to_string());
+    if (!actor.is_ok()) {
+      // The destructor does not run for a constructor that fails: the server stops here, or the
+      // server system's end would wait for it forever.
+      stop_file_server(server_system, server);
+      BOOST_FAIL(actor.status().to_string());
+    }
     remote = remote_file_system(client_system, *actor, "the test's file server", limit);
   }
   ~Served() {
@@ -179,6 +184,12 @@ BOOST_AUTO_TEST_CASE(paths_outside_the_folder_are_refused_and_locks_are_held_for
     BOOST_TEST(f.status().message().find("outside the folder '" + root + "'") != std::string::npos, f.status().message());
   }
   BOOST_TEST(s.remote->rename(root + "/a", dir / "other/a").code() == ErrorCode::permission_denied);
+  // A call without a path is refused, not taken for the folder itself; errors name the server.
+  auto nameless = s.remote->list_dir("");
+  BOOST_REQUIRE(!nameless.is_ok());
+  BOOST_TEST(nameless.status().code() == ErrorCode::invalid_argument);
+  BOOST_TEST(nameless.status().message().find("the test's file server: list needs a path") != std::string::npos,
+             nameless.status().message());
   BOOST_TEST(!fs::exists(dir / "other/x"));
   // A lock held through the server refuses another holder, names the first, and is released
   // when its handle goes.
