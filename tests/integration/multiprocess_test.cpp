@@ -50,6 +50,26 @@ std::vector<std::unique_ptr<RankProcess>> start_four(const TempDir& dir, int por
   return ranks;
 }
 
+/// Two hosts of two ranks with their local tier in `local` (holding {host}), each rank's files on
+/// both, local saves every 5 steps and durable ones every 30 into `durable`: a run to
+/// `resume_to` resumed from the newest step, or (0) a run that goes on until it is killed.
+std::vector<std::string> two_host_sets(const std::string& local, const std::string& durable, int resume_to,
+                                       std::vector<std::string> extra) {
+  std::vector<std::string> out{"trainer.local_ckpt_path=" + local,
+                               "trainer.ckpt_path=" + durable,
+                               "trainer.total_steps=" + std::to_string(resume_to > 0 ? resume_to : 100000),
+                               "trainer.local_ckpt_interval=5",
+                               "trainer.local_max_ckpts_to_keep=2",
+                               "trainer.ckpt_interval=30",
+                               "trainer.max_ckpts_to_keep=0",
+                               "trainer.ranks_per_host=2",
+                               "trainer.local_replication_factor=2",
+                               "trainer.call_timeout_s=60"};
+  if (resume_to > 0) out.push_back("trainer.resume_mode=latest");
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
 /// Waits until `path` exists, at most 60 s.
 void wait_until_exists(const std::string& path) {
   const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -133,20 +153,7 @@ BOOST_AUTO_TEST_CASE(a_host_killed_with_its_local_folder_resumes_from_the_replic
                                                    "trainer.ckpt_interval=30", "trainer.max_ckpts_to_keep=0"}));
   BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
   // Two hosts of two ranks, each with its own folder of the local tier, each rank's files on both.
-  auto sets = [&](bool resume) {
-    std::vector<std::string> out{"trainer.local_ckpt_path=" + dir / "host{host}/local",
-                                 "trainer.ckpt_path=" + dir / "durable",
-                                 "trainer.total_steps=" + std::to_string(resume ? total : 100000),
-                                 "trainer.local_ckpt_interval=5",
-                                 "trainer.local_max_ckpts_to_keep=2",
-                                 "trainer.ckpt_interval=30",
-                                 "trainer.max_ckpts_to_keep=0",
-                                 "trainer.ranks_per_host=2",
-                                 "trainer.local_replication_factor=2",
-                                 "trainer.call_timeout_s=60"};
-    if (resume) out.push_back("trainer.resume_mode=latest");
-    return out;
-  };
+  auto sets = [&](bool resume) { return two_host_sets(dir / "host{host}/local", dir / "durable", resume ? total : 0, {}); };
   for (int h = 0; h < 2; ++h) fs::create_directories(dir / ("host" + std::to_string(h)));
   auto ranks = start_four(dir, test::free_port(), train_command(sets(false)));
   // Host 1 dies (ranks 2 and 3, then its folder) once the local tier has committed step 10.
@@ -200,19 +207,8 @@ BOOST_AUTO_TEST_CASE(hosts_whose_disks_only_they_see_replicate_over_the_network_
                                                    "trainer.ckpt_interval=30", "trainer.max_ckpts_to_keep=0"}));
   BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
   auto sets = [&](bool resume) {
-    std::vector<std::string> out{"trainer.local_ckpt_path=" + dir / "disk{host}/local",
-                                 "trainer.ckpt_path=" + dir / "durable",
-                                 "trainer.total_steps=" + std::to_string(resume ? total : 100000),
-                                 "trainer.local_ckpt_interval=5",
-                                 "trainer.local_max_ckpts_to_keep=2",
-                                 "trainer.ckpt_interval=30",
-                                 "trainer.max_ckpts_to_keep=0",
-                                 "trainer.ranks_per_host=2",
-                                 "trainer.local_replication_factor=2",
-                                 "trainer.local_replication_transport=network",
-                                 "trainer.call_timeout_s=60"};
-    if (resume) out.push_back("trainer.resume_mode=latest");
-    return out;
+    return two_host_sets(dir / "disk{host}/local", dir / "durable", resume ? total : 0,
+                         {"trainer.local_replication_transport=network"});
   };
   for (int h = 0; h < 2; ++h) fs::create_directories(dir / ("disk" + std::to_string(h)));
   // Each host's two ranks in a mount namespace of their own where the other host's disk is an
