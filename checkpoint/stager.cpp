@@ -61,8 +61,9 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
   const std::size_t most = total + total / kSlackDivisor;
   std::size_t held = 0;
   for (const auto& b : buffers_) held += b.size();
-  // Freed before anything is allocated: the peak is the larger of the two, not their sum.
-  if (held > most) buffers_.clear();
+  // Pinned memory cannot be trimmed: freed before anything is allocated, so that the peak is the
+  // larger of the two, not their sum.
+  if (held > most && pinned_) buffers_.clear();
   sizes_ = sizes;
   starts_.assign(sizes.size(), nullptr);
   free_.assign(sizes.size(), true);
@@ -94,6 +95,22 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
     kept.push_back(std::move(buffers_[b]));
   }
   buffers_ = std::move(kept);
+  if (held + rest_bytes > most && !pinned_) {
+    // Too much held for slots laid out in it: the tails no slot took go back to the system, and
+    // nothing is allocated again (a shrink, say the first save's global plan giving a rank a
+    // part of the replicas it reserved for at start, would otherwise first-touch all of it anew).
+    held = 0;
+    for (auto& buffer : buffers_) {
+      std::size_t end = 0;
+      for (std::size_t j = 0; j < sizes.size(); ++j) {
+        if (starts_[j] != nullptr && starts_[j] >= buffer.data() && starts_[j] < buffer.data() + buffer.size()) {
+          end = std::max(end, static_cast<std::size_t>(starts_[j] - buffer.data()) + sizes[j]);
+        }
+      }
+      buffer.trim(end);
+      held += buffer.size();
+    }
+  }
   if (rest_bytes > 0 && held + rest_bytes > most) {
     // Laid out over what is held, the slots would waste too much of it: all of them anew.
     buffers_.clear();

@@ -47,8 +47,10 @@ class StagingPool {
   /// reserved for (the first save's, whose global plan gives a rank other ranks' replicas to
   /// write and leaves out its own, against the whole state's at start) allocates and touches
   /// only what is more. When that would hold more than an eighth over the sum of `sizes`
-  /// (kSlackDivisor), everything held is freed first and one buffer of exactly the sum is
-  /// allocated.
+  /// (kSlackDivisor), the slots are laid into what is held and the tails of the buffers that no
+  /// slot takes are given back to the system (HostBuffer::trim), so that a shrink allocates and
+  /// touches nothing; pinned memory, which cannot be trimmed, is freed first and one buffer of
+  /// exactly the sum allocated.
   /// @post bytes() is at least the sum of `sizes` and at most 9/8 of it
   Status reserve(const std::vector<std::size_t>& sizes);
   /// The memory held may be at most 1/kSlackDivisor more than the slots' sum.

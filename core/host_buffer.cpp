@@ -1,5 +1,7 @@
 #include "stagehand/core/host_buffer.hpp"
 
+#include <sys/mman.h>
+
 #include <utility>
 
 #include "stagehand/core/device.hpp"
@@ -49,6 +51,17 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     counter_ = other.counter_;
   }
   return *this;
+}
+
+bool HostBuffer::trim(std::size_t bytes) {
+  if (pinned_ || data_ == nullptr || bytes >= size_) return !pinned_;
+  constexpr std::size_t kPage = 4096;
+  const std::size_t keep = (bytes + kPage - 1) / kPage * kPage;
+  // The block stays allocated (freed whole later); its pages past `keep` go back to the system.
+  if (keep < size_) ::madvise(data_ + keep, size_ - keep, MADV_DONTNEED);
+  if (counter_ != nullptr) counter_->sub(size_ - bytes);
+  size_ = bytes;
+  return true;
 }
 
 void HostBuffer::release() {

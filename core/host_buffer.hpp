@@ -44,6 +44,12 @@ class HostBuffer {
   std::uint8_t* data() { return data_; }
   const std::uint8_t* data() const { return data_; }
   std::size_t size() const { return size_; }
+  /// Gives the pages past the first `bytes` (rounded up to a page) back to the system and
+  /// charges only `bytes` from then on, keeping the first `bytes` where they are: a smaller
+  /// buffer without a new allocation, whose pages would be faulted in again. Not for pinned
+  /// memory (false, nothing done).
+  /// @pre bytes <= size()
+  bool trim(std::size_t bytes);
 
  private:
   void release();

@@ -199,10 +199,20 @@ BOOST_AUTO_TEST_CASE(staging_memory_held_serves_slots_cut_otherwise_and_only_wha
   BOOST_TEST(pool.data(1) == held + 12 * k);
   BOOST_TEST(pool.bytes() == 28 * k);
   BOOST_TEST(staging_memory().current() == before + 4 * k);
-  // More than an eighth less: freed first, then exactly the sum allocated.
+  // More than an eighth less: laid out in what is held, the tail no slot takes given back (no
+  // new allocation, whose pages would all be touched again), the buffer no slot takes freed.
   BOOST_REQUIRE(pool.reserve({10 * k, 10 * k}).is_ok());
   BOOST_TEST(pool.bytes() == 20 * k);
+  BOOST_TEST(pool.data(0) == held);
+  BOOST_TEST(pool.data(1) == held + 10 * k);
   BOOST_TEST(staging_memory().current() == before - 4 * k);
+  // Growing again after a trim: only what is more gets a buffer of its own.
+  BOOST_REQUIRE(pool.reserve({10 * k, 10 * k, 3 * k}).is_ok());
+  BOOST_TEST(pool.data(0) == held);
+  BOOST_TEST(pool.bytes() == 23 * k);
+  BOOST_TEST(staging_memory().current() == before - k);
+  std::memset(pool.data(2), 0x5a, 3 * k);
+  BOOST_REQUIRE(pool.reserve({10 * k, 10 * k}).is_ok());
   pool.release_all();
   BOOST_TEST(pool.bytes() == 0u);
   BOOST_TEST(pool.slot_count() == 0u);
