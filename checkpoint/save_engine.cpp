@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <future>
+#include <limits>
 #include <utility>
 
 #include "stagehand/config/rules.hpp"
@@ -79,15 +80,20 @@ bool SaveEngine::copies_out(const StateDict& state) const {
   return false;
 }
 
-Status SaveEngine::reserve_staging(const StateDict& state, bool async) {
+Status SaveEngine::reserve_staging(const StateDict& state, bool async, std::size_t headroom) {
   return staging_.reserve(
-      staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)));
+      staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)), headroom);
 }
 
 Status SaveEngine::prepare(const StateDict& state, bool async) {
   SH_RETURN_IF_ERROR(plan_for(state).status());
   if (options_.release_after_save) return Status::ok();
-  return reserve_staging(state, async);
+  // An async snapshot of the whole shard: the first save's global plan may give this rank more
+  // than its own replicas (other ranks' blocks it also holds), which would be allocated and
+  // first-touched inside that save's stall; an eighth more is reserved now (the slack the pool
+  // keeps anyway), so that up to that much more is already there.
+  const bool snapshot = async && options_.staging_buckets == 0;
+  return reserve_staging(state, async, snapshot ? std::numeric_limits<std::size_t>::max() : 0);
 }
 
 RankSaveReport SaveEngine::make_report(std::int64_t step) const {

@@ -77,7 +77,9 @@ class SaveEngine {
 
   /// Plans `state` and, unless the buffers are freed after every save, allocates the staging
   /// buffers that saves (async ones when `async`) of it will need now, so that the first save
-  /// does not pay for them (pinned allocations of gigabytes take about a second).
+  /// does not pay for them (pinned allocations of gigabytes take about a second). For an async
+  /// snapshot of the whole shard (staging_buckets 0), an eighth more: the first save's global
+  /// plan may give this rank more to write than its own replicas.
   Status prepare(const StateDict& state, bool async);
 
   /// Writes every bucket of `state` into `policy_dir`. The first error stops the other buckets
@@ -107,7 +109,8 @@ class SaveEngine {
 
   /// Whether saves of `state` copy it out through staging slots even when sync.
   bool copies_out(const StateDict& state) const;
-  Status reserve_staging(const StateDict& state, bool async);
+  /// @param headroom bytes more to allocate and touch now (at most an eighth of what is reserved).
+  Status reserve_staging(const StateDict& state, bool async, std::size_t headroom = 0);
   RankSaveReport make_report(std::int64_t step) const;
   /// Writes every bucket, one writer thread each, straight from the state (`direct`) or through
   /// staging slots; `on_all_staged` as for write_async.

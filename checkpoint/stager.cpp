@@ -54,10 +54,11 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
   return sizes;
 }
 
-Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
+Status StagingPool::reserve(const std::vector<std::size_t>& sizes, std::size_t headroom) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t total = 0;
   for (std::size_t s : sizes) total += s;
+  headroom = std::min(headroom, total / kSlackDivisor);
   const std::size_t most = total + total / kSlackDivisor;
   std::size_t held = 0;
   for (const auto& b : buffers_) held += b.size();
@@ -118,10 +119,12 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes) {
     rest_bytes = total;
   }
   if (rest_bytes > 0) {
-    HostBuffer buffer(rest_bytes, pinned_, &staging_memory());
+    // The headroom only while what is held stays within the bound.
+    if (held + rest_bytes + headroom > most) headroom = 0;
+    HostBuffer buffer(rest_bytes + headroom, pinned_, &staging_memory());
     if (!buffer.valid()) {
       clear_locked();
-      return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes) + " bytes of host staging memory"};
+      return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes + headroom) + " bytes of host staging memory"};
     }
     // Touch every page now: first-touch page faults would otherwise land in the first save.
     std::memset(buffer.data(), 0, buffer.size());
