@@ -238,9 +238,11 @@ class Channel {
     // The session also watches the server (one monitor for every call): once the server's
     // process or connection is lost, it wakes the calls waiting and fails the later ones at once
     // (an answer from a lost remote actor never comes, and would be waited for to the limit).
-    // Detached: it must hear of the server's end even while every scheduler thread is blocked
-    // in a call.
-    session_ = system_.spawn<caf::detached>(
+    // Scheduled, not detached: a detached actor's thread waits, at the system's end, until the
+    // actor is destroyed, which the middleman's references to an actor sent to another node can
+    // hold off (seen as a hang at a test's end). Calls run on the caller's thread (writer threads,
+    // a scoped actor each), so the scheduler stays free to run it.
+    session_ = system_.spawn(
         [](caf::event_based_actor* self, caf::actor watched, std::shared_ptr<Watch> watch) -> caf::behavior {
           self->monitor(watched);
           self->set_down_handler([self, watch](caf::down_msg& down) {
