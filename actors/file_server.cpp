@@ -29,12 +29,6 @@ Reply reply_of(const Status& st, std::uint64_t value = 0, std::string bytes = {}
                std::move(strings)};
 }
 
-bool under(const std::string& path, const std::string& folder) {
-  if (folder == "/") return path.starts_with("/");
-  if (!path.starts_with(folder)) return false;
-  return path.size() == folder.size() || path[folder.size()] == '/';
-}
-
 bool has_dot_dot(const std::string& path) {
   for (std::size_t at = 0; at <= path.size();) {
     const std::size_t end = std::min(path.find('/', at), path.size());
@@ -84,132 +78,129 @@ caf::behavior file_server(caf::event_based_actor* self, std::shared_ptr<ServerSt
 Reply serve(caf::event_based_actor* self, ServerState& state, const std::string& op, const std::string& a,
             const std::string& b, std::uint64_t handle, std::uint64_t offset, std::uint64_t size, const std::string& bytes,
             const caf::actor& session) {
-  ServerState* s = &state;
-  {
-        static const std::set<std::string> kPathCalls{"create", "reuse", "open", "stat", "remove", "mkdir", "isdir",
-                                                      "list", "rmtree", "syncdir", "rename", "exchange", "access",
-                                                      "lock", "abort"};
-        if (kPathCalls.count(op) > 0 && a.empty()) {
-          return reply_of(Status{ErrorCode::invalid_argument, op + " needs a path"});
-        }
-        // The second string is a path for the calls that move files (a lock's is its holder).
-        const bool two_paths = op == "reuse" || op == "rename" || op == "exchange";
-        for (const std::string* p : {&a, &b}) {
-          if (p == &b && !two_paths) continue;
-          if (p->empty() && kPathCalls.count(op) == 0) continue;
-          if (!under(*p, s->folder) || has_dot_dot(*p)) {
-            return reply_of(Status{ErrorCode::permission_denied,
-                                   "'" + *p + "' is outside the folder '" + s->folder + "' this server serves"});
-          }
-        }
-        const auto key = std::make_pair(session.address(), handle);
-        auto keep = [&](auto thing) {
-          if (session && std::find(s->sessions.begin(), s->sessions.end(), session.address()) == s->sessions.end()) {
-            self->monitor(session);
-            s->sessions.push_back(session.address());
-          }
-          s->held.insert_or_assign(key, ServerState::Held{std::move(thing)});
-          return handle;
-        };
-        auto writable = [&]() -> WritableFile* {
-          auto it = s->held.find(key);
-          if (it == s->held.end()) return nullptr;
-          auto* f = std::get_if<std::unique_ptr<WritableFile>>(&it->second);
-          return f ? f->get() : nullptr;
-        };
-        auto readable = [&]() -> ReadableFile* {
-          auto it = s->held.find(key);
-          if (it == s->held.end()) return nullptr;
-          auto* f = std::get_if<std::unique_ptr<ReadableFile>>(&it->second);
-          return f ? f->get() : nullptr;
-        };
-        const Status unknown{ErrorCode::invalid_argument,
-                             "no open file " + std::to_string(handle) +
-                                 " of this client here (released when its session ended, or never opened)"};
-        FileSystem& fs = *s->fs;
-        if (op == "create" || op == "reuse") {
-          auto f = op == "create" ? fs.create_file(a) : fs.reuse_file(a, b, nullptr);
-          if (!f.is_ok()) return reply_of(f.status());
-          return reply_of(Status::ok(), keep(std::move(*f)));
-        }
-        if (op == "append" || op == "write") {
-          WritableFile* f = writable();
-          if (f == nullptr) return reply_of(unknown);
-          return reply_of(op == "append" ? f->append(bytes.data(), bytes.size())
-                                         : f->write_at(offset, bytes.data(), bytes.size()));
-        }
-        if (op == "wback") {
-          WritableFile* f = writable();
-          return reply_of(f == nullptr ? unknown : f->start_writeback(offset, static_cast<std::size_t>(size)));
-        }
-        if (op == "sync") {
-          WritableFile* f = writable();
-          return reply_of(f == nullptr ? unknown : f->sync());
-        }
-        if (op == "close") {
-          WritableFile* f = writable();
-          if (f == nullptr) return reply_of(unknown);
-          Status st = f->close();
-          s->held.erase(key);
-          return reply_of(st);
-        }
-        if (op == "open") {
-          auto f = fs.open_file(a);
-          if (!f.is_ok()) return reply_of(f.status());
-          const std::uint64_t file_size = (*f)->size();
-          return reply_of(Status::ok(), keep(std::move(*f)), {}, {std::to_string(file_size)});
-        }
-        if (op == "read") {
-          ReadableFile* f = readable();
-          if (f == nullptr) return reply_of(unknown);
-          if (size > kRemoteChunkBytes) {
-            return reply_of(Status{ErrorCode::invalid_argument, "a read of " + std::to_string(size) +
-                                                                    " bytes in one call (at most " +
-                                                                    std::to_string(kRemoteChunkBytes) + ")"});
-          }
-          std::string out(static_cast<std::size_t>(size), '\0');
-          Status st = f->read(offset, out.data(), out.size());
-          return st.is_ok() ? reply_of(st, 0, std::move(out)) : reply_of(st);
-        }
-        if (op == "release") {
-          s->held.erase(key);
-          return reply_of(Status::ok());
-        }
-        if (op == "stat") {
-          auto v = fs.stat_file(a);
-          if (!v.is_ok()) return reply_of(v.status());
-          if (!*v) return reply_of(Status::ok());
-          return reply_of(Status::ok(), (*v)->size, {}, {(*v)->tag});
-        }
-        if (op == "isdir") {
-          auto d = fs.is_dir(a);
-          return d.is_ok() ? reply_of(Status::ok(), *d ? 1 : 0) : reply_of(d.status());
-        }
-        if (op == "list") {
-          auto entries = fs.list_dir(a);
-          if (!entries.is_ok()) return reply_of(entries.status());
-          std::vector<std::string> names;
-          for (const auto& e : *entries) names.push_back(e.is_dir ? e.name + "/" : e.name);
-          return reply_of(Status::ok(), 0, {}, std::move(names));
-        }
-        if (op == "lock") {
-          auto lock = fs.lock_file(a, b);
-          if (!lock.is_ok()) return reply_of(lock.status());
-          return reply_of(Status::ok(), keep(std::move(*lock)));
-        }
-        if (op == "abort") {
-          auto n = fs.abort_unfinished_writes(a);
-          return n.is_ok() ? reply_of(Status::ok(), static_cast<std::uint64_t>(*n)) : reply_of(n.status());
-        }
-        if (op == "remove") return reply_of(fs.remove_file(a));
-        if (op == "mkdir") return reply_of(fs.create_dir(a));
-        if (op == "rmtree") return reply_of(fs.remove_tree(a));
-        if (op == "syncdir") return reply_of(fs.sync_dir(a));
-        if (op == "rename") return reply_of(fs.rename(a, b));
-        if (op == "exchange") return reply_of(fs.exchange(a, b));
-        if (op == "access") return reply_of(fs.check_access(a));
-        return reply_of(Status{ErrorCode::invalid_argument, "unknown file server call '" + op + "'"});
+  static const std::set<std::string> kPathCalls{"create", "reuse", "open", "stat", "remove", "mkdir", "isdir",
+                                                "list", "rmtree", "syncdir", "rename", "exchange", "access",
+                                                "lock", "abort"};
+  if (kPathCalls.count(op) > 0 && a.empty()) {
+    return reply_of(Status{ErrorCode::invalid_argument, op + " needs a path"});
   }
+  // The second string is a path for the calls that move files (a lock's is its holder).
+  const bool two_paths = op == "reuse" || op == "rename" || op == "exchange";
+  for (const std::string* p : {&a, &b}) {
+    if (p == &b && !two_paths) continue;
+    if (p->empty() && kPathCalls.count(op) == 0) continue;
+    if (!path_within(*p, state.folder) || has_dot_dot(*p)) {
+      return reply_of(Status{ErrorCode::permission_denied,
+                             "'" + *p + "' is outside the folder '" + state.folder + "' this server serves"});
+    }
+  }
+  const auto key = std::make_pair(session.address(), handle);
+  auto keep = [&](auto thing) {
+    if (session && std::find(state.sessions.begin(), state.sessions.end(), session.address()) == state.sessions.end()) {
+      self->monitor(session);
+      state.sessions.push_back(session.address());
+    }
+    state.held.insert_or_assign(key, ServerState::Held{std::move(thing)});
+    return handle;
+  };
+  auto writable = [&]() -> WritableFile* {
+    auto it = state.held.find(key);
+    if (it == state.held.end()) return nullptr;
+    auto* f = std::get_if<std::unique_ptr<WritableFile>>(&it->second);
+    return f ? f->get() : nullptr;
+  };
+  auto readable = [&]() -> ReadableFile* {
+    auto it = state.held.find(key);
+    if (it == state.held.end()) return nullptr;
+    auto* f = std::get_if<std::unique_ptr<ReadableFile>>(&it->second);
+    return f ? f->get() : nullptr;
+  };
+  const Status unknown{ErrorCode::invalid_argument,
+                       "no open file " + std::to_string(handle) +
+                           " of this client here (released when its session ended, or never opened)"};
+  FileSystem& fs = *state.fs;
+  if (op == "create" || op == "reuse") {
+    auto f = op == "create" ? fs.create_file(a) : fs.reuse_file(a, b, nullptr);
+    if (!f.is_ok()) return reply_of(f.status());
+    return reply_of(Status::ok(), keep(std::move(*f)));
+  }
+  if (op == "append" || op == "write") {
+    WritableFile* f = writable();
+    if (f == nullptr) return reply_of(unknown);
+    return reply_of(op == "append" ? f->append(bytes.data(), bytes.size())
+                                   : f->write_at(offset, bytes.data(), bytes.size()));
+  }
+  if (op == "wback") {
+    WritableFile* f = writable();
+    return reply_of(f == nullptr ? unknown : f->start_writeback(offset, static_cast<std::size_t>(size)));
+  }
+  if (op == "sync") {
+    WritableFile* f = writable();
+    return reply_of(f == nullptr ? unknown : f->sync());
+  }
+  if (op == "close") {
+    WritableFile* f = writable();
+    if (f == nullptr) return reply_of(unknown);
+    Status st = f->close();
+    state.held.erase(key);
+    return reply_of(st);
+  }
+  if (op == "open") {
+    auto f = fs.open_file(a);
+    if (!f.is_ok()) return reply_of(f.status());
+    const std::uint64_t file_size = (*f)->size();
+    return reply_of(Status::ok(), keep(std::move(*f)), {}, {std::to_string(file_size)});
+  }
+  if (op == "read") {
+    ReadableFile* f = readable();
+    if (f == nullptr) return reply_of(unknown);
+    if (size > kRemoteChunkBytes) {
+      return reply_of(Status{ErrorCode::invalid_argument, "a read of " + std::to_string(size) +
+                                                              " bytes in one call (at most " +
+                                                              std::to_string(kRemoteChunkBytes) + ")"});
+    }
+    std::string out(static_cast<std::size_t>(size), '\0');
+    Status st = f->read(offset, out.data(), out.size());
+    return st.is_ok() ? reply_of(st, 0, std::move(out)) : reply_of(st);
+  }
+  if (op == "release") {
+    state.held.erase(key);
+    return reply_of(Status::ok());
+  }
+  if (op == "stat") {
+    auto v = fs.stat_file(a);
+    if (!v.is_ok()) return reply_of(v.status());
+    if (!*v) return reply_of(Status::ok());
+    return reply_of(Status::ok(), (*v)->size, {}, {(*v)->tag});
+  }
+  if (op == "isdir") {
+    auto d = fs.is_dir(a);
+    return d.is_ok() ? reply_of(Status::ok(), *d ? 1 : 0) : reply_of(d.status());
+  }
+  if (op == "list") {
+    auto entries = fs.list_dir(a);
+    if (!entries.is_ok()) return reply_of(entries.status());
+    std::vector<std::string> names;
+    for (const auto& e : *entries) names.push_back(e.is_dir ? e.name + "/" : e.name);
+    return reply_of(Status::ok(), 0, {}, std::move(names));
+  }
+  if (op == "lock") {
+    auto lock = fs.lock_file(a, b);
+    if (!lock.is_ok()) return reply_of(lock.status());
+    return reply_of(Status::ok(), keep(std::move(*lock)));
+  }
+  if (op == "abort") {
+    auto n = fs.abort_unfinished_writes(a);
+    return n.is_ok() ? reply_of(Status::ok(), static_cast<std::uint64_t>(*n)) : reply_of(n.status());
+  }
+  if (op == "remove") return reply_of(fs.remove_file(a));
+  if (op == "mkdir") return reply_of(fs.create_dir(a));
+  if (op == "rmtree") return reply_of(fs.remove_tree(a));
+  if (op == "syncdir") return reply_of(fs.sync_dir(a));
+  if (op == "rename") return reply_of(fs.rename(a, b));
+  if (op == "exchange") return reply_of(fs.exchange(a, b));
+  if (op == "access") return reply_of(fs.check_access(a));
+  return reply_of(Status{ErrorCode::invalid_argument, "unknown file server call '" + op + "'"});
 }
 
 // -- the client --

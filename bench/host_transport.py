@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,14 +36,6 @@ from interference import model_for  # noqa: E402
 RESUMED = re.compile(r"resumed from (\S+) at step \d+, .*\(load ([0-9.]+) s")
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def train(args, sets, metrics=None):
     cmd = [os.path.join(ROOT, "scripts", "launch-local.sh"), "4", os.path.join(args.bin, "stagehand-train"),
            "--config", os.path.join(ROOT, "examples", "configs", "sync_rl.yaml")]
@@ -54,7 +45,9 @@ def train(args, sets, metrics=None):
             **model_for(args.state_mib), "trainer.call_timeout_s": 120}
     for key, value in {**base, **sets}.items():
         cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-    env = dict(os.environ, MASTER_PORT=str(free_port()), GRACE_S="10")
+    # launch-local.sh picks a free MASTER_PORT itself.
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    env["GRACE_S"] = "10"
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         sys.exit(f"host_transport: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

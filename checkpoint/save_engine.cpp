@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <future>
-#include <limits>
 #include <utility>
 
 #include "stagehand/config/rules.hpp"
@@ -80,7 +79,7 @@ bool SaveEngine::copies_out(const StateDict& state) const {
   return false;
 }
 
-Status SaveEngine::reserve_staging(const StateDict& state, bool async, std::size_t headroom) {
+Status SaveEngine::reserve_staging(const StateDict& state, bool async, bool headroom) {
   return staging_.reserve(
       staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)), headroom);
 }
@@ -92,8 +91,7 @@ Status SaveEngine::prepare(const StateDict& state, bool async) {
   // than its own replicas (other ranks' blocks it also holds), which would be allocated and
   // first-touched inside that save's stall; an eighth more is reserved now (the slack the pool
   // keeps anyway), so that up to that much more is already there.
-  const bool snapshot = async && options_.staging_buckets == 0;
-  return reserve_staging(state, async, snapshot ? std::numeric_limits<std::size_t>::max() : 0);
+  return reserve_staging(state, async, async && options_.staging_buckets == 0);
 }
 
 RankSaveReport SaveEngine::make_report(std::int64_t step) const {

@@ -109,8 +109,8 @@ class SaveEngine {
 
   /// Whether saves of `state` copy it out through staging slots even when sync.
   bool copies_out(const StateDict& state) const;
-  /// @param headroom bytes more to allocate and touch now (at most an eighth of what is reserved).
-  Status reserve_staging(const StateDict& state, bool async, std::size_t headroom = 0);
+  /// @param headroom an eighth more allocated and touched now (StagingPool::reserve).
+  Status reserve_staging(const StateDict& state, bool async, bool headroom = false);
   RankSaveReport make_report(std::int64_t step) const;
   /// Writes every bucket, one writer thread each, straight from the state (`direct`) or through
   /// staging slots; `on_all_staged` as for write_async.

@@ -54,11 +54,10 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
   return sizes;
 }
 
-Status StagingPool::reserve(const std::vector<std::size_t>& sizes, std::size_t headroom) {
+Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t total = 0;
   for (std::size_t s : sizes) total += s;
-  headroom = std::min(headroom, total / kSlackDivisor);
   const std::size_t most = total + total / kSlackDivisor;
   std::size_t held = 0;
   for (const auto& b : buffers_) held += b.size();
@@ -89,27 +88,24 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, std::size_t h
   }
   // Buffers no slot took are freed (moving a HostBuffer keeps its memory where it is).
   std::vector<HostBuffer> kept;
+  std::vector<std::size_t> kept_used;
   held = 0;
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     if (used[b] == 0) continue;
     held += buffers_[b].size();
     kept.push_back(std::move(buffers_[b]));
+    kept_used.push_back(used[b]);
   }
   buffers_ = std::move(kept);
   if (held + rest_bytes > most && !pinned_) {
     // Too much held for slots laid out in it: the tails no slot took go back to the system, and
     // nothing is allocated again (a shrink, say the first save's global plan giving a rank a
     // part of the replicas it reserved for at start, would otherwise first-touch all of it anew).
+    // Each buffer's slots were laid from its start: what they take ends at what it used.
     held = 0;
-    for (auto& buffer : buffers_) {
-      std::size_t end = 0;
-      for (std::size_t j = 0; j < sizes.size(); ++j) {
-        if (starts_[j] != nullptr && starts_[j] >= buffer.data() && starts_[j] < buffer.data() + buffer.size()) {
-          end = std::max(end, static_cast<std::size_t>(starts_[j] - buffer.data()) + sizes[j]);
-        }
-      }
-      buffer.trim(end);
-      held += buffer.size();
+    for (std::size_t b = 0; b < buffers_.size(); ++b) {
+      buffers_[b].trim(kept_used[b]);
+      held += buffers_[b].size();
     }
   }
   if (rest_bytes > 0 && held + rest_bytes > most) {
@@ -120,11 +116,11 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, std::size_t h
   }
   if (rest_bytes > 0) {
     // The headroom only while what is held stays within the bound.
-    if (held + rest_bytes + headroom > most) headroom = 0;
-    HostBuffer buffer(rest_bytes + headroom, pinned_, &staging_memory());
+    const std::size_t more = headroom && held + rest_bytes + total / kSlackDivisor <= most ? total / kSlackDivisor : 0;
+    HostBuffer buffer(rest_bytes + more, pinned_, &staging_memory());
     if (!buffer.valid()) {
       clear_locked();
-      return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes + headroom) + " bytes of host staging memory"};
+      return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes + more) + " bytes of host staging memory"};
     }
     // Touch every page now: first-touch page faults would otherwise land in the first save.
     std::memset(buffer.data(), 0, buffer.size());

@@ -52,10 +52,10 @@ class StagingPool {
   /// touches nothing; pinned memory, which cannot be trimmed, is freed first and one buffer of
   /// exactly the sum allocated.
   /// @post bytes() is at least the sum of `sizes` and at most 9/8 of it
-  /// With `headroom`, a buffer this allocates is that many bytes larger (touched too, free for
-  /// later slots): at most an eighth of the sum, which a later reserve() of up to that much more
-  /// then takes without allocating.
-  Status reserve(const std::vector<std::size_t>& sizes, std::size_t headroom = 0);
+  /// With `headroom`, a buffer this allocates is an eighth of the sum larger (touched too, free
+  /// for later slots), while what is held stays within the bound: a later reserve() of up to that
+  /// much more then takes it without allocating.
+  Status reserve(const std::vector<std::size_t>& sizes, bool headroom = false);
   /// The memory held may be at most 1/kSlackDivisor more than the slots' sum.
   static constexpr std::size_t kSlackDivisor = 8;
   /// The smallest free slot of at least `bytes`, taken; blocks until one is free.

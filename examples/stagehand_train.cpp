@@ -352,8 +352,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   std::unique_ptr<HostServers> servers;
   auto start_servers = [&](caf::actor rendezvous) -> Status {
     if (!routes) return Status::ok();
-    auto started = HostServers::start(system, host_placement_of_config(c), launch.rank,
-                                      default_file_system(ObjectStoreOptions::from_config(c.storage.s3)), routes,
+    auto started = HostServers::start(system, host_placement_of_config(c), launch.rank, local_file_system(), routes,
                                       std::move(rendezvous), launch.master_addr, std::chrono::seconds(c.trainer.call_timeout_s));
     if (!started.is_ok()) return started.status().with_context("trainer.local_replication_transport network");
     servers = std::move(*started);

@@ -22,6 +22,12 @@ std::string parent_path(const std::string& path) {
   return p.substr(0, slash);
 }
 
+bool path_within(const std::string& path, const std::string& folder) {
+  if (folder == "/") return path.starts_with("/");
+  if (!path.starts_with(folder)) return false;
+  return path.size() == folder.size() || path[folder.size()] == '/';
+}
+
 Status create_dirs(FileSystem& fs, const std::string& path) {
   SH_ASSIGN_OR_RETURN(bool exists, fs.is_dir(path));
   if (exists) return Status::ok();

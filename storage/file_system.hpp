@@ -287,6 +287,10 @@ std::shared_ptr<FileSystem> rate_limited(std::shared_ptr<FileSystem> inner, doub
 /// The parent of `path` (`a/b/c` -> `a/b`, `s3://b/k/x` -> `s3://b/k`); "." for a bare name.
 std::string parent_path(const std::string& path);
 
+/// Whether `path` is `folder` or lies below it ("/a/b" is within "/a", "/ab" is not); `folder`
+/// without a trailing slash, or "/".
+bool path_within(const std::string& path, const std::string& folder);
+
 /// Creates the folder `path` and every missing folder above it.
 Status create_dirs(FileSystem& fs, const std::string& path);
 

@@ -8,12 +8,6 @@ namespace stagehand {
 
 namespace {
 
-/// Whether `path` is `folder` or below it.
-bool under(const std::string& path, const std::string& folder) {
-  if (!path.starts_with(folder)) return false;
-  return path.size() == folder.size() || path[folder.size()] == '/' || folder.ends_with("/");
-}
-
 std::string trimmed(std::string folder) {
   while (folder.size() > 1 && folder.ends_with("/")) folder.pop_back();
   return folder;
@@ -152,7 +146,7 @@ class Router final : public RoutedFileSystem {
   const Route* find_locked(const std::string& path) const {
     const Route* best = nullptr;
     for (const auto& r : routes_) {
-      if (under(path, r.folder) && (best == nullptr || r.folder.size() > best->folder.size())) best = &r;
+      if (path_within(path, r.folder) && (best == nullptr || r.folder.size() > best->folder.size())) best = &r;
     }
     return best;
   }
