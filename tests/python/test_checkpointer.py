@@ -231,9 +231,12 @@ def test_a_closed_checkpointer_refuses_calls(tmp_path):
 
 
 INTERRUPTED = """
-import sys, time
+import signal, sys, time
 import numpy as np
 import stagehand
+# A shell that starts CI in the background ignores SIGINT, the child inherits that, and Python
+# then installs no handler: install Python's own, as an interactive run has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 state = {"w": np.arange(32 << 20, dtype=np.float32), "step": 5}
 # 128 MiB at 32 MiB/s: the background write takes about 4 s.
 with stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32) as ckpt:
