@@ -4,6 +4,8 @@
 #include <cstring>
 #include <map>
 
+#include "stagehand/core/stream_copy.hpp"
+
 namespace stagehand {
 
 namespace {
@@ -199,7 +201,8 @@ Status stage_range(const PlannedBucket& bucket, std::uint64_t begin, std::uint64
     const auto* src = static_cast<const std::uint8_t*>(tensor.data()) + (from - item.data_offset);
     const auto bytes = static_cast<std::size_t>(to - from);
     if (!tensor.device().is_cuda()) {
-      std::memcpy(dst + (from - begin), src, bytes);
+      // The staged bytes are read next by the writer, after the whole snapshot: past the caches.
+      stream_copy(dst + (from - begin), src, bytes);
       continue;
     }
     on_device = true;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "stagehand/core/stream_copy.hpp"
 #include "stagehand/storage/file_system.hpp"
 #include "stagehand/storage/posix_io.hpp"
 
@@ -106,7 +107,8 @@ class PosixWritableFile final : public WritableFile {
     const auto* p = static_cast<const std::uint8_t*>(data);
     if (mapping_ && offset < mapping_->size()) {
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, mapping_->size() - offset));
-      std::memcpy(mapping_->data() + offset, p, n);
+      // The file's pages are not read again soon: past the caches.
+      stream_copy(mapping_->data() + offset, p, n);
       p += n;
       offset += n;
       bytes -= n;
