@@ -60,6 +60,8 @@ class PendingSave::Impl {
   /// Why the first call could not start the actors or join the job: every later call says so.
   std::optional<Status> start_error;
   bool closed = false;
+  /// prepare() asked for async saves' staging at the start.
+  bool prepare_async = false;
 
   int ranks_here() const { return options.ranks_here(); }
   bool spans_processes() const { return ranks_here() < options.world_size; }
@@ -146,6 +148,7 @@ class PendingSave::Impl {
     strategy.thread_count = options.thread_count;
     strategy.load_thread_count = options.load_thread_count;
     strategy.staging_buckets = options.staging_buckets;
+    strategy.async_save = prepare_async;
     strategy.file_system = rate_limited(fs, options.write_rate_limit_mib_s * 1048576.0);
     if (states.size() > 1) strategy.load_group = std::make_shared<LoadGroup>(static_cast<int>(states.size()), options.timeout);
     for (std::size_t r = 0; r < states.size(); ++r) {
@@ -182,6 +185,15 @@ class PendingSave::Impl {
     coordinator = std::move(joined.coordinator);
     for (auto& w : workers) caf::anon_send(w, report_to_atom::value, coordinator);
     return Status::ok();
+  }
+
+  Status prepare(const std::vector<StateDict>& states, bool async) {
+    if (started && !closed && !start_error) {
+      return {ErrorCode::invalid_argument,
+              "Checkpointer::prepare must be the first call: a save or load already started this Checkpointer"};
+    }
+    prepare_async = async;
+    return bind(states);
   }
 
   /// Finishes the pending async save; records and returns its outcome.
@@ -311,6 +323,13 @@ Checkpointer::Checkpointer(CheckpointerOptions options)
 Checkpointer::~Checkpointer() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->close();
+}
+
+Status Checkpointer::prepare(const StateDict& state, bool async) { return prepare(std::vector<StateDict>{state}, async); }
+
+Status Checkpointer::prepare(const std::vector<StateDict>& states, bool async) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->prepare(states, async);
 }
 
 Status Checkpointer::save(std::int64_t step, const StateDict& state) { return save(step, std::vector<StateDict>{state}); }

@@ -141,6 +141,18 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
+  /// Optional, as the first call: starts the Checkpointer for `state` now (joining the job when
+  /// it spans processes; collective, as save is) and, with `async`, reserves the host staging an
+  /// async save of it takes and touches its pages, so that the first async_save's stall is its
+  /// copy alone. Without it the first call starts everything, and the first async save
+  /// allocates its staging inside its stall, at the price fresh pages have on the machine (on
+  /// a virtual machine up to seconds per GiB). The staging held is then what the first async
+  /// save would have taken: the whole state (and an eighth more; staging_buckets 0) or the ring
+  /// of staging_buckets buckets.
+  /// @return an error naming it when another call came first.
+  Status prepare(const StateDict& state, bool async = true);
+  Status prepare(const std::vector<StateDict>& states, bool async = true);
+
   /// Saves `step` and returns once it is committed (written by every rank, metadata, tracker).
   /// @pre this process holds one rank (else pass one state per rank).
   Status save(std::int64_t step, const StateDict& state);

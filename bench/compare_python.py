@@ -10,7 +10,8 @@ as the physical limit both are measured against. For each op it also prints the 
 seconds per GiB (time.process_time over the op, an async save's background writing included).
 
     PYTHONPATH=build/python /work/peers-venv/bin/python bench/compare_python.py \\
-        [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py]
+        [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py] [--staging-buckets N]
+        [--no-prepare]
 
 Needs torch (DCP) and the stagehand package (PYTHONPATH=<build>/python or pip install .).
 Targets (issue 28): sync save <= 0.8x DCP, async blocking part <= 0.3x, load <= 1.0x, at every
@@ -60,6 +61,13 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default="/work/cmp-py")
+    ap.add_argument("--staging-buckets", type=int, default=0,
+                    help="stagehand's async saves stage this many buckets before returning and the "
+                         "rest from the live state (0: all); the wait until every bucket is staged "
+                         "(when the tensors may change again) is printed beside the blocking part")
+    ap.add_argument("--no-prepare", action="store_true",
+                    help="leave out stagehand's Checkpointer.prepare at the start (then its first async save "
+                         "allocates and first-touches its staging inside its blocking part)")
     args = ap.parse_args()
     import torch
     import torch.distributed.checkpoint as dcp
@@ -73,7 +81,16 @@ def main():
     os.makedirs(args.dir)
     sh_root = os.path.join(args.dir, "stagehand")
     writer = lambda path: FileSystemWriter(path, thread_count=args.threads, sync_files=True)
-    ckpt = stagehand.Checkpointer(sh_root, thread_count=args.threads, load_thread_count=args.threads)
+    ckpt = stagehand.Checkpointer(sh_root, thread_count=args.threads, load_thread_count=args.threads,
+                                  staging_buckets=args.staging_buckets)
+    staged_waits = []  # stagehand's async saves: seconds from the return until every bucket is staged
+    prepare_s = None
+    if not args.no_prepare:
+        # What a trainer does once at its start, before its first step: reserve the staging
+        # memory async saves copy into (DCP has no counterpart; its first async_save allocates).
+        t0 = time.perf_counter()
+        ckpt.prepare(sd)
+        prepare_s = time.perf_counter() - t0
     times = {}   # (system, op) -> [seconds by position]
     cpu = {}     # (system, op) -> [process CPU seconds by position]
     peaks = {}   # (system, op) -> [bytes by position]
@@ -169,6 +186,9 @@ def main():
                     t0 = time.perf_counter()
                     pending = ckpt.async_save(k, sd)
                     t1 = time.perf_counter()
+                    # What a trainer that changes the tensors at once would wait (0 unless
+                    # --staging-buckets): the fence.
+                    staged_waits.append(pending.wait_staged())
                     pending.wait()
             else:
                 pc.drop_cache(sh_root)
@@ -191,7 +211,11 @@ def main():
     # Bit for bit (the random bytes hold NaNs, which torch.equal never finds equal).
     check = {name: torch.equal(target[name].view(torch.uint8), sd[name].view(torch.uint8)) for name in sd}
     print(f"torch {torch.__version__}; {total / 2**20:.0f} MiB in {args.tensors} CPU tensors; "
-          f"{args.threads} threads; {args.rounds} rounds; last load equal to the state: {all(check.values())}")
+          f"{args.threads} threads; stagehand staging_buckets {args.staging_buckets}; {args.rounds} rounds; "
+          f"last load equal to the state: {all(check.values())}")
+    print("stagehand: " + (f"Checkpointer.prepare at the start, before any op, not timed in them: {prepare_s:.3f} s "
+                           "(reserves and touches the staging of async saves)" if prepare_s is not None
+                           else "no Checkpointer.prepare (its first async save allocates its staging)"))
     targets = {"save": 0.8, "async": 0.3, "load": 1.0}
     names = {"save": "sync save", "async": "async blocking part", "load": "cold load"}
     for op in ops:
@@ -216,6 +240,12 @@ def main():
                   + f"   median {statistics.median([b / a for a, b in zip(w, s)]):.2f}")
             print("  dcp / raw       " + " ".join(f"{b / a:5.2f}" for a, b in zip(w, d))
                   + f"   median {statistics.median([b / a for a, b in zip(w, d)]):.2f}")
+        if op == "async" and args.staging_buckets:
+            print(f"  stagehand staged {args.staging_buckets} of {args.threads} buckets before returning; then "
+                  "waited until all were staged: " + " ".join(f"{x:5.3f}" for x in staged_waits))
+            both = [b + w for b, w in zip(s, staged_waits)]
+            print("  blocking part + that wait, ratio to DCP's blocking part "
+                  + " ".join(f"{b / a:5.2f}" for a, b in zip(d, both)))
         pd, ps = peaks[("dcp", op)], peaks[("stagehand", op)]
         print(f"  peak RSS above start, MiB: dcp {max(pd) / 2**20:.0f}, stagehand {max(ps) / 2**20:.0f}")
     shutil.rmtree(args.dir, ignore_errors=True)

@@ -354,6 +354,12 @@ NB_MODULE(_stagehand, m) {
           nb::arg("join_timeout_s") = 60.0, nb::arg("local_work_dir").none() = nb::none(),
           nb::arg("write_rate_limit_mib_s") = 0.0)
       .def(
+          "prepare",
+          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+             const std::map<std::string, std::string>& objects,
+             bool async) { check(self.get().prepare(state_of(entries, objects), async)); },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
           "save",
           [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
              const std::map<std::string, std::string>& objects) { check(self.get().save(step, state_of(entries, objects))); },

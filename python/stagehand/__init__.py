@@ -307,6 +307,18 @@ class Checkpointer:
         """Ranks of the whole job."""
         return self._impl.world_size
 
+    def prepare(self, state: dict, *, async_saves: bool = True) -> None:
+        """Optional, as the first call (collective, as ``save``): starts the Checkpointer for
+        ``state``'s structure now and, with ``async_saves``, reserves and touches the host memory
+        an async save of it copies into, so that the first ``async_save`` blocks for its copy only
+        instead of also allocating that memory (on a virtual machine up to seconds per GiB).
+        Raises ``stagehand.Error`` when another call came first."""
+        bound = _Bound(state, writable=False)
+        with self._lock:
+            previous, self._bound = self._bound, bound
+            self._impl.prepare(bound.entries, bound.objects, bool(async_saves))
+            del previous
+
     def save(self, step: int, state: dict) -> None:
         """Saves ``step`` and returns once it is committed on every rank (no copy of host tensors)."""
         bound = _Bound(state, writable=False)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/core/host_buffer.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
 
@@ -124,6 +125,37 @@ BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {
   }
   BOOST_TEST(**test::read_tracker(dir.path()) == 7);
   BOOST_TEST(fs::exists(fs::path(dir.path()) / "global_step_7" / "policy" / "metadata.json"));
+}
+
+BOOST_AUTO_TEST_CASE(prepare_reserves_the_staging_so_that_the_first_async_save_allocates_none) {
+  TempDir dir;
+  UserModel model(0, 1, 2.0f);
+  const std::size_t state_bytes = (128 + 16) * sizeof(float);
+  {
+    // Without prepare, the first async save allocates its staging itself.
+    Checkpointer ckpt({.root = (fs::path(dir.path()) / "unprepared").string()});
+    BOOST_REQUIRE(ckpt.save(1, model.state(0, 1)).is_ok());
+    const std::size_t before = staging_memory().current();
+    staging_memory().reset_peak();
+    auto pending = ckpt.async_save(2, model.state(0, 1));
+    BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+    BOOST_REQUIRE(pending->wait().is_ok());
+    BOOST_TEST(staging_memory().peak() >= before + state_bytes);
+  }
+  Checkpointer ckpt({.root = dir.path()});
+  const std::size_t before = staging_memory().current();
+  BOOST_REQUIRE(ckpt.prepare(model.state(0, 1)).is_ok());
+  const std::size_t reserved = staging_memory().current() - before;
+  BOOST_TEST(reserved >= state_bytes);
+  staging_memory().reset_peak();
+  auto pending = ckpt.async_save(1, model.state(0, 1));
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  BOOST_REQUIRE(pending->wait().is_ok());
+  BOOST_TEST(staging_memory().peak() == before + reserved);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  Status again = ckpt.prepare(model.state(0, 1));
+  BOOST_TEST(!again.is_ok());
+  BOOST_TEST(again.message().find("prepare must be the first call") != std::string::npos, again.message());
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {

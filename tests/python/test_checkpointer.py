@@ -488,3 +488,16 @@ def test_export_writes_hugging_face_files_that_safetensors_reads(tmp_path):
     again = subprocess.run([sys.executable, "-m", "stagehand", "export", str(tmp_path / "ckpt"), str(tmp_path / "cli")],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "cli" in again.stderr
+
+
+def test_prepare_as_the_first_call_then_async_saves_and_a_late_prepare_is_refused(tmp_path):
+    state = {"w": np.arange(1 << 20, dtype=np.float32), "opt": {"lr": 0.5}}
+    with stagehand.Checkpointer(tmp_path, thread_count=2) as ckpt:
+        ckpt.prepare(state)
+        ckpt.async_save(1, state).wait()
+        with pytest.raises(stagehand.Error, match="prepare must be the first call"):
+            ckpt.prepare(state)
+    loaded = {"w": np.zeros(1 << 20, np.float32), "opt": {"lr": 0.0}}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded)
+    assert np.array_equal(loaded["w"], state["w"]) and loaded["opt"] == {"lr": 0.5}
