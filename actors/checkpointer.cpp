@@ -190,7 +190,8 @@ class PendingSave::Impl {
   Status prepare(const std::vector<StateDict>& states, bool async) {
     if (started && !closed && !start_error) {
       return {ErrorCode::invalid_argument,
-              "Checkpointer::prepare must be the first call: a save or load already started this Checkpointer"};
+              "Checkpointer::prepare must be the first call: an earlier prepare, save or load already started this "
+              "Checkpointer"};
     }
     prepare_async = async;
     return bind(states);

@@ -46,7 +46,15 @@ void stream_sse2(std::uint8_t* dst, const std::uint8_t* src, std::size_t bytes) 
   _mm_sfence();
 }
 
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+bool has_avx2() {
+  // Asked at the first copy, not in a static initializer, which may run before the CPU's
+  // features are read (__builtin_cpu_init reads them if not).
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return avx2;
+}
 
 }  // namespace
 #endif
@@ -56,12 +64,13 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes >= kStreamCopyMinBytes) {
     auto* d = static_cast<std::uint8_t*>(dst);
     const auto* s = static_cast<const std::uint8_t*>(src);
-    const std::size_t width = kHasAvx2 ? 32 : 16;
+    const bool avx2 = has_avx2();
+    const std::size_t width = avx2 ? 32 : 16;
     // Up to the first aligned destination byte, then whole groups of four vectors, then the rest.
     const std::size_t head = (width - reinterpret_cast<std::uintptr_t>(d) % width) % width;
     std::memcpy(d, s, head);
     const std::size_t body = (bytes - head) / (4 * width) * (4 * width);
-    if (kHasAvx2) {
+    if (avx2) {
       stream_avx2(d + head, s + head, body);
     } else {
       stream_sse2(d + head, s + head, body);
