@@ -10,18 +10,13 @@
 
 #include "stagehand/models/gloo_mesh.hpp"
 #include "stagehand/models/gloo_process.hpp"
+#include "stagehand/models/rendezvous.hpp"
 
 namespace stagehand {
 
 namespace {
 
 using gloo::transport::UnboundBuffer;
-
-std::chrono::milliseconds left_until(GlooGroup::Clock::time_point deadline) {
-  return std::max(
-      std::chrono::milliseconds(1),
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - GlooGroup::Clock::now()));
-}
 
 }  // namespace
 

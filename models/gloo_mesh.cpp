@@ -31,11 +31,6 @@ class MeshContext final : public gloo::Context {
   }
 };
 
-std::chrono::milliseconds left_until(Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-}
-
 }  // namespace
 
 Result<std::shared_ptr<gloo::Context>> connect_gloo_mesh(GlooProcess& process,

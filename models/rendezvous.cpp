@@ -42,12 +42,6 @@ class RendezvousStore : public caf::event_based_actor {
   std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> waiting_;
 };
 
-std::chrono::milliseconds left_until(RendezvousClient::Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(
-                      deadline - RendezvousClient::Clock::now()));
-}
-
 Status failed_request(caf::actor_system& system, const caf::error& err) {
   if (err == caf::sec::request_timeout) return {ErrorCode::timeout, system.render(err)};
   return {ErrorCode::aborted,
@@ -61,6 +55,11 @@ Status late() {
 }
 
 }  // namespace
+
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    deadline - std::chrono::steady_clock::now()));
+}
 
 caf::actor spawn_rendezvous_store(caf::actor_system& system) {
   return system.spawn<RendezvousStore>();

@@ -23,6 +23,10 @@ namespace stagehand {
 /// few hundred bytes per group member.
 caf::actor spawn_rendezvous_store(caf::actor_system& system);
 
+/// What is left until `deadline`, at least 1 ms: the limit of one wait of a call that must end
+/// by it (the rendezvous client's requests, a Gloo mesh's connects, a Gloo group's waits).
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline);
+
 /// A blocking client of a rendezvous store, for threads that are not actors (a Gloo group
 /// connecting at its first collective). Every call ends at its deadline; an answer that comes
 /// later counts as none (timeout).
