@@ -148,7 +148,9 @@ class PendingSave::Impl {
     strategy.thread_count = options.thread_count;
     strategy.load_thread_count = options.load_thread_count;
     strategy.staging_buckets = options.staging_buckets;
-    strategy.async_save = prepare_async;
+    // Async saves to an object store run as sync saves, which write host tensors straight from
+    // them: no staging to reserve there.
+    strategy.async_save = prepare_async && !fs->capabilities(options.root).uploads;
     strategy.file_system = rate_limited(fs, options.write_rate_limit_mib_s * 1048576.0);
     if (states.size() > 1) strategy.load_group = std::make_shared<LoadGroup>(static_cast<int>(states.size()), options.timeout);
     for (std::size_t r = 0; r < states.size(); ++r) {
@@ -194,7 +196,10 @@ class PendingSave::Impl {
               "Checkpointer"};
     }
     prepare_async = async;
-    return bind(states);
+    Status st = bind(states);
+    // A state refused before the start leaves the next first call as it would have been.
+    if (!st.is_ok()) prepare_async = false;
+    return st;
   }
 
   /// Finishes the pending async save; records and returns its outcome.

@@ -148,8 +148,9 @@ class Checkpointer {
   /// allocates its staging inside its stall, at the price fresh pages have on the machine (on
   /// a virtual machine up to seconds per GiB). The staging held is then what the first async
   /// save would have taken: the whole state (and an eighth more; staging_buckets 0) or the ring
-  /// of staging_buckets buckets.
-  /// @return an error naming it when another call came first.
+  /// of staging_buckets buckets; none for an object store's root (async saves there are sync).
+  /// @return an error naming it after a call that started the Checkpointer (a save, async save,
+  ///         load or prepare); it does not finish that call's pending save.
   Status prepare(const StateDict& state, bool async = true);
   Status prepare(const std::vector<StateDict>& states, bool async = true);
 

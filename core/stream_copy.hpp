@@ -6,8 +6,8 @@ namespace stagehand {
 
 /// Copies `bytes` from `src` to `dst` (not overlapping), as std::memcpy does, for copies whose
 /// destination is not read again soon: a staging snapshot, a file's pages. From
-/// kStreamCopyMinBytes on, the stores bypass the caches (x86 non-temporal stores, AVX2 where the
-/// CPU has it, else SSE2), so the destination's lines are not first read into the cache: about a
+/// kStreamCopyMinBytes on, the stores bypass the caches (x86-64 non-temporal stores, AVX2 where
+/// the CPU has it, else SSE2), so the destination's lines are not first read into the cache: about a
 /// quarter faster for copies larger than the caches, and the caches keep what the trainer uses.
 /// Smaller copies, and other CPUs, use std::memcpy.
 void stream_copy(void* dst, const void* src, std::size_t bytes);

@@ -312,12 +312,14 @@ class Checkpointer:
         ``state``'s structure now and, with ``async_saves``, reserves and touches the host memory
         an async save of it copies into, so that the first ``async_save`` blocks for its copy only
         instead of also allocating that memory (on a virtual machine up to seconds per GiB).
-        Raises ``stagehand.Error`` when another call came first."""
+        Raises ``stagehand.Error`` after a call that started the Checkpointer (a save, async save,
+        load or prepare)."""
         bound = _Bound(state, writable=False)
         with self._lock:
-            previous, self._bound = self._bound, bound
+            # Refused after a call that started the Checkpointer, without finishing its save:
+            # the arrays of that call stay referenced until the prepare has succeeded.
             self._impl.prepare(bound.entries, bound.objects, bool(async_saves))
-            del previous
+            self._bound = bound
 
     def save(self, step: int, state: dict) -> None:
         """Saves ``step`` and returns once it is committed on every rank (no copy of host tensors)."""

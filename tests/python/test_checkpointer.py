@@ -501,3 +501,21 @@ def test_prepare_as_the_first_call_then_async_saves_and_a_late_prepare_is_refuse
     with stagehand.Checkpointer(tmp_path) as ckpt:
         ckpt.load(loaded)
     assert np.array_equal(loaded["w"], state["w"]) and loaded["opt"] == {"lr": 0.5}
+
+
+def test_a_refused_prepare_keeps_the_arrays_a_pending_save_still_stages_from(tmp_path):
+    # staging_buckets=1: the save stages the rest of the state from the arrays after it returns;
+    # the caller drops them (which is safe), and a refused prepare must not drop the
+    # Checkpointer's own reference to them.
+    expected = [np.full(4 << 20, i, np.float32) for i in range(8)]
+    with stagehand.Checkpointer(tmp_path, thread_count=8, staging_buckets=1) as ckpt:
+        state = {f"t{i}": expected[i].copy() for i in range(8)}
+        pending = ckpt.async_save(1, state)
+        del state
+        with pytest.raises(stagehand.Error, match="prepare must be the first call"):
+            ckpt.prepare({f"t{i}": np.zeros(4 << 20, np.float32) for i in range(8)})
+        pending.wait()
+    loaded = {f"t{i}": np.zeros(4 << 20, np.float32) for i in range(8)}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded)
+    assert all(np.array_equal(loaded[f"t{i}"], expected[i]) for i in range(8))
