@@ -61,10 +61,18 @@ bool has_avx2() {
 
 void stream_copy(void* dst, const void* src, std::size_t bytes) {
 #ifdef STAGEHAND_STREAM_COPY_X86
+  stream_copy_with(dst, src, bytes, has_avx2());
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2) {
+#ifdef STAGEHAND_STREAM_COPY_X86
   if (bytes >= kStreamCopyMinBytes) {
     auto* d = static_cast<std::uint8_t*>(dst);
     const auto* s = static_cast<const std::uint8_t*>(src);
-    const bool avx2 = has_avx2();
+    avx2 = avx2 && has_avx2();
     const std::size_t width = avx2 ? 32 : 16;
     // Up to the first aligned destination byte, then whole groups of four vectors, then the rest.
     const std::size_t head = (width - reinterpret_cast<std::uintptr_t>(d) % width) % width;
@@ -78,6 +86,8 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) {
     std::memcpy(d + head + body, s + head + body, bytes - head - body);
     return;
   }
+#else
+  (void)avx2;
 #endif
   std::memcpy(dst, src, bytes);
 }

@@ -12,6 +12,10 @@ namespace stagehand {
 /// Smaller copies, and other CPUs, use std::memcpy.
 void stream_copy(void* dst, const void* src, std::size_t bytes);
 
+/// stream_copy() with AVX2 allowed or not (its SSE2 code; AVX2 only where the CPU has it), so
+/// that a test reaches both on one machine.
+void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2);
+
 /// Where stream_copy() starts bypassing the caches: below it the destination likely stays in
 /// cache for its next reader, and the fence at the end costs more than it saves.
 inline constexpr std::size_t kStreamCopyMinBytes = 256u << 10;
