@@ -8,7 +8,7 @@ stall, of the later stalls and of first / later, the staging peak over what is s
 the peak RSS.
 
   python3 bench/first_save_stall.py --old /work/old/build/bin/stagehand-bench \\
-      --new build/bin/stagehand-bench [--rounds 6] [--out /work/fs]
+      --new build/bin/stagehand-bench [--rounds 6] [--out /work/fs] [--layout "1 rank"]
 """
 import argparse
 import json
@@ -16,7 +16,8 @@ import shutil
 import statistics
 import subprocess
 
-LAYOUTS = [("2 ranks x 1 GiB, 8 threads", ["--ranks", "2", "--bytes-per-rank", "1G", "--thread-count", "8"]),
+LAYOUTS = [("1 rank x 1 GiB, 8 threads", ["--ranks", "1", "--bytes-per-rank", "1G", "--thread-count", "8"]),
+           ("2 ranks x 1 GiB, 8 threads", ["--ranks", "2", "--bytes-per-rank", "1G", "--thread-count", "8"]),
            ("4 ranks x 256 MiB, 4 threads", ["--ranks", "4", "--bytes-per-rank", "256M", "--thread-count", "4"])]
 
 
@@ -26,9 +27,13 @@ def main():
     ap.add_argument("--new", required=True)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default="/work/fs")
+    ap.add_argument("--layout", action="append",
+                    help="run only the layouts whose name starts with this (repeatable), e.g. '1 rank'")
     args = ap.parse_args()
     bins = {"old": args.old, "new": args.new}
     for layout, flags in LAYOUTS:
+        if args.layout and not any(layout.startswith(prefix) for prefix in args.layout):
+            continue
         runs = {name: [] for name in bins}
         for r in range(args.rounds):
             for name in (list(bins) if r % 2 == 0 else list(bins)[::-1]):

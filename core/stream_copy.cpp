@@ -59,13 +59,7 @@ bool has_avx2() {
 }  // namespace
 #endif
 
-void stream_copy(void* dst, const void* src, std::size_t bytes) {
-#ifdef STAGEHAND_STREAM_COPY_X86
-  stream_copy_with(dst, src, bytes, has_avx2());
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
+void stream_copy(void* dst, const void* src, std::size_t bytes) { stream_copy_with(dst, src, bytes, true); }
 
 void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2) {
 #ifdef STAGEHAND_STREAM_COPY_X86
