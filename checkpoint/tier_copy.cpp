@@ -85,10 +85,11 @@ Status check_copied(FileSystem& to_fs, const StepFile& file, std::span<char> buf
   return Status::ok();
 }
 
-/// Runs `work` on every file with `threads` threads, adding their CPU seconds to `cpu_s`; the
-/// first error (in file order) wins and stops the files not yet started.
-Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options, double& cpu_s,
-                     const std::function<Status(const StepFile&, std::span<char>)>& work) {
+/// Runs `work` on every file with `threads` threads, each through a buffer of `buffers`, adding
+/// their CPU seconds to `cpu_s`; the first error (in file order) wins and stops the files not yet
+/// started.
+Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& options, CopyBuffers& buffers,
+                     double& cpu_s, const std::function<Status(const StepFile&, std::span<char>)>& work) {
   std::atomic<std::size_t> next{0};
   std::mutex mutex;
   std::size_t failed_at = files.size();
@@ -105,17 +106,24 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
       }
     } add_cpu{mutex, cpu_s, cpu_start};
     if (options.low_priority) (void)lower_current_thread_priority();
-    // Aligned (4096 bytes), so that uncached files take it with no copy.
-    HostBuffer memory(std::max<std::size_t>(options.piece_bytes, 4096), false, nullptr);
+    struct Taken {
+      CopyBuffers& buffers;
+      HostBuffer memory;
+      ~Taken() {
+        if (memory.valid()) buffers.give_back(std::move(memory));
+      }
+    } taken{buffers, buffers.take()};
+    HostBuffer& memory = taken.memory;
     if (!memory.valid()) {
       std::lock_guard<std::mutex> lock(mutex);
       if (failure.is_ok()) {
         failed_at = 0;
-        failure = Status{ErrorCode::no_space, "cannot allocate a copy buffer of " + std::to_string(options.piece_bytes) + " bytes"};
+        failure = Status{ErrorCode::no_space, "cannot allocate a copy buffer of " +
+                                                  std::to_string(buffers.buffer_bytes()) + " bytes"};
       }
       return;
     }
-    const std::span<char> buffer(reinterpret_cast<char*>(memory.data()), memory.size());
+  const std::span<char> buffer(reinterpret_cast<char*>(memory.data()), memory.size());
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -151,7 +159,7 @@ namespace {
 /// One copy; `source_damaged` says whether it failed on the source's bytes (its metadata, or a
 /// file that is not what the metadata records), not on the destination's.
 Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointStore& to, std::int64_t step,
-                                 const TierCopyOptions& options, bool& source_damaged) {
+                                 const TierCopyOptions& options, CopyBuffers& buffers, bool& source_damaged) {
   source_damaged = false;
   const auto started = Clock::now();
   TierCopyReport report;
@@ -190,7 +198,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   };
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
-  Status st = for_each_file(files, options, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
+  Status st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
     return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) {
@@ -201,7 +209,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
-  st = for_each_file(files, options, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
+  st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
     return check_copied(to.fs(), file, buffer, options.should_stop);
   });
   if (!st.is_ok()) return fail(st);
@@ -219,6 +227,37 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
 }
 
 }  // namespace
+
+CopyBuffers::CopyBuffers(std::size_t bytes) : bytes_(std::max<std::size_t>(bytes, 4096)) {}
+
+HostBuffer CopyBuffers::take() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kept_.empty()) {
+      HostBuffer buffer = std::move(kept_.back());
+      kept_.pop_back();
+      return buffer;
+    }
+  }
+  // Aligned (4096 bytes), so that uncached files take it with no copy.
+  HostBuffer buffer(bytes_, false, nullptr);
+  if (buffer.valid()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++allocated_;
+  }
+  return buffer;
+}
+
+void CopyBuffers::give_back(HostBuffer buffer) {
+  if (!buffer.valid() || buffer.size() != bytes_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  kept_.push_back(std::move(buffer));
+}
+
+std::size_t CopyBuffers::allocated() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocated_;
+}
 
 std::string describe_file_meta(const FileMeta& meta) {
   return std::to_string(meta.size) + " bytes, XXH3 " + xxh3_hex(meta.xxh3);
@@ -246,8 +285,11 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   // Whether a committed step of this number was there before a first try (which, in an object
   // store, removes it first) — for the report of a second one.
   auto there = hosts ? to.is_committed(step) : Result<bool>(false);
+  // The copy's buffers: the caller's, or this copy's own, shared by its phases.
+  const std::shared_ptr<CopyBuffers> buffers =
+      options.buffers ? options.buffers : std::make_shared<CopyBuffers>(options.piece_bytes);
   bool source_damaged = false;
-  auto copied = copy_once(from, to, step, options, source_damaged);
+  auto copied = copy_once(from, to, step, options, *buffers, source_damaged);
   if (copied.is_ok() || !source_damaged || !hosts) return copied;
   // A damaged copy in host folders (the first one read): rewritten from a good one, then once more.
   auto checked = check_host_copies(from.fs(), source, options.should_stop);
@@ -257,7 +299,7 @@ Result<TierCopyReport> copy_committed_step(const CheckpointStore& from, const Ch
   if (checked->repaired.empty()) return copied;
   std::string repaired;
   for (const auto& r : checked->repaired) repaired += (repaired.empty() ? "" : "; ") + r;
-  auto again = copy_once(from, to, step, options, source_damaged);
+  auto again = copy_once(from, to, step, options, *buffers, source_damaged);
   if (!again.is_ok()) return again.status().with_context("after rewriting " + repaired + " from good copies");
   again->repaired = std::move(checked->repaired);
   again->replaced = again->replaced || (there.is_ok() && *there);

@@ -3,19 +3,45 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
+/// The aligned buffers of piece_bytes that the threads of a copy read, hash and write through,
+/// kept from one copy to the next: a copy takes one a thread and gives it back when it ends, so
+/// that a run's repeated copies reuse the same memory instead of faulting in (and zeroing) fresh
+/// pages each time, which on a virtual machine costs more than the copy of a small step.
+/// Thread-safe. Holds at most as many buffers as copy threads ran at once.
+class CopyBuffers {
+ public:
+  explicit CopyBuffers(std::size_t bytes);
+  /// A kept buffer, else a new one (invalid if it cannot be allocated).
+  HostBuffer take();
+  /// Keeps `buffer` for the next take (one of another size is freed).
+  void give_back(HostBuffer buffer);
+  std::size_t buffer_bytes() const { return bytes_; }
+  /// Buffers allocated so far (kept or taken).
+  std::size_t allocated() const;
+
+ private:
+  const std::size_t bytes_;
+  mutable std::mutex mutex_;
+  std::vector<HostBuffer> kept_;
+  std::size_t allocated_ = 0;
+};
+
 struct TierCopyOptions {
   /// Files copied at once.
   int threads = 2;
-  /// Bytes read, hashed and written at a time by each thread.
+  /// Bytes read, hashed and written at a time by each thread (with `buffers`: their size).
   std::size_t piece_bytes = std::size_t{8} << 20;
   /// The copying threads run at lowered CPU and I/O priority (a hint: where it cannot be
   /// lowered the copy still runs).
@@ -25,6 +51,10 @@ struct TierCopyOptions {
   /// object store's upload of a file, in its sync, runs to its end or its retry limit. Empty:
   /// never.
   std::function<bool()> should_stop;
+  /// Where the copy takes its buffers: a pool kept by the caller across copies (of buffers of
+  /// piece_bytes or more). Empty: the copy allocates its own, for its copy and read-back phases,
+  /// and frees them at its end.
+  std::shared_ptr<CopyBuffers> buffers;
 };
 
 /// What copy_committed_step did.

@@ -109,10 +109,13 @@ Status TrainerBase::run() {
   SH_RETURN_IF_ERROR(policy_.clean_interrupted_saves());
   if (durable_) {
     SH_RETURN_IF_ERROR(durable_->clean_interrupted_saves());
+    // The uploads' copy buffers, kept from one upload to the next (16 MiB with the defaults).
+    auto buffers = std::make_shared<CopyBuffers>(TierCopyOptions{}.piece_bytes);
     uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
-        "the upload", [this, from = policy_.store(), to = durable_->store()](
+        "the upload", [this, buffers, from = policy_.store(), to = durable_->store()](
                           std::int64_t step, const std::string&, const std::string&, TierCopyReport& report) {
           TierCopyOptions copy;
+          copy.buffers = buffers;
           copy.should_stop = [this] {
             return stop_uploads_.load() || (options_.stop_requested != nullptr && options_.stop_requested->load());
           };

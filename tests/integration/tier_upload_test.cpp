@@ -199,3 +199,33 @@ BOOST_AUTO_TEST_CASE(an_upload_that_fails_halfway_leaves_the_durable_tracker_and
   BOOST_TEST(check.code == 0, check.output);
   expect_verifies(*default_file_system(server.options()), url + "/global_step_2");
 }
+
+BOOST_AUTO_TEST_CASE(copies_through_a_kept_pool_reuse_its_buffers_and_stay_byte_identical) {
+  TempDir dir;
+  save_two_steps(dir / "local", kSmall);
+  const auto local = local_file_system();
+  const CheckpointStore from(local, dir / "local");
+  const CheckpointStore to(local, dir / "durable");
+  // Buffers smaller than a data file (1 MiB in 8 files of 2 ranks: 64 KiB and more), so that a
+  // file goes through a buffer piece by piece, over bytes another file or step left in it.
+  TierCopyOptions options;
+  options.threads = 2;
+  options.buffers = std::make_shared<CopyBuffers>(std::size_t{16} << 10);
+  for (std::int64_t step : {1, 2, 1}) {
+    BOOST_TEST_CONTEXT("step " << step) {
+      auto copied = copy_committed_step(from, to, step, options);
+      BOOST_REQUIRE_MESSAGE(copied.is_ok(), copied.status().to_string());
+      expect_verifies(*local, to.step_dir(step));
+      for (const auto& [name, bytes] : files_of(from.step_dir(step))) {
+        BOOST_TEST((read_file(to.step_dir(step) + "/" + name) == bytes), name);
+      }
+      // One buffer a thread, for both phases of every copy: none allocated after the first.
+      BOOST_TEST(options.buffers->allocated() == 2u);
+    }
+  }
+  // A buffer of another size given back is not kept.
+  CopyBuffers pool(4096);
+  pool.give_back(HostBuffer(8192, false, nullptr));
+  (void)pool.take();
+  BOOST_TEST(pool.allocated() == 1u);
+}
