@@ -282,7 +282,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
     info.files = written.files;
     info.bytes = written.bytes;
     // Each phase of the slowest rank, so that a slow save explains itself.
-    for (const auto& r : reports_) info.phases.take_max(r.phases);
+    for (const auto& r : reports_) {
+      info.phases.take_max(r.phases);
+      info.ranks_cpu_s += r.cpu_s;
+    }
     return info;
   }
 

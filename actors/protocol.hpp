@@ -63,6 +63,8 @@ struct CommitInfo {
   /// (on a busy machine commit_s also counts waiting for a core).
   double commit_s = 0;
   double commit_cpu_s = 0;
+  /// CPU seconds every rank's writer threads spent on the save (RankSaveReport::cpu_s), summed.
+  double ranks_cpu_s = 0;
 };
 
 /// The dispatch's answer to a save.
@@ -110,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, WriteAssignment& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitInfo& x) {
-  return f(x.step, x.files, x.bytes, x.phases, x.commit_s, x.commit_cpu_s);
+  return f(x.step, x.files, x.bytes, x.phases, x.commit_s, x.commit_cpu_s, x.ranks_cpu_s);
 }
 
 template <class Inspector>

@@ -285,6 +285,7 @@ int run_save(const SaveArgs& args) {
     // From the last rank's report to the tracker written, and the slowest rank's phases.
     line["commit_s"] = commit.commit_s;
     line["commit_cpu_s"] = commit.commit_cpu_s;
+    line["save_cpu_s"] = commit.ranks_cpu_s;
     line["phases"] = {{"copy_s", commit.phases.copy_s},    {"hash_s", commit.phases.hash_s},
                       {"write_s", commit.phases.write_s},  {"fsync_s", commit.phases.fsync_s},
                       {"upload_s", commit.phases.upload_s}, {"commit_s", commit.commit_s},

@@ -219,6 +219,9 @@ def steps_bench(args):
             results[name].append({"steps_per_s": len(steps) / steps[-1]["elapsed_s"], "uploads": len(uploads),
                                   "cpu_s": cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
                                   "stall_s": [s["stall_s"] for s in saves],
+                                  # The writer threads' own CPU seconds per save (every rank's),
+                                  # from the third save on (the first two write new files).
+                                  "writer_cpu_per_gib": [s["save_cpu_s"] / (s["bytes"] / 2**30) for s in saves[2:]],
                                   "fence_wait_s": sum(row.get("fence_wait_s", 0) for row in steps)})
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(local, ignore_errors=True)
@@ -240,6 +243,10 @@ def steps_bench(args):
                        for row, b in zip(rows, base_rows)]
             print(f"{'':<26}CPU seconds per GiB saved (this arm's CPU less the run without checkpoints', over the "
                   f"bytes it saved more): median {statistics.median(per_gib):.2f}")
+            writer = [x for row in rows for x in row["writer_cpu_per_gib"]]
+            if writer:
+                print(f"{'':<26}the writer threads' own CPU seconds per GiB saved (every rank's, saves 3 on): median "
+                      f"{statistics.median(writer):.3f}")
             print(f"{'':<26}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
                   f"{len(stalls)} saves; {sum(row['uploads'] for row in rows)} uploads; fence waits "
                   f"{statistics.median(row['fence_wait_s'] for row in rows):.3f} s a run (median)")

@@ -47,6 +47,9 @@ struct BucketWriteResult {
   std::vector<ChunkRecord> chunks;
   Status status;
   SavePhases phases;
+  /// An async save copied the bucket's snapshot straight into the file's memory (a file written
+  /// over in a folder kept in memory: FileSystemCapabilities::in_memory), not through staging.
+  bool staged_in_file = false;
 };
 
 /// Everything one rank tells the coordinator about one save: sent exactly once, merged across
@@ -58,6 +61,10 @@ struct RankSaveReport {
   std::map<std::string, std::string> objects;
   Status status;
   SavePhases phases;
+  /// CPU seconds the rank's writer threads spent on this save (staging copies, checksums,
+  /// writes and syncs), summed over the threads: what the save took from the cores, without the
+  /// time its threads waited for one.
+  double cpu_s = 0;
 
   std::uint64_t bytes_written() const {
     std::uint64_t sum = 0;
@@ -80,12 +87,12 @@ typename Inspector::result_type inspect(Inspector& f, SavePhases& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, BucketWriteResult& x) {
-  return f(x.bucket, x.file, x.size, x.xxh3, x.chunks, x.status, x.phases);
+  return f(x.bucket, x.file, x.size, x.xxh3, x.chunks, x.status, x.phases, x.staged_in_file);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankSaveReport& x) {
-  return f(x.rank, x.step, x.buckets, x.objects, x.status, x.phases);
+  return f(x.rank, x.step, x.buckets, x.objects, x.status, x.phases, x.cpu_s);
 }
 
 inline void SavePhases::take_max(const SavePhases& other) {

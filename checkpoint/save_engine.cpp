@@ -1,10 +1,13 @@
 #include "stagehand/checkpoint/save_engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
 #include <utility>
 
 #include "stagehand/config/rules.hpp"
+#include "stagehand/core/priority.hpp"
 
 namespace stagehand {
 
@@ -15,6 +18,10 @@ using Clock = std::chrono::steady_clock;
 /// Bytes hashed and then written at once: small enough to stay in the CPU cache between the
 /// hash and the write's copy into the page cache.
 constexpr std::size_t kBlockBytes = 2u << 20;
+
+/// Bytes an async save copies at a time into a bucket's file (begin_async with the file in
+/// memory): pieces enough for every writer thread to take some.
+constexpr std::size_t kInFilePieceBytes = 8u << 20;
 
 /// Adds the seconds `work` takes to `phase`.
 template <class F>
@@ -118,10 +125,14 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
-  // Slots a begin_async() staged into without its write_async() are free again.
+  // Slots a begin_async() staged into without its write_async() are free again, and the files
+  // it opened are dropped.
   for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
+  opened_.clear();
+  in_file_.clear();
   prestaged_.assign(plan_->buckets.size(), {});
   prestage_copy_s_ = 0;
+  prestage_cpu_s_ = 0;
   std::size_t pieces = 0;
   const std::size_t piece = staging_.piece_bytes();
   if (!direct && piece > 0) {
@@ -132,59 +143,102 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   return write_buckets(state, direct, policy_dir, step, {});
 }
 
-Status SaveEngine::begin_async(const StateDict& state) {
+Status SaveEngine::begin_async(const StateDict& state, const std::string& policy_dir) {
   Status st = [&]() -> Status {
     auto planned = plan_for(state);
     if (!planned.is_ok()) return planned.status().with_context("rank " + std::to_string(rank_));
-    SH_RETURN_IF_ERROR(reserve_staging(state, true));
-    const std::size_t piece = staging_.piece_bytes();
     const std::size_t buckets = plan_->buckets.size();
     prestaged_.assign(buckets, {});
-    // The first pieces of every bucket in turn, while slots are free, so that every writer
-    // thread has staged bytes to write at once.
+    opened_.clear();
+    opened_.resize(buckets);
+    in_file_.assign(buckets, nullptr);
+    // In a folder kept in memory, the files now, and the buckets whose files are memory already
+    // (written over, mapped) take their snapshot there.
+    if (!policy_dir.empty() && fs_->capabilities(policy_dir).in_memory) {
+      for (std::size_t b = 0; b < buckets; ++b) {
+        const PlannedBucket& bucket = plan_->buckets[b];
+        auto file = open_bucket_file(*fs_, policy_dir, bucket);
+        if (!file.is_ok()) return file.status().with_context(bucket_context(bucket));
+        in_file_[b] = (*file)->memory_at(bucket.header.size(), static_cast<std::size_t>(bucket.data_bytes));
+        opened_[b] = std::move(*file);
+      }
+    }
+    if (std::find(in_file_.begin(), in_file_.end(), nullptr) != in_file_.end()) {
+      SH_RETURN_IF_ERROR(reserve_staging(state, true));
+    } else {
+      // Every bucket in its file: the staging memory is not needed, and goes back to the
+      // system (a later save that needs it allocates it again).
+      staging_.release_all();
+    }
+    const std::size_t piece = staging_.piece_bytes();
+    // What is staged now: a piece of a bucket (its data bytes [begin, end)) into `dest`, which
+    // is staging slot `slot`, or the bucket's file (no slot).
     struct Staged {
       std::size_t bucket;
       std::uint64_t begin, end;
-      std::size_t slot;
+      std::uint8_t* dest;
+      std::optional<std::size_t> slot;
     };
     std::vector<Staged> staged;
+    // The buckets staged into their files, whole, a piece a task.
+    for (std::size_t b = 0; b < buckets; ++b) {
+      if (in_file_[b] == nullptr) continue;
+      const PlannedBucket& bucket = plan_->buckets[b];
+      for (std::uint64_t begin = 0; begin < bucket.data_bytes; begin += kInFilePieceBytes) {
+        staged.push_back({b, begin, std::min<std::uint64_t>(begin + kInFilePieceBytes, bucket.data_bytes),
+                          in_file_[b] + begin, std::nullopt});
+      }
+    }
+    // The first pieces of every other bucket in turn, while slots are free, so that every writer
+    // thread has staged bytes to write at once.
     std::size_t total = 0;
-    for (const auto& b : plan_->buckets) total += piece ? piece_count(b, piece) : 0;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      if (in_file_[b] == nullptr && piece) total += piece_count(plan_->buckets[b], piece);
+    }
+    std::size_t into_slots = 0;
     bool room = true;
-    for (std::size_t k = 0; room && staged.size() < total; ++k) {
+    for (std::size_t k = 0; room && into_slots < total; ++k) {
       for (std::size_t b = 0; room && b < buckets; ++b) {
         const PlannedBucket& bucket = plan_->buckets[b];
-        if (k >= piece_count(bucket, piece)) continue;
+        if (in_file_[b] != nullptr || k >= piece_count(bucket, piece)) continue;
         const std::uint64_t begin = k * piece;
         const std::uint64_t end = std::min<std::uint64_t>(begin + piece, bucket.data_bytes);
         std::size_t slot = 0;
         room = staging_.try_acquire(static_cast<std::size_t>(end - begin), slot);
         if (room) {
-          staged.push_back({b, begin, end, slot});
+          staged.push_back({b, begin, end, staging_.data(slot), slot});
           prestaged_[b].push_back(slot);
+          ++into_slots;
         }
       }
     }
     std::vector<Status> results(staged.size());
+    std::vector<double> cpu(staged.size());
     std::vector<std::future<void>> done;
     auto start = Clock::now();
     for (std::size_t i = 0; i < staged.size(); ++i) {
       done.push_back(writers_.submit([&, i] {
+        const double cpu_start = thread_cpu_seconds();
         const Staged& s = staged[i];
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
-        results[i] = stage_range(bucket, s.begin, s.end, state, staging_.data(s.slot), copies_, stream_of(bucket))
+        results[i] = stage_range(bucket, s.begin, s.end, state, s.dest, copies_, stream_of(bucket))
                          .with_context(bucket_context(bucket));
+        cpu[i] = thread_cpu_seconds() - cpu_start;
       }));
     }
     for (auto& f : done) f.get();
     prestage_copy_s_ = std::chrono::duration<double>(Clock::now() - start).count();
-    unstaged_ = total - staged.size();
+    prestage_cpu_s_ = 0;
+    for (double c : cpu) prestage_cpu_s_ += c;
+    unstaged_ = total - into_slots;
     for (const auto& r : results) SH_RETURN_IF_ERROR(r);
     return Status::ok();
   }();
   if (!st.is_ok()) {
     // No write follows to give them back.
     for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
+    opened_.clear();
+    in_file_.clear();
     unstaged_ = 0;
     if (options_.release_after_save) staging_.release_all();
     return st;
@@ -216,6 +270,7 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   failed_ = false;
   const std::size_t buckets = plan_->buckets.size();
   std::vector<BucketWriteResult> results(buckets);
+  std::vector<double> cpu(buckets);
   // Started off the writers' threads (a full device queue blocks it), at their priority; this
   // save's only.
   std::optional<BackgroundWriteback> writeback;
@@ -224,7 +279,9 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
+      const double cpu_start = thread_cpu_seconds();
       results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, all_staged, early);
+      cpu[b] = thread_cpu_seconds() - cpu_start;
     }));
   }
   for (auto& f : done) f.get();
@@ -242,6 +299,11 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   }
   report.phases.copy_s += prestage_copy_s_;
   prestage_copy_s_ = 0;
+  report.cpu_s = prestage_cpu_s_;
+  prestage_cpu_s_ = 0;
+  for (double c : cpu) report.cpu_s += c;
+  opened_.clear();
+  in_file_.clear();
   if (options_.release_after_save) staging_.release_all();
   return report;
 }
@@ -272,8 +334,14 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
   const auto b = static_cast<std::size_t>(bucket.index);
   std::size_t written_pieces = 0;
   Status st = [&]() -> Status {
-    SH_ASSIGN_OR_RETURN(auto file,
-                        timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
+    std::unique_ptr<WritableFile> file;
+    if (b < opened_.size() && opened_[b]) {
+      file = std::move(opened_[b]);
+    } else {
+      SH_ASSIGN_OR_RETURN(file,
+                          timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
+    }
+    std::uint8_t* in_file = b < in_file_.size() ? in_file_[b] : nullptr;
     // No write-back of the file is left running or queued once this scope ends (before the file
     // is destroyed, on every path) or the file is synced.
     struct Forget {
@@ -284,7 +352,19 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       }
     } forget{writeback, *file};
     BucketHasher hasher(bucket, result.chunks);
-    if (direct) {
+    if (in_file != nullptr) {
+      // Staged into the file by begin_async(): its bytes are there; hashed from there.
+      result.staged_in_file = true;
+      for (std::uint64_t done = 0; done < bucket.data_bytes;) {
+        if (failed_.load()) return stopped_by_another_bucket();
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, bucket.data_bytes - done));
+        timed(result.phases.hash_s, [&] {
+          hasher.consume(in_file + done, n);
+          return 0;
+        });
+        done += n;
+      }
+    } else if (direct) {
       for (const PlannedItem& item : bucket.items) {
         if (failed_.load()) return stopped_by_another_bucket();
         const Tensor& tensor = state.tensors[item.tensor_index].tensor;

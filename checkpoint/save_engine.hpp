@@ -89,7 +89,12 @@ class SaveEngine {
 
   /// Starts an async save of `state`: stages as many pieces as the staging slots hold (every
   /// piece when staging_buckets is 0: the device-to-host copy), and its objects.
-  Status begin_async(const StateDict& state);
+  /// With `policy_dir` (the folder write_async() will write) in a folder kept in memory
+  /// (FileSystemCapabilities::in_memory: a local tier on /dev/shm), it opens the bucket files
+  /// now, and a bucket whose file has memory for all its bytes (WritableFile::memory_at: a file
+  /// written over, mapped) is staged straight into it, whole, with no staging slot: the
+  /// snapshot is one copy, and write_async() only hashes it and commits the file.
+  Status begin_async(const StateDict& state, const std::string& policy_dir = {});
 
   /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
   /// stages and writes the rest from `state` as slots free up. `on_all_staged` runs once, as soon
@@ -97,8 +102,8 @@ class SaveEngine {
   /// early on an error; from then on the save never reads `state` again, so the state may be
   /// modified. May run on another thread than begin_async, never concurrently with another call
   /// on this engine.
-  /// @pre the last begin_async() succeeded, with the same `state`, which is not modified before
-  ///      `on_all_staged` runs
+  /// @pre the last begin_async() succeeded, with the same `state` (and the same `policy_dir`
+  ///      if it was given one), which is not modified before `on_all_staged` runs
   RankSaveReport write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
                              const std::function<void()>& on_all_staged);
 
@@ -140,8 +145,13 @@ class SaveEngine {
   StagingPool staging_;
   /// Per bucket, the slots of its first pieces, staged by begin_async().
   std::vector<std::vector<std::size_t>> prestaged_;
-  /// Seconds begin_async() spent copying.
+  /// By bucket: the file begin_async() opened (null: write_bucket opens it), and the memory of
+  /// its data section when begin_async() staged the bucket straight into it (else null).
+  std::vector<std::unique_ptr<WritableFile>> opened_;
+  std::vector<std::uint8_t*> in_file_;
+  /// Seconds begin_async() spent copying, and its threads' CPU seconds.
   double prestage_copy_s_ = 0;
+  double prestage_cpu_s_ = 0;
   /// Pieces of the current save not staged yet.
   std::atomic<std::size_t> unstaged_{0};
   /// Set by the first bucket that fails: the others stop at their next piece.

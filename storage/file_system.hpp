@@ -44,6 +44,15 @@ class WritableFile {
     (void)bytes;
     return Status::ok();
   }
+  /// Memory that is the file's bytes [offset, offset + bytes) (a mapping of a file kept in
+  /// memory: FileSystemCapabilities::in_memory), to copy into instead of calling write_at; the
+  /// bytes count as written (sync and close keep them). Null where the file has no such memory
+  /// for the whole range: write_at then. Valid until the file is closed or destroyed.
+  virtual std::uint8_t* memory_at(std::uint64_t offset, std::size_t bytes) {
+    (void)offset;
+    (void)bytes;
+    return nullptr;
+  }
   /// Makes everything written so far durable: fsync, or the upload of an object.
   /// @post on an object store the object exists whole; nothing may be written after it.
   virtual Status sync() = 0;
@@ -96,6 +105,9 @@ struct FileSystemCapabilities {
   /// synchronously (async_dist_ckpt_save falls back, as DESIGN asks: the upload must finish
   /// before the commit), and a save reports its sync time as upload time.
   bool uploads = false;
+  /// Files live in memory (tmpfs, ramfs): a crash of the host loses them whatever was synced,
+  /// and a file written over (reuse_file) may be written through memory (WritableFile::memory_at).
+  bool in_memory = false;
 };
 
 /// A regular file's bytes mapped into memory and shared with it, where a file system keeps

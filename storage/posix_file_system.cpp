@@ -61,12 +61,16 @@ class PosixFileMapping final : public FileMapping {
   ino_t ino_;
 };
 
-/// Whether the file open at `fd` lives in memory (tmpfs, ramfs): writes through a mapping of it
-/// need no flush, and a crash loses it whatever was synced.
+/// Whether a file system (its statfs) keeps files in memory (tmpfs, ramfs): writes through a
+/// mapping of a file need no flush, and a crash loses it whatever was synced.
+bool in_memory(const struct statfs& fs) {
+  return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
+}
+
+/// Whether the file open at `fd` lives in memory.
 bool in_memory(int fd) {
   struct statfs fs {};
-  if (::fstatfs(fd, &fs) != 0) return false;
-  return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
+  return ::fstatfs(fd, &fs) == 0 && in_memory(fs);
 }
 
 /// A mapping of the whole file at `path`, whose stat is `st`, or null where it is better left
@@ -116,6 +120,12 @@ class PosixWritableFile final : public WritableFile {
     SH_RETURN_IF_ERROR(posix::pwrite_all(fd_, offset, p, bytes, path_));
     written_to(offset + bytes);
     return Status::ok();
+  }
+
+  std::uint8_t* memory_at(std::uint64_t offset, std::size_t bytes) override {
+    if (!mapping_ || offset > mapping_->size() || bytes > mapping_->size() - offset) return nullptr;
+    written_to(offset + bytes);
+    return mapping_->data() + offset;
   }
 
   Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
@@ -210,7 +220,12 @@ Status not_regular(const std::string& path) {
 
 class PosixFileSystem final : public FileSystem {
  public:
-  FileSystemCapabilities capabilities(const std::string&) const override { return {}; }
+  FileSystemCapabilities capabilities(const std::string& path) const override {
+    FileSystemCapabilities capabilities;
+    struct statfs fs {};
+    if (::statfs(path.c_str(), &fs) == 0) capabilities.in_memory = in_memory(fs);
+    return capabilities;
+  }
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

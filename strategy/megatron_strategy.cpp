@@ -94,7 +94,7 @@ class MegatronStrategy : public strategy_actor::base {
       if (!st.is_ok()) return to_caf_error(st);
       return SaveAck{seconds_since(start), false};
     }
-    Status staged = engine_->begin_async(*view);
+    Status staged = engine_->begin_async(*view, order.policy_dir);
     if (!staged.is_ok()) {
       RankSaveReport failed;
       failed.rank = options_.rank;

@@ -61,7 +61,9 @@ Status TrainerBase::on_committed(const CommitInfo& commit) {
                       {"fsync_s", p.fsync_s},
                       {"upload_s", p.upload_s},
                       {"commit_s", commit.commit_s},
-                      {"commit_cpu_s", commit.commit_cpu_s}};
+                      {"commit_cpu_s", commit.commit_cpu_s},
+                      // What the save took from the cores: every rank's writer threads.
+                      {"save_cpu_s", commit.ranks_cpu_s}};
   write_metrics(line);
   if (host_record_owed_) {
     // The first commit of a run over host folders records how many hosts wrote them.

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,12 +15,14 @@
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/checkpoint/file_reuse.hpp"
+#include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/checkpoint/tier_copy.hpp"
 #include "stagehand/checkpoint/verify.hpp"
+#include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace stagehand;
@@ -452,6 +455,101 @@ BOOST_AUTO_TEST_CASE(a_local_tier_writes_its_saves_over_the_files_of_retired_ste
       BOOST_TEST(mappings_below(root) == 0u);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straight_into_the_files_it_writes_over) {
+  // /dev/shm is a tmpfs wherever these tests run (the file system tests check it is in memory).
+  BOOST_REQUIRE(local_file_system()->capabilities("/dev/shm").in_memory);
+  TempDir dir("/dev/shm");
+  const std::string root = dir.path() + "/local";
+  fs::create_directories(root);
+  auto reusing = reusing_file_system(local_file_system(), {root + "/"});
+  std::vector<std::unique_ptr<SaveEngine>> engines;
+  for (int r = 0; r < kRanks; ++r) engines.push_back(*SaveEngine::create(r, SaveEngineOptions{2, 0, false, {}}, reusing));
+  // Steps 1 and 2 of a larger state, so that the files written over are longer than the new ones.
+  save(reusing, root, 1, states_for(1));
+  save(reusing, root, 2, states_for(2));
+  std::vector<StateDict> states;
+  for (int r = 0; r < kRanks; ++r) {
+    states.push_back(*make_synthetic_state({kRanks, 64u << 10, 6, 9, 256}, r, Device::host()));
+  }
+  std::vector<const StateDict*> pointers;
+  for (const auto& s : states) pointers.push_back(&s);
+  std::vector<StateDict> reference;
+  for (const auto& state : states) {
+    reference.push_back(test::zeroed_like(state));
+    for (std::size_t t = 0; t < state.tensors.size(); ++t) {
+      std::memcpy(reference.back().tensors[t].tensor.data(), state.tensors[t].tensor.data(),
+                  static_cast<std::size_t>(state.tensors[t].tensor.nbytes()));
+    }
+  }
+  // An async save as the strategy runs it: begin_async with the folder, the state changed at
+  // once after it returns, then write_async; `in_file` says whether every bucket was staged
+  // into its file.
+  auto async_save = [&](std::int64_t step, bool in_file) {
+    auto planned = planned_states(pointers, step);
+    BOOST_REQUIRE(planned.is_ok());
+    auto write_dir = test::prepare_checkpoint_dir(root, step);
+    BOOST_REQUIRE(write_dir.is_ok());
+    const std::string policy_dir = CheckpointLayout::policy_dir(*write_dir);
+    std::vector<RankSaveReport> reports;
+    for (int r = 0; r < kRanks; ++r) {
+      SaveEngine& engine = *engines[static_cast<std::size_t>(r)];
+      StateDict& state = (*planned)[static_cast<std::size_t>(r)];
+      BOOST_REQUIRE(engine.begin_async(state, policy_dir).is_ok());
+      BOOST_TEST(!engine.stages_in_background());
+      // Every bucket in its file: no staging memory held.
+      if (in_file) BOOST_TEST(engine.staging_bytes() == 0u);
+      for (auto& t : state.tensors) std::memset(t.tensor.data(), 0x5a, static_cast<std::size_t>(t.tensor.nbytes()));
+      reports.push_back(engine.write_async(state, policy_dir, step, [] {}));
+      BOOST_REQUIRE_MESSAGE(reports.back().status.is_ok(), reports.back().status.to_string());
+      BOOST_TEST(reports.back().cpu_s > 0.0);
+      for (const auto& b : reports.back().buckets) BOOST_TEST(b.staged_in_file == in_file, "rank " << r << " " << b.file);
+      // The planned views share the state's memory: it is whole again for the next rank and step.
+      for (std::size_t i = 0; i < states.size(); ++i) {
+        for (std::size_t t = 0; t < states[i].tensors.size(); ++t) {
+          std::memcpy(states[i].tensors[t].tensor.data(), reference[i].tensors[t].tensor.data(),
+                      static_cast<std::size_t>(reference[i].tensors[t].tensor.nbytes()));
+        }
+      }
+    }
+    BOOST_REQUIRE(test::commit_checkpoint(root, step, reports, kRanks, reusing).is_ok());
+  };
+  // Nothing retired yet: the files are new, and the snapshot goes through staging.
+  async_save(3, false);
+  // Steps 1 and 2 retired: their (longer) files are written over, through their mappings.
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(2).is_ok());
+  async_save(4, true);
+  // Byte for byte what a sync save of the same state writes into new files, and it loads.
+  const std::string fresh_root = dir.path() + "/fresh";
+  fs::create_directories(fresh_root);
+  save(local_file_system(), fresh_root, 4, states);
+  for (std::int64_t step : {3, 4}) {
+    const auto written = test::files_of(root + "/global_step_" + std::to_string(step) + "/policy");
+    const auto fresh = test::files_of(fresh_root + "/global_step_4/policy");
+    BOOST_REQUIRE(written.size() == fresh.size());
+    for (const auto& [name, bytes] : fresh) {
+      if (name == kMetadataFile) continue;  // names its step
+      BOOST_TEST((written.at(name) == bytes), "step " << step << " " << name);
+    }
+    expect_loads(*reusing, root + "/global_step_" + std::to_string(step), states);
+    auto verified = verify_checkpoint(*local_file_system(), root + "/global_step_" + std::to_string(step));
+    BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
+    BOOST_TEST(verified->ok());
+  }
+  // A sync save after it takes staging again as it needs (host tensors: none), and an async
+  // save into a folder on disk goes through staging.
+  TempDir disk;
+  auto write_dir = test::prepare_checkpoint_dir(disk.path(), 1);
+  BOOST_REQUIRE(write_dir.is_ok());
+  auto planned = planned_states(pointers, 1);
+  BOOST_REQUIRE(planned.is_ok());
+  BOOST_REQUIRE(engines[0]->begin_async((*planned)[0], CheckpointLayout::policy_dir(*write_dir)).is_ok());
+  BOOST_TEST(engines[0]->staging_bytes() > 0u);
+  auto report = engines[0]->write_async((*planned)[0], CheckpointLayout::policy_dir(*write_dir), 1, [] {});
+  BOOST_REQUIRE(report.status.is_ok());
+  for (const auto& b : report.buckets) BOOST_TEST(!b.staged_in_file);
 }
 
 BOOST_AUTO_TEST_CASE(host_folders_over_reused_files_take_each_hosts_own_spares) {

@@ -101,6 +101,42 @@ BOOST_AUTO_TEST_CASE(a_reused_file_is_written_over_and_cut_to_what_was_written) 
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_reused_file_in_memory_lends_its_mapping_and_keeps_what_is_copied_there,
+                     *boost::unit_test::precondition(memory_folder_exists)) {
+  TempDir dir(kMemoryFolder);
+  auto local = local_file_system();
+  BOOST_TEST(local->capabilities(dir.path()).in_memory);
+  const std::string disk = fs::temp_directory_path().string();
+  BOOST_TEST(local->capabilities(disk).in_memory == in_memory(disk));
+  BOOST_TEST(!local->capabilities(dir / "missing").in_memory);
+  FileMappings mappings;
+  const std::string spare = dir / "spare";
+  const std::string taken = dir / "taken";
+  constexpr std::size_t kOld = 64u << 10;
+  write_file(spare, pattern(kOld, 'a'));
+  auto file = local->reuse_file(spare, taken, &mappings);
+  BOOST_REQUIRE(file.is_ok());
+  BOOST_REQUIRE(mappings.size() == 1u);
+  // Only ranges within the mapping.
+  BOOST_TEST((*file)->memory_at(kOld - 10, 11) == nullptr);
+  BOOST_TEST((*file)->memory_at(kOld + 1, 0) == nullptr);
+  // Bytes copied there count as written: the file is cut after them, not after the old bytes.
+  const std::string fresh = pattern(1100, 'q');
+  BOOST_REQUIRE((*file)->append(fresh.data(), 100).is_ok());
+  std::uint8_t* memory = (*file)->memory_at(100, 1000);
+  BOOST_REQUIRE(memory != nullptr);
+  BOOST_TEST(memory == mappings.front()->data() + 100);
+  std::memcpy(memory, fresh.data() + 100, 1000);
+  BOOST_REQUIRE((*file)->sync().is_ok());
+  BOOST_REQUIRE((*file)->close().is_ok());
+  BOOST_TEST(test::read_file(taken) == fresh);
+  // A new file has no memory to lend.
+  auto created = local->create_file(dir / "created");
+  BOOST_REQUIRE(created.is_ok());
+  BOOST_TEST((*created)->memory_at(0, 0) == nullptr);
+  BOOST_REQUIRE((*created)->close().is_ok());
+}
+
 BOOST_AUTO_TEST_CASE(reused_files_in_memory_are_written_through_a_mapping_kept_for_their_next_reuse,
                      *boost::unit_test::precondition(memory_folder_exists)) {
   TempDir dir(kMemoryFolder);
