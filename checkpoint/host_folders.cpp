@@ -113,6 +113,10 @@ class TeeFile final : public WritableFile {
   Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
     return each([&](WritableFile& f) { return f.start_writeback(offset, bytes); });
   }
+  /// The one copy's memory; none where there are several (bytes copied there would reach one).
+  std::uint8_t* memory_at(std::uint64_t offset, std::size_t bytes) override {
+    return outs_.size() == 1 ? outs_.front()->memory_at(offset, bytes) : nullptr;
+  }
   Status sync() override {
     return each([&](WritableFile& f) { return f.sync(); });
   }
@@ -150,7 +154,10 @@ class HostFoldersFileSystem final : public FileSystem {
   FileSystem& inner() const { return *inner_; }
 
   FileSystemCapabilities capabilities(const std::string& path) const override {
-    return inner_->capabilities(covers(path) ? placement_.on_host(path, 0) : path);
+    FileSystemCapabilities capabilities = inner_->capabilities(covers(path) ? placement_.on_host(path, 0) : path);
+    // A data file written to several hosts at once has no one memory to lend.
+    if (covers(path) && placement_.replicas > 1) capabilities.in_memory = false;
+    return capabilities;
   }
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {

@@ -120,6 +120,9 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   const bool reuse = direct || staging_.slot_count() > 0;
   Status st = !planned.is_ok() ? planned.status() : reuse ? Status::ok() : reserve_staging(state, false);
   if (!st.is_ok()) {
+    for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
+    opened_.clear();
+    in_file_.clear();
     if (options_.release_after_save) staging_.release_all();
     RankSaveReport report = make_report(step);
     report.status = st.with_context("rank " + std::to_string(rank_));
@@ -133,6 +136,7 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   prestaged_.assign(plan_->buckets.size(), {});
   prestage_copy_s_ = 0;
   prestage_cpu_s_ = 0;
+  prestage_open_s_ = 0;
   std::size_t pieces = 0;
   const std::size_t piece = staging_.piece_bytes();
   if (!direct && piece > 0) {
@@ -153,8 +157,12 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     opened_.resize(buckets);
     in_file_.assign(buckets, nullptr);
     // In a folder kept in memory, the files now, and the buckets whose files are memory already
-    // (written over, mapped) take their snapshot there.
-    if (!policy_dir.empty() && fs_->capabilities(policy_dir).in_memory) {
+    // (written over, mapped) take their snapshot there. Not from a GPU: its copies want pinned
+    // staging.
+    const bool on_device = std::any_of(state.tensors.begin(), state.tensors.end(),
+                                       [](const auto& t) { return t.tensor.device().is_cuda(); });
+    const auto opening = Clock::now();
+    if (!policy_dir.empty() && !on_device && fs_->capabilities(policy_dir).in_memory) {
       for (std::size_t b = 0; b < buckets; ++b) {
         const PlannedBucket& bucket = plan_->buckets[b];
         auto file = open_bucket_file(*fs_, policy_dir, bucket);
@@ -163,6 +171,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         opened_[b] = std::move(*file);
       }
     }
+    prestage_open_s_ = std::chrono::duration<double>(Clock::now() - opening).count();
     if (std::find(in_file_.begin(), in_file_.end(), nullptr) != in_file_.end()) {
       SH_RETURN_IF_ERROR(reserve_staging(state, true));
     } else {
@@ -299,6 +308,9 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   }
   report.phases.copy_s += prestage_copy_s_;
   prestage_copy_s_ = 0;
+  // Opening the files begin_async() opened.
+  report.phases.write_s += prestage_open_s_;
+  prestage_open_s_ = 0;
   report.cpu_s = prestage_cpu_s_;
   prestage_cpu_s_ = 0;
   for (double c : cpu) report.cpu_s += c;

@@ -90,10 +90,11 @@ class SaveEngine {
   /// Starts an async save of `state`: stages as many pieces as the staging slots hold (every
   /// piece when staging_buckets is 0: the device-to-host copy), and its objects.
   /// With `policy_dir` (the folder write_async() will write) in a folder kept in memory
-  /// (FileSystemCapabilities::in_memory: a local tier on /dev/shm), it opens the bucket files
-  /// now, and a bucket whose file has memory for all its bytes (WritableFile::memory_at: a file
-  /// written over, mapped) is staged straight into it, whole, with no staging slot: the
-  /// snapshot is one copy, and write_async() only hashes it and commits the file.
+  /// (FileSystemCapabilities::in_memory: a local tier on /dev/shm) and a state in host memory,
+  /// it opens the bucket files now, and a bucket whose file has memory for all its bytes
+  /// (WritableFile::memory_at: a file written over, mapped) is staged straight into it, whole,
+  /// with no staging slot: the snapshot is one copy, and write_async() only hashes it and
+  /// commits the file. When every bucket went there, the staging memory is given back.
   Status begin_async(const StateDict& state, const std::string& policy_dir = {});
 
   /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
@@ -152,6 +153,8 @@ class SaveEngine {
   /// Seconds begin_async() spent copying, and its threads' CPU seconds.
   double prestage_copy_s_ = 0;
   double prestage_cpu_s_ = 0;
+  /// Seconds begin_async() spent opening files.
+  double prestage_open_s_ = 0;
   /// Pieces of the current save not staged yet.
   std::atomic<std::size_t> unstaged_{0};
   /// Set by the first bucket that fails: the others stop at their next piece.

@@ -123,7 +123,7 @@ Status for_each_file(const std::vector<StepFile>& files, const TierCopyOptions& 
       }
       return;
     }
-  const std::span<char> buffer(reinterpret_cast<char*>(memory.data()), memory.size());
+    const std::span<char> buffer(reinterpret_cast<char*>(memory.data()), memory.size());
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
       {
         std::lock_guard<std::mutex> lock(mutex);

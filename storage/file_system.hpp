@@ -105,8 +105,9 @@ struct FileSystemCapabilities {
   /// synchronously (async_dist_ckpt_save falls back, as DESIGN asks: the upload must finish
   /// before the commit), and a save reports its sync time as upload time.
   bool uploads = false;
-  /// Files live in memory (tmpfs, ramfs): a crash of the host loses them whatever was synced,
-  /// and a file written over (reuse_file) may be written through memory (WritableFile::memory_at).
+  /// Files live in memory (tmpfs, ramfs) and a file written over (reuse_file) may lend its
+  /// memory (WritableFile::memory_at): a save may open its files early and copy into them.
+  /// False where files cannot lend it (written to several places at once, or paced).
   bool in_memory = false;
 };
 

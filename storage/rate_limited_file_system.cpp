@@ -79,6 +79,12 @@ class RateLimitedFileSystem final : public FileSystemWrapper {
  public:
   RateLimitedFileSystem(std::shared_ptr<FileSystem> inner, double bytes_per_s)
       : FileSystemWrapper(std::move(inner)), limiter_(std::make_shared<RateLimiter>(bytes_per_s)) {}
+  /// Its files lend no memory: every byte goes through the limiter.
+  FileSystemCapabilities capabilities(const std::string& path) const override {
+    FileSystemCapabilities capabilities = inner().capabilities(path);
+    capabilities.in_memory = false;
+    return capabilities;
+  }
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
     SH_ASSIGN_OR_RETURN(auto file, inner().create_file(path));
     return std::unique_ptr<WritableFile>(

@@ -550,6 +550,49 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
   auto report = engines[0]->write_async((*planned)[0], CheckpointLayout::policy_dir(*write_dir), 1, [] {});
   BOOST_REQUIRE(report.status.is_ok());
   for (const auto& b : report.buckets) BOOST_TEST(!b.staged_in_file);
+
+  // A sync save after a begin_async that no write_async followed: the files it opened are
+  // dropped, and the save writes the same bytes a save into new files does.
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(3).is_ok());
+  auto step5 = test::prepare_checkpoint_dir(root, 5);
+  BOOST_REQUIRE(step5.is_ok());
+  const std::string policy5 = CheckpointLayout::policy_dir(*step5);
+  auto planned5 = planned_states(pointers, 5);
+  BOOST_REQUIRE(planned5.is_ok());
+  BOOST_REQUIRE(engines[0]->begin_async((*planned5)[0], policy5).is_ok());
+  BOOST_TEST(engines[0]->staging_bytes() == 0u);
+  auto sync = engines[0]->save((*planned5)[0], policy5, 5);
+  BOOST_REQUIRE_MESSAGE(sync.status.is_ok(), sync.status.to_string());
+  for (const auto& b : sync.buckets) {
+    BOOST_TEST(!b.staged_in_file);
+    BOOST_TEST((test::read_file(policy5 + "/" + b.file) == test::read_file(fresh_root + "/global_step_4/policy/" + b.file)),
+               b.file);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(host_folders_in_memory_lend_a_files_memory_only_where_it_has_one_copy) {
+  BOOST_REQUIRE(local_file_system()->capabilities("/dev/shm").in_memory);
+  TempDir dir("/dev/shm");
+  for (int replicas : {1, 2}) {
+    BOOST_TEST_CONTEXT(replicas << " copies") {
+      const std::string base = dir.path() + "/r" + std::to_string(replicas);
+      const auto placement = placement_in(base, replicas);
+      std::vector<std::string> roots;
+      for (int h = 0; h < kRanks; ++h) roots.push_back(placement.on_host(placement.pattern, h));
+      auto hosts = *host_folders_file_system(reusing_file_system(local_file_system(), roots), placement);
+      save(hosts, placement.pattern, 1, states_for(1));
+      BOOST_REQUIRE(CheckpointStore(hosts, placement.pattern).remove_step(1).is_ok());
+      const std::string policy = placement.pattern + "/global_step_2.tmp/policy";
+      for (int h = 0; h < kRanks; ++h) fs::create_directories(placement.on_host(policy, h));
+      // With copies on other hosts, bytes copied into one file's memory would reach one copy:
+      // none is lent, and saves do not open their files early for it.
+      BOOST_TEST(hosts->capabilities(policy).in_memory == (replicas == 1));
+      auto file = hosts->create_file(policy + "/__0_0.safetensors");
+      BOOST_REQUIRE(file.is_ok());
+      BOOST_TEST(((*file)->memory_at(0, 16) != nullptr) == (replicas == 1));
+      BOOST_REQUIRE((*file)->close().is_ok());
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(host_folders_over_reused_files_take_each_hosts_own_spares) {

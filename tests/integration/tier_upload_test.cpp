@@ -211,6 +211,7 @@ BOOST_AUTO_TEST_CASE(copies_through_a_kept_pool_reuse_its_buffers_and_stay_byte_
   TierCopyOptions options;
   options.threads = 2;
   options.buffers = std::make_shared<CopyBuffers>(std::size_t{16} << 10);
+  std::size_t allocated = 0;
   for (std::int64_t step : {1, 2, 1}) {
     BOOST_TEST_CONTEXT("step " << step) {
       auto copied = copy_committed_step(from, to, step, options);
@@ -219,8 +220,11 @@ BOOST_AUTO_TEST_CASE(copies_through_a_kept_pool_reuse_its_buffers_and_stay_byte_
       for (const auto& [name, bytes] : files_of(from.step_dir(step))) {
         BOOST_TEST((read_file(to.step_dir(step) + "/" + name) == bytes), name);
       }
-      // One buffer a thread, for both phases of every copy: none allocated after the first.
-      BOOST_TEST(options.buffers->allocated() == 2u);
+      // At most one buffer a thread, for both phases of every copy, and none after the first.
+      if (step == 1 && allocated == 0) allocated = options.buffers->allocated();
+      BOOST_TEST(options.buffers->allocated() >= 1u);
+      BOOST_TEST(options.buffers->allocated() <= 2u);
+      BOOST_TEST(options.buffers->allocated() == allocated);
     }
   }
   // A buffer of another size given back is not kept.
