@@ -222,7 +222,8 @@ def steps_bench(args):
                                   "cpu_s": cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
                                   "stall_s": [s["stall_s"] for s in saves],
                                   # The writer threads' own CPU seconds per save (every rank's),
-                                  # from the third save on (the first two write new files).
+                                  # from the third save on: the first two write new files (with
+                                  # two steps kept, the third also finds no spare yet).
                                   "writer_cpu_per_gib": [s["save_cpu_s"] / (s["bytes"] / 2**30) for s in saves[2:]],
                                   "fence_wait_s": sum(row.get("fence_wait_s", 0) for row in steps)})
             shutil.rmtree(out, ignore_errors=True)

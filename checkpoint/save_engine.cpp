@@ -32,6 +32,12 @@ auto timed(double& phase, F&& work) {
   return result;
 }
 
+/// Whether some tensor of `state` lives on a GPU.
+bool on_device(const StateDict& state) {
+  return std::any_of(state.tensors.begin(), state.tensors.end(),
+                     [](const auto& t) { return t.tensor.device().is_cuda(); });
+}
+
 Status stopped_by_another_bucket() {
   return {ErrorCode::aborted, "not finished: the save stopped after another bucket's error"};
 }
@@ -79,11 +85,7 @@ Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
 }
 
 bool SaveEngine::copies_out(const StateDict& state) const {
-  if (options_.stage_host_memory) return true;
-  for (const auto& t : state.tensors) {
-    if (t.tensor.device().is_cuda()) return true;
-  }
-  return false;
+  return options_.stage_host_memory || on_device(state);
 }
 
 Status SaveEngine::reserve_staging(const StateDict& state, bool async, bool headroom) {
@@ -113,6 +115,8 @@ std::string SaveEngine::bucket_context(const PlannedBucket& bucket) const {
 }
 
 RankSaveReport SaveEngine::save(const StateDict& state, const std::string& policy_dir, std::int64_t step) {
+  // What a begin_async() left without its write_async() goes.
+  drop_begun();
   auto planned = plan_for(state);
   const bool direct = !copies_out(state);
   // Slots an async save left (the facade mixes sync and async saves) serve a sync save too:
@@ -120,19 +124,11 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   const bool reuse = direct || staging_.slot_count() > 0;
   Status st = !planned.is_ok() ? planned.status() : reuse ? Status::ok() : reserve_staging(state, false);
   if (!st.is_ok()) {
-    for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
-    opened_.clear();
-    in_file_.clear();
     if (options_.release_after_save) staging_.release_all();
     RankSaveReport report = make_report(step);
     report.status = st.with_context("rank " + std::to_string(rank_));
     return report;
   }
-  // Slots a begin_async() staged into without its write_async() are free again, and the files
-  // it opened are dropped.
-  for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
-  opened_.clear();
-  in_file_.clear();
   prestaged_.assign(plan_->buckets.size(), {});
   prestage_copy_s_ = 0;
   prestage_cpu_s_ = 0;
@@ -159,10 +155,8 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     // In a folder kept in memory, the files now, and the buckets whose files are memory already
     // (written over, mapped) take their snapshot there. Not from a GPU: its copies want pinned
     // staging.
-    const bool on_device = std::any_of(state.tensors.begin(), state.tensors.end(),
-                                       [](const auto& t) { return t.tensor.device().is_cuda(); });
     const auto opening = Clock::now();
-    if (!policy_dir.empty() && !on_device && fs_->capabilities(policy_dir).in_memory) {
+    if (!policy_dir.empty() && !on_device(state) && fs_->capabilities(policy_dir).in_memory) {
       for (std::size_t b = 0; b < buckets; ++b) {
         const PlannedBucket& bucket = plan_->buckets[b];
         auto file = open_bucket_file(*fs_, policy_dir, bucket);
@@ -245,9 +239,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
   }();
   if (!st.is_ok()) {
     // No write follows to give them back.
-    for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
-    opened_.clear();
-    in_file_.clear();
+    drop_begun();
     unstaged_ = 0;
     if (options_.release_after_save) staging_.release_all();
     return st;
@@ -259,6 +251,12 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
 RankSaveReport SaveEngine::write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
                                        const std::function<void()>& on_all_staged) {
   return write_buckets(state, false, policy_dir, step, on_all_staged);
+}
+
+void SaveEngine::drop_begun() {
+  for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
+  opened_.clear();
+  in_file_.clear();
 }
 
 void SaveEngine::give_back_prestaged(std::size_t bucket, std::size_t from_piece) {
@@ -285,11 +283,13 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   std::optional<BackgroundWriteback> writeback;
   if (options_.early_writeback) writeback.emplace(options_.writer_thread_start);
   BackgroundWriteback* early = writeback ? &*writeback : nullptr;
+  // Asked once a save (a statfs on a local folder), not once a bucket.
+  const bool uploads = fs_->capabilities(policy_dir).uploads;
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
       const double cpu_start = thread_cpu_seconds();
-      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, all_staged, early);
+      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, uploads, all_staged, early);
       cpu[b] = thread_cpu_seconds() - cpu_start;
     }));
   }
@@ -338,8 +338,8 @@ Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucke
 }
 
 BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
-                                           const std::string& policy_dir, const std::function<void()>& all_staged,
-                                           BackgroundWriteback* writeback) {
+                                           const std::string& policy_dir, bool uploads,
+                                           const std::function<void()>& all_staged, BackgroundWriteback* writeback) {
   BucketWriteResult result;
   result.bucket = bucket.index;
   result.file = bucket.file_name;
@@ -417,7 +417,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     result.size = bucket.file_size();
     result.xxh3 = hasher.file_digest();
     // Making an object durable is its upload.
-    double& durable_s = fs_->capabilities(policy_dir).uploads ? result.phases.upload_s : result.phases.fsync_s;
+    double& durable_s = uploads ? result.phases.upload_s : result.phases.fsync_s;
     if (writeback != nullptr) writeback->forget(*file);
     return timed(durable_s, [&] {
       Status synced = file->sync();

@@ -122,15 +122,19 @@ class SaveEngine {
   /// staging slots; `on_all_staged` as for write_async.
   RankSaveReport write_buckets(const StateDict& state, bool direct, const std::string& policy_dir, std::int64_t step,
                                const std::function<void()>& on_all_staged);
+  /// @param uploads `policy_dir` is in an object store (its sync is the upload).
   /// @param writeback where the write-back of written ranges starts (null: left to the fsync).
   BucketWriteResult write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
-                                 const std::string& policy_dir, const std::function<void()>& all_staged,
+                                 const std::string& policy_dir, bool uploads, const std::function<void()>& all_staged,
                                  BackgroundWriteback* writeback);
   /// Hashes and writes `bytes` of `bucket`'s data section from `data`, at data offset `at`.
   Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
                         const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
                         BackgroundWriteback* writeback);
   std::string bucket_context(const PlannedBucket& bucket) const;
+  /// Drops what a begin_async() prepared for its write_async(): gives back its slots, closes
+  /// the files it opened.
+  void drop_begun();
   /// Gives back the slots of staged pieces that no bucket will write any more.
   void give_back_prestaged(std::size_t bucket, std::size_t from_piece);
 

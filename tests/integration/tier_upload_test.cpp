@@ -43,6 +43,14 @@ void expect_verifies(FileSystem& fs, const std::string& dir) {
 
 const SyntheticStateSpec kSmall{2, 1u << 20, 8, 5};
 
+/// Step `step` of `to` verifies and holds every file of `from`'s, byte for byte.
+void expect_copy_of(const CheckpointStore& from, const CheckpointStore& to, std::int64_t step) {
+  expect_verifies(to.fs(), to.step_dir(step));
+  for (const auto& [name, bytes] : files_of(from.step_dir(step))) {
+    BOOST_TEST((read_file(to.step_dir(step) + "/" + name) == bytes), name);
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_copy_is_checked_against_the_metadata_and_read_back_before_it_counts) {
@@ -58,10 +66,7 @@ BOOST_AUTO_TEST_CASE(a_copy_is_checked_against_the_metadata_and_read_back_before
   BOOST_TEST(copied->files == 10u);  // 8 data files, trainer_state.json, metadata.json
   BOOST_TEST(!copied->replaced);
   BOOST_TEST(**to.tracker() == 1);
-  expect_verifies(*local, to.step_dir(1));
-  for (const auto& [name, bytes] : files_of(from.step_dir(1))) {
-    BOOST_TEST((read_file(to.step_dir(1) + "/" + name) == bytes), name);
-  }
+  expect_copy_of(from, to, 1);
 
   // A store that keeps other bytes than it was sent (a torn write that reports success): the
   // read-back finds it, and nothing of step 2 counts.
@@ -216,10 +221,7 @@ BOOST_AUTO_TEST_CASE(copies_through_a_kept_pool_reuse_its_buffers_and_stay_byte_
     BOOST_TEST_CONTEXT("step " << step) {
       auto copied = copy_committed_step(from, to, step, options);
       BOOST_REQUIRE_MESSAGE(copied.is_ok(), copied.status().to_string());
-      expect_verifies(*local, to.step_dir(step));
-      for (const auto& [name, bytes] : files_of(from.step_dir(step))) {
-        BOOST_TEST((read_file(to.step_dir(step) + "/" + name) == bytes), name);
-      }
+      expect_copy_of(from, to, step);
       // At most one buffer a thread, for both phases of every copy, and none after the first.
       if (step == 1 && allocated == 0) allocated = options.buffers->allocated();
       BOOST_TEST(options.buffers->allocated() >= 1u);
