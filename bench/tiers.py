@@ -177,9 +177,8 @@ def steps_bench(args):
     arms = {"no checkpoints": {"trainer.ckpt_interval": 0},
             "local every step": {"trainer.local_ckpt_interval": 1, **tiered},
             # The snapshot's first bucket of 4 in the stall, the rest staged from the live state
-            # behind the fence while the next step's rollouts and forward and backward passes run:
-            # in the first saves of a run only, since a save that copies its buckets into the
-            # mapped spare files copies them all in the stall (it uses no staging memory).
+            # behind the fence while the next step's rollouts and forward and backward passes run
+            # (through staging in the first saves of a run, into the mapped spare files after).
             "every step, staging 1/4": {"trainer.local_ckpt_interval": 1, **tiered,
                                         "megatron_config.ckpt_save_staging_buckets": 1},
             "every step, no reuse": {"trainer.local_ckpt_interval": 1, **tiered,

@@ -8,6 +8,7 @@
 
 #include "stagehand/config/rules.hpp"
 #include "stagehand/core/priority.hpp"
+#include "stagehand/core/stream_copy.hpp"
 
 namespace stagehand {
 
@@ -20,8 +21,13 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kBlockBytes = 2u << 20;
 
 /// Bytes an async save copies at a time into a bucket's file (begin_async with the file in
-/// memory): pieces enough for every writer thread to take some.
+/// memory) when the bucket is copied in pieces: pieces enough for every writer thread to take some.
 constexpr std::size_t kInFilePieceBytes = 8u << 20;
+
+/// Bytes an async save copies into a bucket's file and then hashes, when a task copies and hashes
+/// the whole bucket: small enough that the source just read is still in the core's cache (the
+/// copy's stores bypass it) when it is hashed.
+constexpr std::size_t kCopyAndHashBytes = 512u << 10;
 
 /// Adds the seconds `work` takes to `phase`.
 template <class F>
@@ -36,6 +42,26 @@ auto timed(double& phase, F&& work) {
 bool on_device(const StateDict& state) {
   return std::any_of(state.tensors.begin(), state.tensors.end(),
                      [](const auto& t) { return t.tensor.device().is_cuda(); });
+}
+
+/// Copies `bucket`'s data section from host-resident `state` into `dst`, a block at a time, and
+/// hashes each block right after its copy, from the source it was just read from; adds the
+/// seconds spent hashing to `hash_s`.
+void copy_and_hash(const PlannedBucket& bucket, const StateDict& state, std::uint8_t* dst, BucketHasher& hasher,
+                   double& hash_s) {
+  // Items lie in data-offset order, end to end: the hasher takes the data section in order.
+  for (const PlannedItem& item : bucket.items) {
+    const auto* src = static_cast<const std::uint8_t*>(state.tensors[item.tensor_index].tensor.data());
+    for (std::uint64_t done = 0; done < item.nbytes;) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kCopyAndHashBytes, item.nbytes - done));
+      stream_copy(dst + item.data_offset + done, src + done, n);
+      timed(hash_s, [&] {
+        hasher.consume(src + done, n);
+        return 0;
+      });
+      done += n;
+    }
+  }
 }
 
 Status stopped_by_another_bucket() {
@@ -176,17 +202,43 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     const std::size_t piece = staging_.piece_bytes();
     // What is staged now: a piece of a bucket (its data bytes [begin, end)) into `dest`, which
     // is staging slot `slot`, or the bucket's file (no slot).
+    // `hashed`: the whole bucket, copied into its file and hashed by one task.
     struct Staged {
       std::size_t bucket;
       std::uint64_t begin, end;
       std::uint8_t* dest;
       std::optional<std::size_t> slot;
+      bool hashed = false;
     };
     std::vector<Staged> staged;
-    // The buckets staged into their files, whole, a piece a task.
+    // The buckets staged into their files, whole: with staging_buckets k > 0, the first k such
+    // buckets now and the others by write_async() (copied and hashed there, behind the fence, as
+    // pieces beyond the staging slots are); else all of them now. One task copies and hashes a
+    // bucket while that keeps the writer threads about evenly busy (no such bucket more than
+    // twice their mean size): each block is hashed while it is still in the cache, and
+    // write_async() only commits the file. A larger bucket is copied in pieces, a task each, and
+    // hashed by write_async().
+    hashed_.assign(buckets, {});
+    copy_later_.assign(buckets, false);
+    std::uint64_t in_file_bytes = 0;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      if (in_file_[b] != nullptr) in_file_bytes += plan_->buckets[b].data_bytes;
+    }
+    std::size_t in_file_now = 0;
+    std::size_t in_file_later = 0;
     for (std::size_t b = 0; b < buckets; ++b) {
       if (in_file_[b] == nullptr) continue;
       const PlannedBucket& bucket = plan_->buckets[b];
+      if (options_.staging_buckets > 0 && in_file_now >= static_cast<std::size_t>(options_.staging_buckets)) {
+        copy_later_[b] = true;
+        ++in_file_later;
+        continue;
+      }
+      ++in_file_now;
+      if (bucket.data_bytes * buckets <= 2 * in_file_bytes) {
+        staged.push_back({b, 0, bucket.data_bytes, in_file_[b], std::nullopt, true});
+        continue;
+      }
       for (std::uint64_t begin = 0; begin < bucket.data_bytes; begin += kInFilePieceBytes) {
         staged.push_back({b, begin, std::min<std::uint64_t>(begin + kInFilePieceBytes, bucket.data_bytes),
                           in_file_[b] + begin, std::nullopt});
@@ -224,8 +276,16 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         const double cpu_start = thread_cpu_seconds();
         const Staged& s = staged[i];
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
-        results[i] = stage_range(bucket, s.begin, s.end, state, s.dest, copies_, stream_of(bucket))
-                         .with_context(bucket_context(bucket));
+        if (s.hashed) {
+          InFileHash& h = hashed_[s.bucket];
+          BucketHasher hasher(bucket, h.chunks);
+          copy_and_hash(bucket, state, s.dest, hasher, h.hash_s);
+          h.xxh3 = hasher.file_digest();
+          h.taken = true;
+        } else {
+          results[i] = stage_range(bucket, s.begin, s.end, state, s.dest, copies_, stream_of(bucket))
+                           .with_context(bucket_context(bucket));
+        }
         cpu[i] = thread_cpu_seconds() - cpu_start;
       }));
     }
@@ -233,7 +293,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     prestage_copy_s_ = std::chrono::duration<double>(Clock::now() - start).count();
     prestage_cpu_s_ = 0;
     for (double c : cpu) prestage_cpu_s_ += c;
-    unstaged_ = total - into_slots;
+    unstaged_ = total - into_slots + in_file_later;
     for (const auto& r : results) SH_RETURN_IF_ERROR(r);
     return Status::ok();
   }();
@@ -257,6 +317,8 @@ void SaveEngine::drop_begun() {
   for (std::size_t b = 0; b < prestaged_.size(); ++b) give_back_prestaged(b, 0);
   opened_.clear();
   in_file_.clear();
+  hashed_.clear();
+  copy_later_.clear();
 }
 
 void SaveEngine::give_back_prestaged(std::size_t bucket, std::size_t from_piece) {
@@ -316,6 +378,8 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   for (double c : cpu) report.cpu_s += c;
   opened_.clear();
   in_file_.clear();
+  hashed_.clear();
+  copy_later_.clear();
   if (options_.release_after_save) staging_.release_all();
   return report;
 }
@@ -363,15 +427,35 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
         if (writeback != nullptr) writeback->forget(file);
       }
     } forget{writeback, *file};
-    BucketHasher hasher(bucket, result.chunks);
-    if (in_file != nullptr) {
+    const bool hashed = b < hashed_.size() && hashed_[b].taken;
+    // Not when begin_async() hashed the bucket.
+    std::optional<BucketHasher> hasher;
+    if (!hashed) hasher.emplace(bucket, result.chunks);
+    if (hashed) {
+      // Copied into the file and hashed by begin_async().
+      result.staged_in_file = true;
+      result.chunks = std::move(hashed_[b].chunks);
+      result.phases.hash_s += hashed_[b].hash_s;
+      result.xxh3 = hashed_[b].xxh3;
+    } else if (in_file != nullptr && b < copy_later_.size() && copy_later_[b]) {
+      // Into its file, now: begin_async() staged as many buckets as staging_buckets says.
+      result.staged_in_file = true;
+      if (failed_.load()) return stopped_by_another_bucket();
+      const double hashing = result.phases.hash_s;
+      const auto copying = Clock::now();
+      copy_and_hash(bucket, state, in_file, *hasher, result.phases.hash_s);
+      // The copy's seconds, less the hashing among them.
+      result.phases.copy_s +=
+          std::chrono::duration<double>(Clock::now() - copying).count() - (result.phases.hash_s - hashing);
+      if (unstaged_.fetch_sub(1) == 1) all_staged();
+    } else if (in_file != nullptr) {
       // Staged into the file by begin_async(): its bytes are there; hashed from there.
       result.staged_in_file = true;
       for (std::uint64_t done = 0; done < bucket.data_bytes;) {
         if (failed_.load()) return stopped_by_another_bucket();
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, bucket.data_bytes - done));
         timed(result.phases.hash_s, [&] {
-          hasher.consume(in_file + done, n);
+          hasher->consume(in_file + done, n);
           return 0;
         });
         done += n;
@@ -380,7 +464,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       for (const PlannedItem& item : bucket.items) {
         if (failed_.load()) return stopped_by_another_bucket();
         const Tensor& tensor = state.tensors[item.tensor_index].tensor;
-        SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, hasher, item.data_offset,
+        SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, *hasher, item.data_offset,
                                           static_cast<const std::uint8_t*>(tensor.data()),
                                           static_cast<std::size_t>(item.nbytes), result.phases, writeback));
       }
@@ -408,14 +492,14 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
           }
         }
         Status written =
-            hash_and_write(*file, bucket, hasher, begin, staging_.data(slot), bytes, result.phases, writeback);
+            hash_and_write(*file, bucket, *hasher, begin, staging_.data(slot), bytes, result.phases, writeback);
         staging_.give_back(slot);
         written_pieces = k + 1;
         SH_RETURN_IF_ERROR(written);
       }
     }
     result.size = bucket.file_size();
-    result.xxh3 = hasher.file_digest();
+    if (hasher) result.xxh3 = hasher->file_digest();
     // Making an object durable is its upload.
     double& durable_s = uploads ? result.phases.upload_s : result.phases.fsync_s;
     if (writeback != nullptr) writeback->forget(*file);

@@ -93,8 +93,11 @@ class SaveEngine {
   /// (FileSystemCapabilities::in_memory: a local tier on /dev/shm) and a state in host memory,
   /// it opens the bucket files now, and a bucket whose file has memory for all its bytes
   /// (WritableFile::memory_at: a file written over, mapped) is staged straight into it, whole,
-  /// with no staging slot: the snapshot is one copy, and write_async() only hashes it and
-  /// commits the file. When every bucket went there, the staging memory is given back.
+  /// with no staging slot: the snapshot is one copy, each block hashed from the cache right
+  /// after it is copied, and write_async() only commits the file. With staging_buckets k > 0
+  /// only the first k such buckets are copied now, and write_async() copies the others (as it
+  /// stages what did not fit the slots: the state must stay unchanged until `on_all_staged`).
+  /// When every bucket went there, the staging memory is given back.
   Status begin_async(const StateDict& state, const std::string& policy_dir = {});
 
   /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
@@ -154,6 +157,17 @@ class SaveEngine {
   /// its data section when begin_async() staged the bucket straight into it (else null).
   std::vector<std::unique_ptr<WritableFile>> opened_;
   std::vector<std::uint8_t*> in_file_;
+  /// By bucket: the checksums begin_async() took as it copied the bucket into its file (taken:
+  /// write_async() only commits the file).
+  struct InFileHash {
+    bool taken = false;
+    std::vector<ChunkRecord> chunks;
+    std::uint64_t xxh3 = 0;
+    double hash_s = 0;
+  };
+  std::vector<InFileHash> hashed_;
+  /// By bucket: staged into its file by write_async(), not begin_async() (staging_buckets).
+  std::vector<bool> copy_later_;
   /// Seconds begin_async() spent copying, and its threads' CPU seconds.
   double prestage_copy_s_ = 0;
   double prestage_cpu_s_ = 0;

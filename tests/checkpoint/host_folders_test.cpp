@@ -464,8 +464,13 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
   const std::string root = dir.path() + "/local";
   fs::create_directories(root);
   auto reusing = reusing_file_system(local_file_system(), {root + "/"});
-  std::vector<std::unique_ptr<SaveEngine>> engines;
-  for (int r = 0; r < kRanks; ++r) engines.push_back(*SaveEngine::create(r, SaveEngineOptions{2, 0, false, {}}, reusing));
+  // Every bucket staged before begin_async() returns (staging_buckets 0), and one of the two
+  // (staging_buckets 1: the other is copied into its file by write_async()).
+  std::vector<std::unique_ptr<SaveEngine>> engines, one_bucket_now;
+  for (int r = 0; r < kRanks; ++r) {
+    engines.push_back(*SaveEngine::create(r, SaveEngineOptions{2, 0, false, {}}, reusing));
+    one_bucket_now.push_back(*SaveEngine::create(r, SaveEngineOptions{2, 1, false, {}}, reusing));
+  }
   // Steps 1 and 2 of a larger state, so that the files written over are longer than the new ones.
   save(reusing, root, 1, states_for(1));
   save(reusing, root, 2, states_for(2));
@@ -483,10 +488,10 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
                   static_cast<std::size_t>(state.tensors[t].tensor.nbytes()));
     }
   }
-  // An async save as the strategy runs it: begin_async with the folder, the state changed at
-  // once after it returns, then write_async; `in_file` says whether every bucket was staged
-  // into its file.
-  auto async_save = [&](std::int64_t step, bool in_file) {
+  // An async save as the strategy runs it: begin_async with the folder, the state changed as
+  // soon as it may (at once after begin_async returns, or when write_async says all is staged),
+  // then write_async; `in_file` says whether every bucket was staged into its file.
+  auto async_save = [&](std::int64_t step, bool in_file, std::vector<std::unique_ptr<SaveEngine>>& ranks) {
     auto planned = planned_states(pointers, step);
     BOOST_REQUIRE(planned.is_ok());
     auto write_dir = test::prepare_checkpoint_dir(root, step);
@@ -494,14 +499,23 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
     const std::string policy_dir = CheckpointLayout::policy_dir(*write_dir);
     std::vector<RankSaveReport> reports;
     for (int r = 0; r < kRanks; ++r) {
-      SaveEngine& engine = *engines[static_cast<std::size_t>(r)];
+      SaveEngine& engine = *ranks[static_cast<std::size_t>(r)];
       StateDict& state = (*planned)[static_cast<std::size_t>(r)];
       BOOST_REQUIRE(engine.begin_async(state, policy_dir).is_ok());
-      BOOST_TEST(!engine.stages_in_background());
+      const bool later = engine.stages_in_background();
+      BOOST_TEST(later == (in_file && engine.options().staging_buckets > 0));
       // Every bucket in its file: no staging memory held.
       if (in_file) BOOST_TEST(engine.staging_bytes() == 0u);
-      for (auto& t : state.tensors) std::memset(t.tensor.data(), 0x5a, static_cast<std::size_t>(t.tensor.nbytes()));
-      reports.push_back(engine.write_async(state, policy_dir, step, [] {}));
+      auto overwrite = [&] {
+        for (auto& t : state.tensors) std::memset(t.tensor.data(), 0x5a, static_cast<std::size_t>(t.tensor.nbytes()));
+      };
+      if (!later) overwrite();
+      bool staged = false;
+      reports.push_back(engine.write_async(state, policy_dir, step, [&] {
+        staged = true;
+        if (later) overwrite();
+      }));
+      BOOST_TEST(staged);
       BOOST_REQUIRE_MESSAGE(reports.back().status.is_ok(), reports.back().status.to_string());
       BOOST_TEST(reports.back().cpu_s > 0.0);
       for (const auto& b : reports.back().buckets) BOOST_TEST(b.staged_in_file == in_file, "rank " << r << " " << b.file);
@@ -516,16 +530,16 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
     BOOST_REQUIRE(test::commit_checkpoint(root, step, reports, kRanks, reusing).is_ok());
   };
   // Nothing retired yet: the files are new, and the snapshot goes through staging.
-  async_save(3, false);
+  async_save(3, false, engines);
   // Steps 1 and 2 retired: their (longer) files are written over, through their mappings.
   BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
   BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(2).is_ok());
-  async_save(4, true);
+  async_save(4, true, engines);
   // Byte for byte what a sync save of the same state writes into new files, and it loads.
   const std::string fresh_root = dir.path() + "/fresh";
   fs::create_directories(fresh_root);
   save(local_file_system(), fresh_root, 4, states);
-  for (std::int64_t step : {3, 4}) {
+  auto expect_fresh_bytes = [&](std::int64_t step) {
     const auto written = test::files_of(root + "/global_step_" + std::to_string(step) + "/policy");
     const auto fresh = test::files_of(fresh_root + "/global_step_4/policy");
     BOOST_REQUIRE(written.size() == fresh.size());
@@ -537,7 +551,13 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
     auto verified = verify_checkpoint(*local_file_system(), root + "/global_step_" + std::to_string(step));
     BOOST_REQUIRE_MESSAGE(verified.is_ok(), verified.status().to_string());
     BOOST_TEST(verified->ok());
-  }
+  };
+  for (std::int64_t step : {3, 4}) expect_fresh_bytes(step);
+  // Step 3 retired too: one bucket copied into its file before begin_async() returns, the
+  // other by write_async(), and the state changed as soon as it says all is staged.
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(3).is_ok());
+  async_save(6, true, one_bucket_now);
+  expect_fresh_bytes(6);
   // A sync save after it takes staging again as it needs (host tensors: none), and an async
   // save into a folder on disk goes through staging.
   TempDir disk;
@@ -553,7 +573,7 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
 
   // A sync save after a begin_async that no write_async followed: the files it opened are
   // dropped, and the save writes the same bytes a save into new files does.
-  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(3).is_ok());
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(4).is_ok());
   auto step5 = test::prepare_checkpoint_dir(root, 5);
   BOOST_REQUIRE(step5.is_ok());
   const std::string policy5 = CheckpointLayout::policy_dir(*step5);
