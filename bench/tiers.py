@@ -17,7 +17,7 @@ written over, trainer.local_ckpt_reuse_files false) and a background copy into a
 --durable-interval steps, against a run without checkpoints (ckpt_interval 0: its one save, of
 the last step, comes after its last step line), interleaved round by round.
 
-    python3 bench/tiers.py [--bin build/bin] [--rounds 3] [--steps 40] [--state-mib 64] [--batch-size 16]
+    python3 bench/tiers.py [--bin build/bin] [--old-bin /work/old/build/bin] [--rounds 3] [--steps 40] [--state-mib 64] [--batch-size 16]
                            [--local-dir /dev/shm/stagehand-tiers] [--dir /work/tiers]
 
 Target (issue 30): training with local saves every step and background uploads at most 5%
@@ -48,9 +48,10 @@ RESUMED = re.compile(r"resumed from (\S+) at step \d+, .*\(load ([0-9.]+) s")
 CHECKED = re.compile(r"checked every file of \S+ against its metadata across \d+ host folders \(([0-9.]+) s\)")
 
 
-def train(args, sets, env=None, metrics=None):
-    """Runs stagehand-train with `sets`; returns (stdout, wall seconds, CPU seconds of the child)."""
-    cmd = [os.path.join(args.bin, "stagehand-train"), "--config",
+def train(args, sets, env=None, metrics=None, bin_dir=None):
+    """Runs stagehand-train (from `bin_dir`, else --bin) with `sets`; returns (stdout, wall
+    seconds, CPU seconds of the child)."""
+    cmd = [os.path.join(bin_dir or args.bin, "stagehand-train"), "--config",
            os.path.join(ROOT, "examples", "configs", "sync_rl.yaml")]
     if metrics:
         cmd += ["--quiet", "--metrics-out", metrics]
@@ -192,6 +193,13 @@ def steps_bench(args):
         if unknown:
             sys.exit(f"tiers: no arm {unknown}; the arms: {', '.join(arms)}")
         arms = {name: arms[name] for name in wanted}
+    # With --old-bin, each arm also runs on the other build, as "<arm> (old)": its ratios are to
+    # that build's run without checkpoints, whose own ratio is to this build's.
+    bins = {}
+    if args.old_bin:
+        for name in list(arms):
+            arms[f"{name} (old)"] = arms[name]
+            bins[f"{name} (old)"] = args.old_bin
     results = {name: [] for name in arms}
     for r in range(args.rounds):
         for name in rotated(list(arms), r):
@@ -201,7 +209,7 @@ def steps_bench(args):
             shutil.rmtree(local, ignore_errors=True)
             os.makedirs(out)
             sets = {"trainer.total_steps": args.steps, "trainer.ckpt_path": os.path.join(out, "ckpt"), **arms[name]}
-            if name != "no checkpoints":
+            if not name.startswith("no checkpoints"):
                 sets["trainer.local_ckpt_path"] = local
             if "copies" in name:
                 # Four host folders, one rank each: every rank's files written twice.
@@ -209,7 +217,7 @@ def steps_bench(args):
                     os.makedirs(os.path.join(local, f"host{h}"))
                 sets["trainer.local_ckpt_path"] = os.path.join(local, "host{host}", "ckpt")
             metrics = os.path.join(out, "metrics.jsonl")
-            _, _, cpu_s = train(args, sets, metrics=metrics)
+            _, _, cpu_s = train(args, sets, metrics=metrics, bin_dir=bins.get(name))
             rows = [json.loads(line) for line in open(metrics)]
             steps = [row for row in rows if row["type"] == "step"]
             saves = [row for row in rows if row["type"] == "save"]
@@ -220,7 +228,8 @@ def steps_bench(args):
             results[name].append({"steps_per_s": len(steps) / steps[-1]["elapsed_s"], "uploads": len(uploads),
                                   "cpu_s": cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
                                   "stall_s": [s["stall_s"] for s in saves],
-                                  # The writer threads' own CPU seconds per save (every rank's),
+                                  # The save's own threads' CPU seconds (every rank's writer
+                                  # threads, and the caller's copies in the stall) per save,
                                   # from the third save on: the first two write new files (with
                                   # two steps kept, the third also finds no spare yet).
                                   "writer_cpu_per_gib": [s["save_cpu_s"] / (s["bytes"] / 2**30) for s in saves[2:]],
@@ -230,26 +239,27 @@ def steps_bench(args):
             time.sleep(1)
     print(f"training, {args.steps} steps of {args.batch_size} samples, a {args.state_mib} MiB state: local saves every step into {args.local_dir}, "
           f"a background copy into a durable folder every {args.durable_interval} steps; {args.rounds} interleaved rounds")
-    print(f"{'arm':<26}{'steps/s by round':<28}{'ratio to none':<22}{'median':>7}")
-    base_rows = results["no checkpoints"]
+    print(f"{'arm':<32}{'steps/s by round':<28}{'ratio to none':<22}{'median':>7}")
     ratios = {}
     for name, rows in results.items():
+        old = name.endswith(" (old)") and name != "no checkpoints (old)"
+        base_rows = results["no checkpoints (old)" if old else "no checkpoints"]
         ratio = [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(rows, base_rows)]
         rates = " ".join(f"{row['steps_per_s']:6.2f}" for row in rows)
-        print(f"{name:<26}{rates:<28}"
+        print(f"{name:<32}{rates:<28}"
               f"{' '.join(f'{x:5.2f}' for x in ratio):<22}{statistics.median(ratio):7.3f}")
-        if name != "no checkpoints":
+        if not name.startswith("no checkpoints"):
             ratios[name] = ratio
             stalls = [s for row in rows for s in row["stall_s"]]
             per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)
                        for row, b in zip(rows, base_rows)]
-            print(f"{'':<26}CPU seconds per GiB saved (this arm's CPU less the run without checkpoints', over the "
+            print(f"{'':<32}CPU seconds per GiB saved (this arm's CPU less the run without checkpoints', over the "
                   f"bytes it saved more): median {statistics.median(per_gib):.2f}")
             writer = [x for row in rows for x in row["writer_cpu_per_gib"]]
             if writer:
-                print(f"{'':<26}the writer threads' own CPU seconds per GiB saved (every rank's, saves 3 on): median "
+                print(f"{'':<32}the save's own threads' CPU seconds per GiB saved (every rank's, saves 3 on): median "
                       f"{statistics.median(writer):.3f}")
-            print(f"{'':<26}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
+            print(f"{'':<32}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
                   f"{len(stalls)} saves; {sum(row['uploads'] for row in rows)} uploads; fence waits "
                   f"{statistics.median(row['fence_wait_s'] for row in rows):.3f} s a run (median)")
     for name in ("local every step", "every step, staging 1/4"):
@@ -273,6 +283,8 @@ def main():
     ap.add_argument("--only", choices=["resume", "steps"])
     ap.add_argument("--arm", dest="arms", action="append",
                     help="a training arm to run (repeat for more; 'no checkpoints' always runs); default all")
+    ap.add_argument("--old-bin", help="another build's bin folder: every training arm also runs with its "
+                                      "stagehand-train, interleaved, as '<arm> (old)'")
     args = ap.parse_args()
     os.makedirs(args.local_dir, exist_ok=True)
     if args.only != "steps":

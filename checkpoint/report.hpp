@@ -62,7 +62,8 @@ struct RankSaveReport {
   Status status;
   SavePhases phases;
   /// CPU seconds the rank's writer threads spent on this save (staging copies, checksums,
-  /// writes and syncs), summed over the threads: what the save took from the cores, without the
+  /// writes and syncs), and the calling thread on an async save's copies before it returns
+  /// (SaveEngine::begin_async), summed over the threads: what the save took from the cores, without the
   /// time its threads waited for one.
   double cpu_s = 0;
 

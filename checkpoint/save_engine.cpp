@@ -269,10 +269,12 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
     }
     std::vector<Status> results(staged.size());
     std::vector<double> cpu(staged.size());
-    std::vector<std::future<void>> done;
-    auto start = Clock::now();
-    for (std::size_t i = 0; i < staged.size(); ++i) {
-      done.push_back(writers_.submit([&, i] {
+    // The calling thread copies too, at its own priority, beside as many writer threads as
+    // there are tasks left: the caller waits for these copies anyway, and a writer thread (low
+    // priority) may be queued behind other ranks' background writes on a busy machine.
+    std::atomic<std::size_t> next{0};
+    auto take_tasks = [&] {
+      for (std::size_t i = next.fetch_add(1); i < staged.size(); i = next.fetch_add(1)) {
         const double cpu_start = thread_cpu_seconds();
         const Staged& s = staged[i];
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
@@ -287,8 +289,14 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
                            .with_context(bucket_context(bucket));
         }
         cpu[i] = thread_cpu_seconds() - cpu_start;
-      }));
-    }
+      }
+    };
+    std::vector<std::future<void>> done;
+    auto start = Clock::now();
+    const std::size_t helpers =
+        std::min<std::size_t>(staged.empty() ? 0 : staged.size() - 1, static_cast<std::size_t>(options_.thread_count));
+    for (std::size_t k = 0; k < helpers; ++k) done.push_back(writers_.submit(take_tasks));
+    take_tasks();
     for (auto& f : done) f.get();
     prestage_copy_s_ = std::chrono::duration<double>(Clock::now() - start).count();
     prestage_cpu_s_ = 0;

@@ -98,6 +98,8 @@ class SaveEngine {
   /// only the first k such buckets are copied now, and write_async() copies the others (as it
   /// stages what did not fit the slots: the state must stay unchanged until `on_all_staged`).
   /// When every bucket went there, the staging memory is given back.
+  /// The calling thread copies too, beside the writer threads: a copy the caller waits for runs
+  /// at the caller's priority, not only at the writers' lowered one.
   Status begin_async(const StateDict& state, const std::string& policy_dir = {});
 
   /// Finishes what begin_async() started, into `policy_dir`: writes the staged pieces, and
