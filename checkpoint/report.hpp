@@ -63,8 +63,8 @@ struct RankSaveReport {
   SavePhases phases;
   /// CPU seconds the rank's writer threads spent on this save (staging copies, checksums,
   /// writes and syncs), and the calling thread on an async save's copies before it returns
-  /// (SaveEngine::begin_async), summed over the threads: what the save took from the cores, without the
-  /// time its threads waited for one.
+  /// (SaveEngine::begin_async), summed over the threads: what the save took from the cores,
+  /// without the time its threads waited for one.
   double cpu_s = 0;
 
   std::uint64_t bytes_written() const {
