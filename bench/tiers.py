@@ -193,13 +193,17 @@ def steps_bench(args):
         if unknown:
             sys.exit(f"tiers: no arm {unknown}; the arms: {', '.join(arms)}")
         arms = {name: arms[name] for name in wanted}
-    # With --old-bin, each arm also runs on the other build, as "<arm> (old)": its ratios are to
-    # that build's run without checkpoints, whose own ratio is to this build's.
+    # Each arm's ratios are to the run without checkpoints of its own build. With --old-bin, every
+    # arm also runs on the other build, as "<arm> (old)"; that build's run without checkpoints is
+    # compared with this build's.
+    base_of = {name: "no checkpoints" for name in arms}
     bins = {}
     if args.old_bin:
         for name in list(arms):
-            arms[f"{name} (old)"] = arms[name]
-            bins[f"{name} (old)"] = args.old_bin
+            old = f"{name} (old)"
+            arms[old], bins[old] = arms[name], args.old_bin
+            base_of[old] = "no checkpoints" if name == "no checkpoints" else "no checkpoints (old)"
+    baselines = set(base_of.values())
     results = {name: [] for name in arms}
     for r in range(args.rounds):
         for name in rotated(list(arms), r):
@@ -209,7 +213,7 @@ def steps_bench(args):
             shutil.rmtree(local, ignore_errors=True)
             os.makedirs(out)
             sets = {"trainer.total_steps": args.steps, "trainer.ckpt_path": os.path.join(out, "ckpt"), **arms[name]}
-            if not name.startswith("no checkpoints"):
+            if name not in baselines:
                 sets["trainer.local_ckpt_path"] = local
             if "copies" in name:
                 # Four host folders, one rank each: every rank's files written twice.
@@ -242,13 +246,12 @@ def steps_bench(args):
     print(f"{'arm':<32}{'steps/s by round':<28}{'ratio to none':<22}{'median':>7}")
     ratios = {}
     for name, rows in results.items():
-        old = name.endswith(" (old)") and name != "no checkpoints (old)"
-        base_rows = results["no checkpoints (old)" if old else "no checkpoints"]
+        base_rows = results[base_of[name]]
         ratio = [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(rows, base_rows)]
         rates = " ".join(f"{row['steps_per_s']:6.2f}" for row in rows)
         print(f"{name:<32}{rates:<28}"
               f"{' '.join(f'{x:5.2f}' for x in ratio):<22}{statistics.median(ratio):7.3f}")
-        if not name.startswith("no checkpoints"):
+        if name not in baselines:
             ratios[name] = ratio
             stalls = [s for row in rows for s in row["stall_s"]]
             per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)

@@ -291,10 +291,20 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         cpu[i] = thread_cpu_seconds() - cpu_start;
       }
     };
-    std::vector<std::future<void>> done;
     auto start = Clock::now();
     const std::size_t helpers =
         std::min<std::size_t>(staged.empty() ? 0 : staged.size() - 1, static_cast<std::size_t>(options_.thread_count));
+    std::vector<std::future<void>> done;
+    // The helpers read this frame's vectors: every one has finished before it goes, even when
+    // the caller's own copies throw.
+    struct WaitForHelpers {
+      std::vector<std::future<void>>& done;
+      ~WaitForHelpers() {
+        for (auto& f : done) {
+          if (f.valid()) f.wait();
+        }
+      }
+    } wait_for_helpers{done};
     for (std::size_t k = 0; k < helpers; ++k) done.push_back(writers_.submit(take_tasks));
     take_tasks();
     for (auto& f : done) f.get();
