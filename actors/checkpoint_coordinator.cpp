@@ -204,14 +204,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
       st = prepared.status();
       if (st.is_ok()) policy = *prepared;
     }
-    trainer_state_.reset();
+    // The trainer state is written at the commit, not here: here the ranks wait for their
+    // assignment (an async save's stall), and a file's fsync on a disk busy with the last save's
+    // write-back can take longer than the whole snapshot.
+    trainer_state_ = std::move(forming.trainer_state);
     commit_ran_ = false;
-    if (st.is_ok() && !forming.trainer_state.empty()) {
-      auto written = store_.write_trainer_state(forming.step, forming.trainer_state);
-      st = written.status();
-      if (written.is_ok()) trainer_state_ = *written;
-      if (!st.is_ok()) (void)store_.abort(forming.step);
-    }
     if (!st.is_ok()) {
       for (auto& promise : forming.promises) promise->deliver(to_caf_error(st));
       record_failure(forming.step, st);
@@ -273,9 +270,16 @@ class CheckpointCoordinator : public coordinator_actor::base {
 
   Result<CommitInfo> commit(std::int64_t step) {
     SH_ASSIGN_OR_RETURN(auto metadata, gather_reports(step, reports_, options_.world_size));
-    metadata.trainer_state = trainer_state_;
     // A failed commit removes what it must itself: after the rename the step stays in place.
     commit_ran_ = true;
+    if (!trainer_state_.empty()) {
+      auto written = store_.write_trainer_state(step, trainer_state_);
+      if (!written.is_ok()) {
+        (void)store_.abort(step);
+        return written.status();
+      }
+      metadata.trainer_state = *written;
+    }
     SH_ASSIGN_OR_RETURN(CommitReport written, store_.commit(step, metadata));
     CommitInfo info;
     info.step = step;
@@ -392,8 +396,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
   std::optional<GlobalPlan> last_plan_;
   std::optional<Forming> forming_;
   std::optional<std::int64_t> open_step_;
-  /// The open step's trainer_state.json, as written.
-  std::optional<FileMeta> trainer_state_;
+  /// The open step's trainer_state.json, written at its commit (empty: none).
+  std::string trainer_state_;
   /// The store's commit of the open step ran (and cleaned up after itself if it failed).
   bool commit_ran_ = false;
   std::vector<RankSaveReport> reports_;

@@ -34,12 +34,14 @@ struct CoordinatorOptions {
 /// 1. Plan: every rank sends its local plan; once all of them are in it makes the global plan
 ///    (make_global_plan: ranks agree on the step and on every tensor, the blocks tile each
 ///    tensor, replicas are written once and the writers balanced), reusing the last one while
-///    no rank's structure changed. Only then does it prepare the step's folder (and write the
-///    trainer state), and answer every rank with where to write and what. A bad plan, a rank
+///    no rank's structure changed. Only then does it prepare the step's folder and answer every
+///    rank with where to write and what (the ranks wait for this in an async save's stall, so
+///    nothing here syncs a file: the trainer state is kept for the commit). A bad plan, a rank
 ///    that plans another step, or one that does not plan within `plan_timeout`, fails the save
 ///    on every rank before any file exists, naming the rank.
 /// 2. Commit: it gathers the report every rank pushes when its write ends, and commits the
-///    moment the last one arrives (metadata, rename, tracker, through the CheckpointStore), or
+///    moment the last one arrives (trainer state, metadata, rename, tracker, through the
+///    CheckpointStore), or
 ///    aborts when any rank failed (removing what the step left).
 /// Waiters (await_atom) get the CommitInfo or the reason. A rank reported down (rank_down_atom)
 /// fails what is open and every later save: the world is broken.

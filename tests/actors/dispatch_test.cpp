@@ -45,10 +45,13 @@ struct World {
   bool async;
 
   /// @param timeout the dispatch's limit, set as trainer.call_timeout_s.
+  /// @param coordinator_storage what the coordinator writes through (the step's folder, the
+  /// trainer state, metadata.json, the tracker).
   World(const std::string& root, std::shared_ptr<FileSystem> storage, bool async_saves,
-        std::chrono::milliseconds timeout = std::chrono::seconds(60))
+        std::chrono::milliseconds timeout = std::chrono::seconds(60),
+        std::shared_ptr<FileSystem> coordinator_storage = local_file_system())
       : async(async_saves) {
-    coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), local_file_system()});
+    coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), std::move(coordinator_storage)});
     auto groups = make_host_groups(layout);
     for (int rank = 0; rank < layout.world_size(); ++rank) {
       auto model = BanditMlp::create(small_model(), 7, layout, rank, groups[static_cast<std::size_t>(rank)]);
@@ -72,7 +75,9 @@ struct World {
   DispatchClient client() { return DispatchClient(system, dispatch, std::chrono::seconds(60)); }
 
   Status train(std::int64_t step) { return client().train({step, Objective::rl, {}}).status(); }
-  Status save(std::int64_t step) { return client().save(step, async, "{\"step\": 1}").status(); }
+  Status save(std::int64_t step) {
+    return client().save(step, async, "{\"step\": " + std::to_string(step) + "}").status();
+  }
   Status finalize() { return client().finalize().status(); }
 };
 
@@ -147,6 +152,58 @@ BOOST_AUTO_TEST_CASE(a_rank_that_stalls_past_the_limit_is_named_with_the_setting
                  std::string::npos,
              client.message());
   std::this_thread::sleep_for(std::chrono::seconds(3));  // the stalled writes end
+}
+
+BOOST_AUTO_TEST_CASE(the_trainer_state_is_written_at_the_commit_and_a_failed_write_keeps_the_tracker) {
+  TempDir dir;
+  auto storage = std::make_shared<test::FaultStorage>();
+  auto coordinator_storage = std::make_shared<test::FaultStorage>();
+  World world(dir.path(), storage, true, std::chrono::seconds(60), coordinator_storage);
+  // Every file of step `step` that holds the trainer state, wherever the step is being written.
+  auto trainer_state_files = [&](std::int64_t step) {
+    std::vector<std::string> found;
+    for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
+      const std::string path = entry.path().string();
+      if (path.find("global_step_" + std::to_string(step)) != std::string::npos &&
+          path.find(kTrainerStateFile) != std::string::npos) {
+        found.push_back(path);
+      }
+    }
+    return found;
+  };
+  BOOST_REQUIRE(world.train(1).is_ok());
+  storage->append_delay = std::chrono::milliseconds(300);
+  BOOST_REQUIRE(world.save(1).is_ok());  // async: returns while the writes run
+  // The stall wrote no file of the coordinator's: the trainer state waits for the commit.
+  BOOST_TEST(trainer_state_files(1).empty());
+  BOOST_REQUIRE(world.finalize().is_ok());
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  BOOST_TEST((trainer_state_files(1) == std::vector<std::string>{dir / "global_step_1/trainer_state.json"}));
+  BOOST_TEST(verify_checkpoint(dir / "global_step_1")->ok());
+
+  // A trainer state that cannot be written fails the commit, not the save: the stall never
+  // waits on it. The tracker stays, and nothing of the step is left.
+  storage->append_delay = std::chrono::milliseconds(0);
+  coordinator_storage->fail_file = kTrainerStateFile;
+  coordinator_storage->fail_errno = ENOSPC;
+  BOOST_REQUIRE(world.train(2).is_ok());
+  BOOST_REQUIRE(world.save(2).is_ok());
+  Status st = world.finalize();
+  BOOST_TEST(!st.is_ok());
+  BOOST_TEST(st.message().find("No space left on device") != std::string::npos, st.message());
+  BOOST_TEST(st.message().find(kTrainerStateFile) != std::string::npos, st.message());
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  BOOST_TEST(trainer_state_files(2).empty());
+  BOOST_TEST(!fs::exists(dir / "global_step_2"));
+  BOOST_TEST(verify_checkpoint(dir / "global_step_1")->ok());
+
+  // The next save commits.
+  coordinator_storage->fail_file.clear();
+  BOOST_REQUIRE(world.train(3).is_ok());
+  BOOST_REQUIRE(world.save(3).is_ok());
+  BOOST_REQUIRE(world.finalize().is_ok());
+  BOOST_TEST(**test::read_tracker(dir.path()) == 3);
+  BOOST_TEST(verify_checkpoint(dir / "global_step_3")->ok());
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_training_fails_the_call_with_its_rank) {
