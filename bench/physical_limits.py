@@ -11,6 +11,10 @@ them, measured interleaved round by round in one run (medians over rounds):
                    process) (stagehand-bench load's raw read of the same files)
   ... + XXH3       the same reads, each hashed as it lands (what a load that checks every byte
                    cannot do without)
+  ... placed       the same reads, each range landing at its own place in a buffer per file
+                   (written before), as a load's bytes land in the tensors: the reads above reuse
+                   each thread's 16 MiB buffer, which stays partly in the cores' caches, so no
+                   read of a whole state into memory of its own can match them warm
 
 and Stagehand's sync save (staging 0), async stall (the caller's wait; the first async save of a
 process, and the median of its next two), cold load and warm load
@@ -89,7 +93,8 @@ def main():
     state = ["--bytes-per-rank", args.bytes, "--ranks", str(args.ranks)]
     threads = ["--thread-count", str(args.threads)]
     f = {k: [] for k in ("memcpy", "dd", "buffered", "cold_read", "warm_read",
-                         "cold_read_hashed", "warm_read_hashed", "save", "first_stall", "stall", "cold_load",
+                         "cold_read_hashed", "warm_read_hashed", "cold_read_placed", "warm_read_placed",
+                         "cold_read_placed_hashed", "warm_read_placed_hashed", "save", "first_stall", "stall", "cold_load",
                          "warm_load")}
     for _ in range(args.rounds):
         f["memcpy"].append(memcpy_s(nbytes))
@@ -110,11 +115,15 @@ def main():
         f["cold_load"].append(cold[0]["load_s"])
         f["cold_read"].append(cold[0]["raw_read_s"])
         f["cold_read_hashed"].append(cold[0]["raw_read_hashed_s"])
+        f["cold_read_placed"].append(cold[0]["raw_read_placed_s"])
+        f["cold_read_placed_hashed"].append(cold[0]["raw_read_placed_hashed_s"])
         # Warm: the median of 3 loads and 3 raw reads, interleaved in one process.
         warm = load_lines(bench(args, "load", "--out", ckpt, *state, *threads, "--repeat", "3"))
         f["warm_load"].append(statistics.median(x["load_s"] for x in warm))
         f["warm_read"].append(statistics.median(x["raw_read_s"] for x in warm))
         f["warm_read_hashed"].append(statistics.median(x["raw_read_hashed_s"] for x in warm))
+        f["warm_read_placed"].append(statistics.median(x["raw_read_placed_s"] for x in warm))
+        f["warm_read_placed_hashed"].append(statistics.median(x["raw_read_placed_hashed_s"] for x in warm))
         shutil.rmtree(ckpt, ignore_errors=True)
     m = {k: statistics.median(v) for k, v in f.items()}
     gib = nbytes / 2**30
@@ -124,7 +133,10 @@ def main():
     for key, name in (("memcpy", "memcpy of the state"), ("dd", "dd O_DIRECT + fsync, one stream"),
                       ("buffered", "buffered write + fsync, parallel"), ("cold_read", "cold read"),
                       ("warm_read", "warm read"), ("cold_read_hashed", "cold read + XXH3"),
-                      ("warm_read_hashed", "warm read + XXH3")):
+                      ("warm_read_hashed", "warm read + XXH3"), ("cold_read_placed", "cold read, placed"),
+                      ("warm_read_placed", "warm read, placed"),
+                      ("cold_read_placed_hashed", "cold read, placed + XXH3"),
+                      ("warm_read_placed_hashed", "warm read, placed + XXH3")):
         print(f"{name:<34}{m[key]:8.3f}{gib / m[key]:8.2f}")
     print(f"\n{'stagehand':<34}{'s':>8}{'limit / stagehand':>20}   against")
     for key, limit, name, against in (
@@ -134,7 +146,11 @@ def main():
             ("cold_load", m["cold_read"], "cold load", "cold read"),
             ("warm_load", m["warm_read"], "warm load", "warm read"),
             ("cold_load", m["cold_read_hashed"], "cold load", "cold read + XXH3"),
-            ("warm_load", m["warm_read_hashed"], "warm load", "warm read + XXH3")):
+            ("warm_load", m["warm_read_hashed"], "warm load", "warm read + XXH3"),
+            ("cold_load", m["cold_read_placed"], "cold load", "cold read, placed"),
+            ("warm_load", m["warm_read_placed"], "warm load", "warm read, placed"),
+            ("cold_load", m["cold_read_placed_hashed"], "cold load", "cold read, placed + XXH3"),
+            ("warm_load", m["warm_read_placed_hashed"], "warm load", "warm read, placed + XXH3")):
         print(f"{name:<34}{m[key]:8.3f}{limit / m[key]:20.2f}   {against}")
     print("by round: " + json.dumps({k: [round(x, 4) for x in v] for k, v in f.items()}))
 

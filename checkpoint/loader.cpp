@@ -199,8 +199,13 @@ Status load_checkpoint(FileSystem& fs, const std::string& checkpoint_dir, StateD
   out.chunks = jobs.size();
   out.direct_chunks = static_cast<std::uint64_t>(
       std::count_if(jobs.begin(), jobs.end(), [](const ChunkJob& j) { return j.direct != nullptr; }));
-  Status loaded =
-      read_chunks(jobs, plan_reads(jobs, options.max_read_bytes), options, pinned, !safetensors_folder, out);
+  // Tasks as large as max_read_bytes; where reads are cheap, each read in pieces that stay in
+  // the core's cache while they are hashed.
+  const std::uint64_t read_bytes = fs.capabilities(checkpoint_dir).cheap_reads
+                                       ? std::min(options.max_read_bytes, kCheapReadBytes)
+                                       : options.max_read_bytes;
+  Status loaded = read_chunks(jobs, plan_reads(jobs, options.max_read_bytes), options, read_bytes, pinned,
+                              !safetensors_folder, out);
   if (group != nullptr) loaded = group->depart(turn, std::move(loaded));
   out.total_s = seconds_since(start);
   SH_RETURN_IF_ERROR(loaded);

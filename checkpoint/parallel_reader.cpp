@@ -61,10 +61,11 @@ class ParallelLoad {
  public:
   /// @param verify whether chunks carry checksums to check (a safetensors folder's do not).
   ParallelLoad(const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks, const LoadOptions& options,
-               bool pinned, bool verify)
+               std::uint64_t read_bytes, bool pinned, bool verify)
       : jobs_(jobs),
         tasks_(std::move(tasks)),
         options_(options),
+        read_bytes_(std::max<std::uint64_t>(read_bytes, 1)),
         pinned_(pinned),
         verify_(verify) {
     for (const auto& task : tasks_) {
@@ -142,14 +143,15 @@ class ParallelLoad {
                                              ", expected " + xxh3_hex(j.chunk->xxh3) + ")"};
   }
 
-  /// Reads the task's range straight into the tensors in reads of at most max_read_bytes (one
+  /// Reads the task's range straight into the tensors in reads of at most read_bytes_ (one
   /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
   Status read_direct(const ReadTask& task, PhaseTimes& times, DeviceCopies& device) {
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
     std::vector<ReadSegment> segments;
+    if (task.end() - task.begin() > read_bytes_) task.file->file->will_need(task.begin(), task.end() - task.begin());
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
-      const std::uint64_t end = std::min(task.end(), pos + options_.max_read_bytes);
+      const std::uint64_t end = std::min(task.end(), pos + read_bytes_);
       segments.clear();
       for (std::size_t i = k; i < task.pieces.size() && task.pieces[i].begin < end; ++i) {
         const Piece& p = task.pieces[i];
@@ -214,8 +216,13 @@ class ParallelLoad {
     }
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
+    // Host targets take the buffer's bytes in reads that stay in the core's cache; device ones
+    // in reads as large as the buffer, each one copy to the device.
+    const std::uint64_t most =
+        pinned_ ? buffer.size() : std::min<std::uint64_t>(buffer.size(), std::max<std::uint64_t>(read_bytes_, kMinBufferBytes));
+    if (task.end() - task.begin() > most) task.file->file->will_need(task.begin(), task.end() - task.begin());
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
-      std::uint64_t n = std::min<std::uint64_t>(buffer.size(), task.end() - pos);
+      std::uint64_t n = std::min<std::uint64_t>(most, task.end() - pos);
       // End the piece on an element boundary of the chunk it cuts.
       for (std::size_t i = k; i < task.pieces.size() && pos + n < task.end(); ++i) {
         const Piece& p = task.pieces[i];
@@ -295,6 +302,7 @@ class ParallelLoad {
   const std::vector<ChunkJob>& jobs_;
   const std::vector<ReadTask> tasks_;
   const LoadOptions options_;
+  const std::uint64_t read_bytes_;
   const bool pinned_;
   const bool verify_;
   std::uint64_t largest_buffered_ = 0;
@@ -309,8 +317,8 @@ class ParallelLoad {
 }  // namespace
 
 Status read_chunks(const std::vector<ChunkJob>& jobs, std::vector<ReadTask> tasks, const LoadOptions& options,
-                   bool pinned, bool verify, LoadReport& report) {
-  ParallelLoad load(jobs, std::move(tasks), options, pinned, verify);
+                   std::uint64_t read_bytes, bool pinned, bool verify, LoadReport& report) {
+  ParallelLoad load(jobs, std::move(tasks), options, read_bytes, pinned, verify);
   return load.run(report);
 }
 

@@ -73,6 +73,13 @@ class ReadableFile {
   /// Reads the bytes at `offset` onwards into `segments` one after another, in as few reads as
   /// the store allows (one preadv, one ranged GET).
   virtual Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments);
+  /// A hint that [offset, offset + bytes) is read next, in reads smaller than the range: a local
+  /// file starts bringing it into the page cache at once (POSIX_FADV_WILLNEED), so that the
+  /// device still gets large requests. Costs nothing, and does nothing, elsewhere.
+  virtual void will_need(std::uint64_t offset, std::uint64_t bytes) {
+    (void)offset;
+    (void)bytes;
+  }
 };
 
 /// What identifies one version of a file without reading it: its size and a tag that changes
@@ -109,6 +116,11 @@ struct FileSystemCapabilities {
   /// memory (WritableFile::memory_at): a save may open its files early and copy into them.
   /// False where files cannot lend it (written to several places at once, or paced).
   bool in_memory = false;
+  /// A read is a system call served from the page cache or a local device (a local file
+  /// system), so a small one costs little more than a large one: a load then reads in pieces
+  /// that stay in the core's cache while it hashes them. False (object stores, a file server's
+  /// clients): each read is a request, as large as the load's max_read_bytes allows.
+  bool cheap_reads = false;
 };
 
 /// A regular file's bytes mapped into memory and shared with it, where a file system keeps

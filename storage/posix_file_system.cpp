@@ -191,8 +191,24 @@ class PosixReadableFile final : public ReadableFile {
   Status read_vectored(std::uint64_t offset, const std::vector<ReadSegment>& segments) override {
     return posix::preadv_exact(fd_.get(), offset, segments, path_);
   }
+  void will_need(std::uint64_t offset, std::uint64_t bytes) override {
+    if (bytes == 0) return;
+    // Only where the range's first or last byte is not in the page cache: the advice walks
+    // every page of the range, which costs a warm load more than its reads gain from it. A
+    // failure of either call only means the reads go to the device as they come.
+    if (cached(offset) && cached(offset + bytes - 1)) return;
+    (void)::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+  }
 
  private:
+  /// Whether the byte at `offset` is in the page cache: a read of it that may not wait for the
+  /// device (RWF_NOWAIT) succeeds.
+  bool cached(std::uint64_t offset) const {
+    char byte;
+    iovec one{&byte, 1};
+    return ::preadv2(fd_.get(), &one, 1, static_cast<off_t>(offset), RWF_NOWAIT) == 1;
+  }
+
   posix::Fd fd_;
   std::string path_;
   std::uint64_t size_;
@@ -222,6 +238,7 @@ class PosixFileSystem final : public FileSystem {
  public:
   FileSystemCapabilities capabilities(const std::string& path) const override {
     FileSystemCapabilities capabilities;
+    capabilities.cheap_reads = true;
     struct statfs fs {};
     if (::statfs(path.c_str(), &fs) == 0) capabilities.in_memory = in_memory(fs);
     return capabilities;

@@ -526,6 +526,62 @@ BOOST_AUTO_TEST_CASE(neighbouring_chunks_are_read_in_one_read) {
   }
 }
 
+namespace {
+
+/// The local file system, saying its reads are requests (as an object store's are).
+class CostlyReads final : public FileSystemWrapper {
+ public:
+  CostlyReads() : FileSystemWrapper(local_file_system()) {}
+  FileSystemCapabilities capabilities(const std::string& path) const override {
+    FileSystemCapabilities c = inner().capabilities(path);
+    c.cheap_reads = false;
+    return c;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cheap_reads_come_in_cache_sized_pieces_and_requests_as_large_as_allowed) {
+  TempDir dir;
+  // One bucket file of 8 chunks, 6 MiB in all.
+  auto saved = save_synthetic(dir.path(), 1, 6u << 20, 8, 1);
+  const std::string ckpt = dir / "global_step_1";
+  BOOST_REQUIRE(local_file_system()->capabilities(ckpt).cheap_reads);
+  CostlyReads costly;
+  BOOST_REQUIRE(!costly.capabilities(ckpt).cheap_reads);
+  // "whole": every chunk straight into its tensor; "rows": resharded, through the buffers.
+  for (std::string layout : {"whole", "rows"}) {
+    for (int threads : {1, 4}) {
+      BOOST_TEST_CONTEXT(layout << ", " << threads << " threads") {
+        std::vector<StateDict> loaded;
+        for (bool cheap : {true, false}) {
+          StateDict live = live_layout(saved, layout, 0, layout == "whole" ? 1 : 3);
+          LoadOptions options;
+          options.thread_count = threads;
+          LoadReport report;
+          Status st = load_checkpoint(cheap ? *local_file_system() : costly, ckpt, live, options, &report);
+          BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+          BOOST_TEST(report.direct_chunks == (layout == "whole" ? 8u : 0u));
+          BOOST_TEST(report.bytes > (5u << 20));  // more than a few cheap reads' worth
+          // Reads as large as allowed: at most one short read per task (a task holds at most
+          // max_read_bytes, and there are no more tasks than chunks).
+          const std::uint64_t most = cheap ? kCheapReadBytes : options.max_read_bytes;
+          BOOST_TEST_MESSAGE("cheap " << cheap << ": " << report.reads << " reads of " << report.bytes << " bytes");
+          BOOST_TEST(report.reads >= (report.bytes + most - 1) / most);
+          BOOST_TEST(report.reads <= report.bytes / most + report.chunks);
+          loaded.push_back(std::move(live));
+        }
+        for (std::size_t i = 0; i < loaded[0].tensors.size(); ++i) {
+          BOOST_TEST(test::same_bytes(loaded[0].tensors[i].tensor, loaded[1].tensors[i].tensor));
+          if (layout == "whole") {
+            BOOST_TEST(test::same_bytes(loaded[0].tensors[i].tensor, saved[0].tensors[i].tensor));
+          }
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(parallel_resharded_load_equals_serial_load_byte_for_byte) {
   TempDir dir;
   // Saved by 2 ranks (rows split in 2, every fourth tensor replicated), 2 buckets each.
