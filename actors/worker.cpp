@@ -53,10 +53,6 @@ class Worker : public worker_actor::base {
         },
         [this](save_atom, const SaveCall& call) -> caf::result<SaveAck> { return save(call); },
         [this](finalize_atom) -> caf::result<bool> {
-          // A caller in this process gets the strategy's answer straight from it: one thread
-          // wake-up fewer on the way back. (CAF 0.17 loses the answer to a delegated request of a
-          // caller in another process: the job then hangs.)
-          if (caller_is_local()) return delegate(strategy_, finalize_atom::value);
           auto rp = make_response_promise<bool>();
           request(strategy_, timeout_, finalize_atom::value)
               .then([rp](bool drained) mutable { rp.deliver(drained); },
@@ -105,31 +101,19 @@ class Worker : public worker_actor::base {
     plan.cached = sent_signature_ == plan.signature;
     if (!plan.cached) plan.tensors = std::move(descs);
     auto rp = make_response_promise<SaveAck>();
-    const bool local = caller_is_local();
     const bool full = !plan.cached;
     const std::uint64_t signature = plan.signature;
     request(coordinator_, timeout_, plan_atom::value, std::move(plan), call.trainer_state)
         .then(
-            [this, rp, call, local, full, signature](WriteAssignment& assigned) mutable {
+            [this, rp, call, full, signature](WriteAssignment& assigned) mutable {
               if (full) sent_signature_ = signature;
               SaveOrder order{call.step, call.async, std::move(assigned.policy_dir), std::move(assigned.writes)};
-              if (local) {
-                // The strategy answers the dispatch itself: the stall ends one wake-up sooner.
-                rp.delegate(strategy_, save_atom::value, std::move(order));
-                return;
-              }
               request(strategy_, timeout_, save_atom::value, std::move(order))
                   .then([rp](SaveAck ack) mutable { rp.deliver(ack); },
                         [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
             },
             [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
     return rp;
-  }
-
-  /// Whether the request being handled came from an actor in this process.
-  bool caller_is_local() {
-    const auto& caller = current_sender();
-    return caller != nullptr && caller->node() == node();
   }
 
   caf::result<LoadReport> load(const LoadCall& call) {
