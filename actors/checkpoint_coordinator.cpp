@@ -294,6 +294,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
   }
 
   void finish(std::int64_t step, Result<CommitInfo> outcome) {
+    trainer_state_.clear();  // a fully-async trainer's may be large
     if (outcome.is_ok()) {
       const CommitInfo& c = *outcome;
       logger()->info("committed checkpoint step {} in '{}' (copy_s {:.3f} hash_s {:.3f} write_s {:.3f} fsync_s {:.3f} "

@@ -41,8 +41,7 @@ struct CoordinatorOptions {
 ///    on every rank before any file exists, naming the rank.
 /// 2. Commit: it gathers the report every rank pushes when its write ends, and commits the
 ///    moment the last one arrives (trainer state, metadata, rename, tracker, through the
-///    CheckpointStore), or
-///    aborts when any rank failed (removing what the step left).
+///    CheckpointStore), or aborts when any rank failed (removing what the step left).
 /// Waiters (await_atom) get the CommitInfo or the reason. A rank reported down (rank_down_atom)
 /// fails what is open and every later save: the world is broken.
 ///

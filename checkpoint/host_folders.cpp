@@ -157,6 +157,13 @@ class HostFoldersFileSystem final : public FileSystem {
     FileSystemCapabilities capabilities = inner_->capabilities(covers(path) ? placement_.on_host(path, 0) : path);
     // A data file written to several hosts at once has no one memory to lend.
     if (covers(path) && placement_.replicas > 1) capabilities.in_memory = false;
+    // A path is read from whichever host holds it: reads are cheap only where every host's are
+    // (a disk reached through another host's file server is not).
+    if (covers(path)) {
+      for (int h = 1; h < placement_.hosts && capabilities.cheap_reads; ++h) {
+        capabilities.cheap_reads = inner_->capabilities(placement_.on_host(path, h)).cheap_reads;
+      }
+    }
     return capabilities;
   }
 

@@ -67,6 +67,25 @@ bool in_memory(const struct statfs& fs) {
   return static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC;
 }
 
+/// Whether a read from this file system is a request over a network (NFS, SMB, Ceph, Lustre,
+/// 9p) or to a user-space server (FUSE: gcsfuse, s3fs, ...), not a system call served from the
+/// page cache or a local device.
+bool remote(const struct statfs& fs) {
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0x6969UL:      // NFS
+    case 0x65735546UL:  // FUSE
+    case 0x517BUL:      // SMB
+    case 0xFF534D42UL:  // CIFS
+    case 0xFE534D42UL:  // SMB2
+    case 0x00C36400UL:  // Ceph
+    case 0x0BD00BD0UL:  // Lustre
+    case 0x01021997UL:  // 9p
+      return true;
+    default:
+      return false;
+  }
+}
+
 /// Whether the file open at `fd` lives in memory.
 bool in_memory(int fd) {
   struct statfs fs {};
@@ -238,9 +257,13 @@ class PosixFileSystem final : public FileSystem {
  public:
   FileSystemCapabilities capabilities(const std::string& path) const override {
     FileSystemCapabilities capabilities;
-    capabilities.cheap_reads = true;
     struct statfs fs {};
-    if (::statfs(path.c_str(), &fs) == 0) capabilities.in_memory = in_memory(fs);
+    if (::statfs(path.c_str(), &fs) == 0) {
+      capabilities.in_memory = in_memory(fs);
+      capabilities.cheap_reads = !remote(fs);
+    } else {
+      capabilities.cheap_reads = true;  // a local path not made yet, as far as can be told
+    }
     return capabilities;
   }
 

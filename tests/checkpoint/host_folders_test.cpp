@@ -144,6 +144,28 @@ BOOST_AUTO_TEST_CASE(placement_puts_each_ranks_copies_on_distinct_hosts_and_refu
   BOOST_TEST(data_file_rank("/r/global_step_3/policy/__x_1.safetensors") == -1);
 }
 
+BOOST_AUTO_TEST_CASE(reads_are_cheap_only_where_every_hosts_folder_says_so) {
+  TempDir dir;
+  const HostPlacement placement = placement_in(dir.path());
+  // Host 2's disk is reached through something whose reads are requests (a file server).
+  class HostTwoRemote final : public FileSystemWrapper {
+   public:
+    HostTwoRemote() : FileSystemWrapper(local_file_system()) {}
+    FileSystemCapabilities capabilities(const std::string& path) const override {
+      FileSystemCapabilities c = inner().capabilities(path);
+      if (path.find("/host2/") != std::string::npos) c.cheap_reads = false;
+      return c;
+    }
+  };
+  const std::string step = placement.pattern + "/global_step_1";
+  BOOST_TEST(hosts_over(placement)->capabilities(step).cheap_reads);
+  auto mixed = host_folders_file_system(std::make_shared<HostTwoRemote>(), placement);
+  BOOST_REQUIRE(mixed.is_ok());
+  BOOST_TEST(!(*mixed)->capabilities(step).cheap_reads);
+  // A path outside the pattern is the inner file system's own.
+  BOOST_TEST((*mixed)->capabilities(dir.path()).cheap_reads);
+}
+
 BOOST_AUTO_TEST_CASE(a_save_puts_each_ranks_files_on_its_host_and_the_next_and_the_rest_everywhere) {
   TempDir dir;
   const auto placement = placement_in(dir.path());
