@@ -159,9 +159,11 @@ int run_load(const LoadArgs& args) {
   auto metadata = read_checkpoint_metadata(fs, *dir);
   if (!metadata.is_ok()) return fail(metadata.status().to_string(), 2);
   std::vector<std::string> files;
+  std::vector<std::uint64_t> file_sizes;
   std::uint64_t file_bytes = 0;
   for (const auto& [name, file] : metadata->files) {
     files.push_back(CheckpointLayout::policy_dir(*dir) + "/" + name);
+    file_sizes.push_back(file.size);
     file_bytes += file.size;
   }
 
@@ -205,10 +207,8 @@ int run_load(const LoadArgs& args) {
   }
   // One buffer per file, for the reads that place every byte (written once here too).
   std::vector<HostBuffer> placed_buffers;
-  for (const auto& path : files) {
-    auto file = fs.open_file(path);
-    if (!file.is_ok()) return fail(file.status().to_string());
-    placed_buffers.emplace_back(static_cast<std::size_t>((*file)->size()), false, nullptr);
+  for (std::uint64_t size : file_sizes) {
+    placed_buffers.emplace_back(static_cast<std::size_t>(size), false, nullptr);
     if (!placed_buffers.back().valid()) return fail("cannot allocate the placed raw read buffers");
     std::memset(placed_buffers.back().data(), 0, placed_buffers.back().size());
   }

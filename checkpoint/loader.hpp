@@ -20,10 +20,9 @@ class LoadGroup;
 inline constexpr int kDefaultLoadThreadCount = 4;
 
 /// The largest read of a load from a file system whose reads are cheap
-/// (FileSystemCapabilities::cheap_reads): half a core's L2 here (2 x 1 MiB), so that the bytes
-/// a read brought are still in that cache when they are hashed, and the hash does not read them
-/// back from memory. Measured (bench/physical_limits.py, 2 ranks x 1 GiB warm): against reads of
-/// 8 MiB, a warm load went from 0.64-0.70 to 0.74-0.79 of a plain read of the same files.
+/// (FileSystemCapabilities::cheap_reads): a core's L2 on the development machines (1 MiB), so
+/// that the bytes a read brought are still in that cache when they are hashed, and the hash does
+/// not read them back from memory (docs/benchmarks.md, "Reads that stay in the cache").
 inline constexpr std::uint64_t kCheapReadBytes = 1u << 20;
 
 /// How load_checkpoint reads.

@@ -143,13 +143,19 @@ class ParallelLoad {
                                              ", expected " + xxh3_hex(j.chunk->xxh3) + ")"};
   }
 
+  /// Announces a task read in more than one read of `piece` bytes, so that the device still gets
+  /// the whole range in large requests (ReadableFile::will_need).
+  static void announce(const ReadTask& task, std::uint64_t piece) {
+    if (task.end() - task.begin() > piece) task.file->file->will_need(task.begin(), task.end() - task.begin());
+  }
+
   /// Reads the task's range straight into the tensors in reads of at most read_bytes_ (one
   /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
   Status read_direct(const ReadTask& task, PhaseTimes& times, DeviceCopies& device) {
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
     std::vector<ReadSegment> segments;
-    if (task.end() - task.begin() > read_bytes_) task.file->file->will_need(task.begin(), task.end() - task.begin());
+    announce(task, read_bytes_);
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       const std::uint64_t end = std::min(task.end(), pos + read_bytes_);
       segments.clear();
@@ -220,7 +226,7 @@ class ParallelLoad {
     // in reads as large as the buffer, each one copy to the device.
     const std::uint64_t most =
         pinned_ ? buffer.size() : std::min<std::uint64_t>(buffer.size(), std::max<std::uint64_t>(read_bytes_, kMinBufferBytes));
-    if (task.end() - task.begin() > most) task.file->file->will_need(task.begin(), task.end() - task.begin());
+    announce(task, most);
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
       std::uint64_t n = std::min<std::uint64_t>(most, task.end() - pos);
       // End the piece on an element boundary of the chunk it cuts.
