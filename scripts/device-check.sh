@@ -14,10 +14,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 if [ "${1:-}" = --here ]; then
   bin="$here/../build/bin"
   py="$here/../tests/integration/torch_interop_check.py"
+  pydir="$here/../build/python"
+  device_worker="$here/../tests/python/device_worker.py"
   configs="$here/../examples/configs"
 else
   bin="$here/bin"
   py="$here/torch_interop_check.py"
+  pydir="$here/python"
+  device_worker="$here/device_worker.py"
   configs="$here/examples/configs"
   # cuBLAS comes from the machine's CUDA toolkit (too large to carry).
   export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
@@ -55,6 +59,13 @@ bench="$bin/stagehand-bench"
   "$bench" save --out "$work/i" --ranks 2 --bytes-per-rank 64M --tensors 12 --thread-count 3 --source device > /dev/null 2>&1
   "$bin/stagehand-ckpt" verify "$work/i"
   python3 "$py" "$work/i/global_step_1" || echo "(torch or safetensors missing here)"
+  echo "== CUDA arrays from Python (tests/python/device_worker.py)"
+  mkdir -p "$work/py"
+  if PYTHONPATH="$pydir" python3 -c "import stagehand, ml_dtypes" 2>/dev/null; then
+    PYTHONPATH="$pydir" python3 "$device_worker" "$work/py" && echo "device_worker: passed"
+  else
+    echo "(the stagehand package, numpy or ml_dtypes does not import with this python3)"
+  fi
   echo "== figures"
   python3 - "$out" <<'EOF'
 import json, os, statistics, sys

@@ -14,7 +14,11 @@ done
 for b in "${bins[@]}"; do
   ldd "build/bin/$b" | awk '/=>/ {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|libcublas|libcublasLt)\.so' | xargs -I{} cp -L {} "$pack/lib/"
-cp scripts/device-check.sh tests/integration/torch_interop_check.py "$pack/"
+cp scripts/device-check.sh tests/integration/torch_interop_check.py tests/python/device_worker.py "$pack/"
+# The Python package, where it was built (its module is for this machine's Python version).
+if [ -d build/python/stagehand ]; then
+  mkdir -p "$pack/python" && cp -r build/python/stagehand "$pack/python/"
+fi
 mkdir -p "$pack/examples" && cp -r examples/configs "$pack/examples/"
 tar czf build/devpack.tar.gz -C build devpack
 ls -la build/devpack.tar.gz

@@ -24,6 +24,7 @@
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
+#include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
 #include "stagehand/core/xxh3.hpp"
@@ -164,6 +165,63 @@ struct PyCheckpointer {
   }
 };
 
+/// DLPack's code and bits for a dtype Stagehand saves (not the fp8 ones, which DLPack 0.8 lacks).
+std::optional<nb::dlpack::dtype> dlpack_of(DType dtype) {
+  for (int code : {0, 1, 2, 4, 6}) {  // Int, UInt, Float, Bfloat, Bool
+    for (int bits : {8, 16, 32, 64}) {
+      nb::dlpack::dtype t{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+      if (dtype_of(t) == dtype) return t;
+    }
+  }
+  return std::nullopt;
+}
+
+/// Device memory for tests and device checks: `shape` of `dtype_name` (Stagehand's names: F32,
+/// BF16, ...) on device `index` of the process (a GPU, or the simulated one under
+/// STAGEHAND_SIMULATED_GPU=1), as a DLPack CUDA array, the way a torch.cuda tensor arrives. Host
+/// code may not touch it: fill and read it with device_copy. Freed when the array goes.
+nb::ndarray<nb::array_api> device_empty(const std::vector<std::size_t>& shape, const std::string& dtype_name, int index) {
+  auto dtype = dtype_from_name(dtype_name);
+  auto code = dtype ? dlpack_of(*dtype) : std::nullopt;
+  if (!code) throw nb::type_error(("device_empty: dtype '" + dtype_name + "' has no DLPack code").c_str());
+  const DeviceInfo& info = device_info();
+  if (index < 0 || index >= info.gpu_count) {
+    throw Error("device " + std::to_string(index) + " does not exist: " + std::to_string(info.gpu_count) +
+                " GPU(s) visible" + (info.reason.empty() ? "" : " (" + info.reason + ")") +
+                "; STAGEHAND_SIMULATED_GPU=1 simulates one");
+  }
+  std::size_t bytes = dtype_size(*dtype);
+  for (std::size_t d : shape) bytes *= d;
+  const Device device = Device::cuda(index);
+  void* ptr = device_alloc(device, bytes == 0 ? 1 : bytes);
+  if (ptr == nullptr) throw Error("device_empty: cannot allocate " + std::to_string(bytes) + " bytes on " + device.to_string());
+  nb::capsule owner(ptr, [](void* p) noexcept {
+    // The index is not kept: the simulated device has one, and cudaFree needs none.
+    device_free(Device::cuda(0), p);
+  });
+  return nb::ndarray<nb::array_api>(ptr, shape.size(), shape.data(), owner, nullptr, *code, nb::device::cuda::value, index);
+}
+
+/// Copies all of `src` into `dst` (equal sizes in bytes), one on the device, one in host memory,
+/// with a blocking copy of the process's copy engine; the GIL released.
+void device_copy(nb::ndarray<nb::c_contig> dst, nb::ndarray<nb::ro, nb::c_contig> src) {
+  if (dst.nbytes() != src.nbytes()) {
+    throw nb::value_error(("device_copy: " + std::to_string(src.nbytes()) + " bytes into " +
+                           std::to_string(dst.nbytes()))
+                              .c_str());
+  }
+  const bool to_device = dst.device_type() == nb::device::cuda::value && src.device_type() == nb::device::cpu::value;
+  const bool to_host = dst.device_type() == nb::device::cpu::value && src.device_type() == nb::device::cuda::value;
+  if (!to_device && !to_host) throw nb::value_error("device_copy: one array on a CUDA device and one in host memory");
+  bool ok = false;
+  {
+    nb::gil_scoped_release release;
+    ok = to_device ? copy_from_host(Device::cuda(dst.device_id()), src.data(), dst.data(), dst.nbytes())
+                   : copy_to_host(Device::cuda(src.device_id()), src.data(), dst.data(), dst.nbytes());
+  }
+  if (!ok) throw Error("device_copy: the copy failed");
+}
+
 }  // namespace
 
 NB_MODULE(_stagehand, m) {
@@ -288,6 +346,25 @@ NB_MODULE(_stagehand, m) {
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
   m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
+
+  // Device arrays for tests and device checks (tests/python, scripts/device-check.sh).
+  m.def("_device_empty", &device_empty, nb::arg("shape"), nb::arg("dtype"), nb::arg("index") = 0);
+  m.def("_device_copy", &device_copy, nb::arg("dst").noconvert(), nb::arg("src").noconvert());
+  // The process's copy engine: its name ("cuda", "simulated", "host"), the misuse it found (a
+  // read before a copy's event, a free under a copy) and the bytes each way of the copies it logged.
+  m.def("_copy_engine", []() {
+    CopyEngine& engine = copy_engine();
+    nb::dict result;
+    result["name"] = engine.name();
+    result["misuse"] = engine.misuse_count();
+    std::uint64_t to_host = 0, to_device = 0;
+    for (const CopyRecord& r : engine.copy_log()) {
+      (r.kind == CopyKind::device_to_host ? to_host : to_device) += r.bytes;
+    }
+    result["device_to_host_bytes"] = to_host;
+    result["host_to_device_bytes"] = to_device;
+    return result;
+  });
 
   nb::class_<PendingSave>(m, "PendingSave")
       .def("wait",

@@ -210,6 +210,7 @@ class _Bound:
         self.objects: dict[str, str] = {}
         self.object_paths: dict[str, list[str]] = {}
         self.names: set[str] = set()
+        self.cuda_devices: set = set()
         entry = make_load_entry if writable else make_entry
         for name, value, is_tensor, keys in _flatten(state):
             if name in self.names:
@@ -219,6 +220,8 @@ class _Bound:
                 shard = value if isinstance(value, Shard) else _dtensor_shard(name, value) if _is_dtensor(value) else None
                 array, dtype = _to_array(name, shard.tensor if shard else value, writable)
                 self.arrays.append(array)
+                if getattr(array, "is_cuda", False):
+                    self.cuda_devices.add(array.device)
                 try:
                     self.entries.append(entry(
                         name, array, dtype, shard.global_shape if shard else [],
@@ -232,6 +235,14 @@ class _Bound:
                 except TypeError as e:
                     raise TypeError(f"object '{name}' cannot be saved as JSON: {e}") from None
                 self.object_paths[name] = keys
+        # Stagehand copies device memory on streams of its own, which do not wait for torch's:
+        # what torch has queued on a tensor (the optimizer step that wrote it, for a save; a
+        # kernel still reading it, for a load) finishes first.
+        if self.cuda_devices:
+            import torch
+
+            for device in self.cuda_devices:
+                torch.cuda.current_stream(device).synchronize()
 
 
 def _plain(value: Any):

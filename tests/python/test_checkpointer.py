@@ -272,6 +272,30 @@ def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_w
     assert np.array_equal(target["w"], np.arange(32 << 20, dtype=np.float32)) and target["step"] == 5
 
 
+def test_cuda_arrays_save_and_load_through_the_simulated_device(tmp_path):
+    """DLPack arrays of device type CUDA (as torch.cuda tensors arrive) on the simulated device:
+    device_worker.py checks files equal to a host save's, async saves that keep the call's values,
+    loads back into device arrays, and no misuse; here, that the copies went through the device."""
+    env = {**os.environ, "STAGEHAND_SIMULATED_GPU": "1"}
+    run = subprocess.run([sys.executable, pathlib.Path(__file__).with_name("device_worker.py"), tmp_path],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["engine"] == "simulated" and found["misuse"] == 0, found
+    state_bytes = 256 * 1024 * 4 + 1024 * 2 + 15 * 2 + 7 * 8 + 33 + 4099
+    # Each of the three saves copied the whole state out of the device (until staged), and each of
+    # the four loads into it.
+    assert found["saves"]["device_to_host_bytes"] == 3 * state_bytes, found
+    assert found["loads"]["host_to_device_bytes"] == 4 * state_bytes, found
+
+
+def test_device_arrays_need_a_device():
+    with pytest.raises(stagehand.Error, match="device 99 does not exist"):
+        stagehand._stagehand._device_empty([4], "F32", 99)
+    with pytest.raises(TypeError, match="F8_E4M3"):
+        stagehand._stagehand._device_empty([4], "F8_E4M3", 0)
+
+
 def peer_state(zero=False):
     """The state tests/python/py_peer.cpp saves."""
     w = (np.arange(64 * 48) % 97).astype(np.float32).reshape(64, 48) * 0.25
