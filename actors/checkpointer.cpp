@@ -14,6 +14,7 @@
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/log.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
@@ -78,6 +79,10 @@ class PendingSave::Impl {
     if (spans_processes() && (o.port < 1 || o.port > 65535)) {
       return {ErrorCode::invalid_argument, "CheckpointerOptions::port " + std::to_string(o.port) + " is not a TCP port"};
     }
+    if (o.max_to_keep < 0) {
+      return {ErrorCode::invalid_argument, "CheckpointerOptions::max_to_keep must be 0 (keep all) or more, got " +
+                                               std::to_string(o.max_to_keep)};
+    }
     if (!(o.write_rate_limit_mib_s >= 0)) {
       return {ErrorCode::invalid_argument, "CheckpointerOptions::write_rate_limit_mib_s must be 0 (unlimited) or "
                                            "more, got " + std::to_string(o.write_rate_limit_mib_s)};
@@ -133,6 +138,11 @@ class PendingSave::Impl {
       ObjectStoreOptions store = ObjectStoreOptions::from_environment();
       store.spool_dir = options.local_work_dir;
       fs = default_file_system(store);
+    }
+    if (options.max_to_keep > 0 && options.reuse_files && fs->capabilities(options.root).directories) {
+      // Retention's removed steps lend their data files to the next saves (an object store has
+      // nothing to write over).
+      fs = reusing_file_system(std::move(fs), {options.root});
     }
     coordinator_here = options.rank == 0;
     if (coordinator_here) {
@@ -209,7 +219,17 @@ class PendingSave::Impl {
     pending.reset();
     Status st = client->finalize().status();
     outcomes[step] = st;
+    if (st.is_ok()) apply_retention();
     return st;
+  }
+
+  /// Removes the committed steps beyond options.max_to_keep, where rank 0's process is (once for
+  /// the job). A step that cannot be removed leaves the save committed: it is logged, and the
+  /// next commit tries again.
+  void apply_retention() {
+    if (options.max_to_keep <= 0 || !coordinator_here) return;
+    auto removed = CheckpointStore(fs, options.root).apply_retention(options.max_to_keep, {});
+    if (!removed.is_ok()) logger()->warn("Checkpointer: retention in '{}': {}", options.root, removed.status().message());
   }
 
   Result<PendingSave> save(std::int64_t step, const std::vector<StateDict>& states, bool async,
@@ -221,6 +241,7 @@ class PendingSave::Impl {
       pending = step;
     } else {
       outcomes[step] = Status::ok();
+      apply_retention();
     }
     return PendingSave(self, step, saved.stall_s);
   }

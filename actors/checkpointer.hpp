@@ -59,6 +59,14 @@ struct CheckpointerOptions {
   /// Where files bound for an object store are written before their upload
   /// (megatron_config.local_work_dir).
   std::string local_work_dir = "/tmp/stagehand-work";
+  /// Committed checkpoints kept in `root` (trainer.max_ckpts_to_keep): once a save commits, the
+  /// oldest steps beyond this many are removed (the newest always stays); 0 keeps all.
+  int max_to_keep = 0;
+  /// With max_to_keep and a local root (trainer.ckpt_reuse_files): the removed steps' data files
+  /// are kept (one per name, in `<root>/.spare_files`, until the Checkpointer closes) and the
+  /// next save writes over them instead of creating new files: no disk blocks freed and
+  /// allocated again at every save. false: freed at once.
+  bool reuse_files = true;
   /// Where every file goes through; null: the default (local paths, and s3:// or gs:// through
   /// the object store). A test's fault-injecting or slowed file system goes here.
   std::shared_ptr<FileSystem> file_system = nullptr;

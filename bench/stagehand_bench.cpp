@@ -28,6 +28,7 @@
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/strategy/messages.hpp"
 
@@ -137,6 +138,9 @@ struct SaveArgs {
   bool early_writeback = true;
   /// Print the raw baselines only, no saves (for scripts that run them in their own process).
   bool baseline_only = false;
+  /// Each save writes over the data files of the step removed after the one before
+  /// (reusing_file_system, trainer.ckpt_reuse_files) instead of creating new ones.
+  bool reuse_files = false;
 };
 
 /// The figures every save prints.
@@ -149,6 +153,7 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
   line["host_staging_peak_bytes"] = staging_memory().peak();
   line["source"] = args.source;
   line["early_writeback"] = args.early_writeback;
+  line["reuse_files"] = args.reuse_files;
   return line;
 }
 
@@ -166,7 +171,8 @@ int run_save(const SaveArgs& args) {
   const SyntheticStateSpec spec = args.state.spec();
   ObjectStoreOptions object_store = ObjectStoreOptions::from_environment();
   object_store.spool_dir = args.work_dir;
-  const auto fs = default_file_system(object_store);
+  std::shared_ptr<FileSystem> fs = default_file_system(object_store);
+  if (args.reuse_files) fs = reusing_file_system(std::move(fs), {args.out});
   const CheckpointStore store(fs, args.out);
   const bool local = fs->capabilities(args.out).directories;
   if (local) {
@@ -351,6 +357,9 @@ int main(int argc, char** argv) {
                    "seconds of simulated training between a save's return and the fence (fence_wait_s)")
       ->check(CLI::Range(0.0, 3600.0));
   save->add_flag("--per-save-staging", args.per_save, "ckpt_staging_memory: per_save (else persistent)");
+  save->add_flag("--reuse-files", args.reuse_files,
+                 "each save writes over the data files of the step the one before retired (trainer.ckpt_reuse_files), "
+                 "instead of creating new files");
   const stagehand::bench::BenchCommand load = stagehand::bench::add_load_command(app);
   const stagehand::bench::BenchCommand metadata = stagehand::bench::add_metadata_command(app);
   const stagehand::bench::BenchCommand commit = stagehand::bench::add_commit_command(app);

@@ -6,7 +6,10 @@
 #include <mutex>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/core/log.hpp"
 
 namespace stagehand {
 
@@ -28,6 +31,10 @@ class ReusingFileSystem final : public FileSystemWrapper {
 
   ~ReusingFileSystem() override {
     for (const auto& root : roots_) (void)inner().remove_tree(spares(root));
+    if (const std::uint64_t n = reused_.load(); n > 0) {
+      logger()->info("{} data file(s) of retired steps written over below '{}'{}", n, roots_.front(),
+                     roots_.size() > 1 ? " and " + std::to_string(roots_.size() - 1) + " other folder(s)" : "");
+    }
   }
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
@@ -36,7 +43,10 @@ class ReusingFileSystem final : public FileSystemWrapper {
       std::lock_guard<std::mutex> lock(mutex_);
       const std::string spare = spares(*root) + "/" + base_name(path);
       auto reused = inner().reuse_file(spare, path, &mappings_[spare]);
-      if (reused.is_ok()) return reused;
+      if (reused.is_ok()) {
+        ++reused_;
+        return reused;
+      }
       // None to take (not_found) or it cannot be taken: created as usual.
       if (reused.status().code() == ErrorCode::unsupported) reuse_works_ = false;
     }
@@ -109,6 +119,8 @@ class ReusingFileSystem final : public FileSystemWrapper {
   std::map<std::string, FileMappings> mappings_;
   /// False once `inner` said it cannot reuse files: nothing is kept from then on.
   std::atomic<bool> reuse_works_{true};
+  /// Spares taken so far (logged at the end of the run).
+  std::atomic<std::uint64_t> reused_{0};
 };
 
 }  // namespace

@@ -32,6 +32,11 @@ struct TrainerConfig {
   std::int64_t ckpt_interval = 0;
   /// Committed checkpoints to keep; 0 keeps all.
   std::int64_t max_ckpts_to_keep = 0;
+  /// With retention (max_ckpts_to_keep > 0), no local tier and a local ckpt_path: the data files
+  /// of the steps retention removes are kept (one per name, in `<ckpt_path>/.spare_files`) and
+  /// the next save writes over them, instead of freeing them and allocating as much disk again.
+  /// false: freed at once.
+  bool ckpt_reuse_files = true;
   ResumeMode resume_mode = ResumeMode::none;
   std::string resume_path;
   std::uint64_t seed = 1234;

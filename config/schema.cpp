@@ -121,6 +121,7 @@ std::vector<ConfigKey> make_config_keys() {
       {"trainer.local_ckpt_path", string<kTrainer, &TrainerConfig::local_ckpt_path>(true)},
       {"trainer.local_ckpt_interval", integer<kTrainer, &TrainerConfig::local_ckpt_interval>(1)},
       {"trainer.local_max_ckpts_to_keep", integer<kTrainer, &TrainerConfig::local_max_ckpts_to_keep>(0)},
+      {"trainer.ckpt_reuse_files", boolean<kTrainer, &TrainerConfig::ckpt_reuse_files>()},
       {"trainer.local_ckpt_reuse_files", boolean<kTrainer, &TrainerConfig::local_ckpt_reuse_files>()},
       {"trainer.ranks_per_host", integer<kTrainer, &TrainerConfig::ranks_per_host>(0, kMaxRanks)},
       {"trainer.local_replication_factor", integer<kTrainer, &TrainerConfig::local_replication_factor>(1, kMaxRanks)},

@@ -1,12 +1,17 @@
 #define BOOST_TEST_MODULE checkpointer
 #include <boost/test/unit_test.hpp>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <fstream>
+#include <map>
 #include <filesystem>
 #include <numeric>
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
@@ -114,6 +119,75 @@ BOOST_AUTO_TEST_CASE(several_ranks_in_one_process_load_under_another_sharding) {
     }
   }
   BOOST_TEST(bias == two[0].bias);
+}
+
+namespace {
+
+/// Inode of each data file (`__<rank>_<bucket>.safetensors`) in `dir`, by name.
+std::map<std::string, std::uint64_t> data_inodes(const fs::path& dir) {
+  std::map<std::string, std::uint64_t> inodes;
+  if (!fs::exists(dir)) return inodes;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("__", 0) != 0 || e.path().extension() != ".safetensors") continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) == 0) inodes[name] = static_cast<std::uint64_t>(st.st_ino);
+  }
+  return inodes;
+}
+
+std::map<std::string, std::string> file_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> bytes;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    bytes[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return bytes;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(retention_keeps_max_to_keep_steps_and_later_saves_write_over_the_removed_files) {
+  TempDir dir;
+  TempDir plain;
+  const fs::path root(dir.path());
+  UserModel model(0, 1, 1.0f);
+  StateDict state = model.state(0, 1);
+  BOOST_TEST(!Checkpointer({.root = dir.path(), .max_to_keep = -1}).save(1, state).is_ok());
+  std::map<std::string, std::uint64_t> step_1;
+  {
+    Checkpointer ckpt({.root = dir.path(), .thread_count = 3, .max_to_keep = 2});
+    Checkpointer fresh({.root = plain.path(), .thread_count = 3, .max_to_keep = 2, .reuse_files = false});
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      BOOST_REQUIRE(ckpt.save(step, state).is_ok());
+      BOOST_REQUIRE(fresh.save(step, state).is_ok());
+      if (step == 1) step_1 = data_inodes(root / "global_step_1" / "policy");
+    }
+    BOOST_REQUIRE(!step_1.empty());
+    // Step 1 is gone; its data files wait, alive, to be written over.
+    BOOST_TEST(!fs::exists(root / "global_step_1"));
+    BOOST_TEST(fs::exists(root / "global_step_2"));
+    BOOST_TEST(data_inodes(root / kSpareFilesDir) == step_1);
+    BOOST_TEST(!fs::exists(fs::path(plain.path()) / kSpareFilesDir));
+
+    model.weight.assign(model.weight.size(), 7.0f);
+    auto pending = ckpt.async_save(4, state);
+    BOOST_REQUIRE(pending.is_ok());
+    BOOST_REQUIRE(pending->wait().is_ok());
+    BOOST_REQUIRE(fresh.save(4, state).is_ok());
+    // The async save's commit removed step 2; step 4 is step 1's files written over.
+    BOOST_TEST(!fs::exists(root / "global_step_2"));
+    BOOST_TEST(data_inodes(root / "global_step_4" / "policy") == step_1);
+    BOOST_TEST(file_bytes(root / "global_step_4") == file_bytes(fs::path(plain.path()) / "global_step_4"));
+    model.weight.assign(model.weight.size(), 0.0f);
+    BOOST_REQUIRE(ckpt.load(state, dir.path()).is_ok());
+    BOOST_TEST(model.weight == std::vector<float>(model.weight.size(), 7.0f));
+  }
+  // The spares go when the Checkpointer closes; the kept steps stay.
+  BOOST_TEST(!fs::exists(root / kSpareFilesDir));
+  BOOST_TEST(fs::exists(root / "global_step_3"));
+  BOOST_TEST(fs::exists(root / "global_step_4"));
 }
 
 BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {

@@ -270,6 +270,21 @@ BOOST_AUTO_TEST_CASE(retention_keeps_exactly_the_newest_committed) {
     BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
     BOOST_TEST((test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{40, 50}));
     BOOST_TEST(**test::read_tracker(dir / "ckpt") == 50);
+    // Saves 30-50 wrote over the data files of the steps retention removed (trainer.ckpt_reuse_files,
+    // default true): the same bytes as a run that frees them, and no spares left after the run.
+    BOOST_TEST(r.output.find("data file(s) of retired steps written over below") != std::string::npos, r.output);
+    BOOST_TEST(!fs::exists(dir / "ckpt/.spare_files"));
+    Run freed = train("sync_rl.yaml", {"trainer.ckpt_path=" + dir / "freed", "trainer.total_steps=50",
+                                       "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=2",
+                                       "trainer.ckpt_reuse_files=false", "megatron_config.async_dist_ckpt_save=" + async});
+    BOOST_REQUIRE_MESSAGE(freed.code == 0, freed.output);
+    BOOST_TEST(freed.output.find("written over") == std::string::npos, freed.output);
+    for (std::string step : {"global_step_40", "global_step_50"}) {
+      auto reused = test::files_of(dir / "ckpt/" + step);
+      auto fresh = test::files_of(dir / "freed/" + step);
+      BOOST_TEST(reused.size() == fresh.size(), step);
+      for (const auto& [name, bytes] : fresh) BOOST_TEST((reused[name] == bytes), step << "/" << name);
+    }
   }
 }
 

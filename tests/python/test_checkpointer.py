@@ -272,6 +272,33 @@ def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_w
     assert np.array_equal(target["w"], np.arange(32 << 20, dtype=np.float32)) and target["step"] == 5
 
 
+def test_max_to_keep_removes_old_steps_and_later_saves_write_over_their_files(tmp_path):
+    arrays = {"w": np.arange(1 << 16, dtype=np.float32), "b": np.ones(8, np.float32), "step": 0}
+    data_files = lambda step: {p.name: p.stat().st_ino
+                               for p in (tmp_path / f"global_step_{step}" / "policy").glob("__*.safetensors")}
+    with stagehand.Checkpointer(tmp_path, max_to_keep=2, thread_count=2) as ckpt:
+        ckpt.save(1, arrays)
+        first = data_files(1)
+        assert first
+        ckpt.save(2, arrays)
+        ckpt.save(3, arrays)
+        assert not (tmp_path / "global_step_1").exists()
+        arrays["w"][:] = 5
+        arrays["step"] = 4
+        ckpt.async_save(4, arrays).wait()
+        # Step 4 is step 1's files, written over (kept alive as spares in between).
+        assert data_files(4) == first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("global_step")) == \
+        ["global_step_3", "global_step_4"]
+    assert not (tmp_path / ".spare_files").exists()
+    subprocess.run([BIN / "stagehand-ckpt", "verify", tmp_path], check=True, capture_output=True)
+    loaded = load_from(tmp_path, {"w": np.zeros(1 << 16, np.float32), "b": np.zeros(8, np.float32), "step": 0})
+    assert np.all(loaded["w"] == 5) and np.all(loaded["b"] == 1) and loaded["step"] == 4
+    with pytest.raises(stagehand.Error, match="max_to_keep must be 0"):
+        with stagehand.Checkpointer(tmp_path / "other", max_to_keep=-1) as bad:
+            bad.save(1, arrays)
+
+
 def test_cuda_arrays_save_and_load_through_the_simulated_device(tmp_path):
     """DLPack arrays of device type CUDA (as torch.cuda tensors arrive) on the simulated device:
     device_worker.py checks files equal to a host save's, async saves that keep the call's values,
