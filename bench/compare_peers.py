@@ -20,6 +20,9 @@ Systems (--systems picks a subset, comma-separated):
   stagehand_s2      stagehand-bench save --staging-buckets 2 (idem)
   stagehand_nowb    stagehand_s0 with --no-early-writeback (no sync_file_range while writing)
   stagehand_async   stagehand-bench save --async --staging-buckets 0: stall_s and save_s (until commit)
+  stagehand_s0_reuse, stagehand_s2_reuse, stagehand_async_reuse
+                    the same with --reuse-files: from the third save on, each save writes over the data files
+                    of the step retired after the save before it (trainer.ckpt_reuse_files)
   stagehand_dev_s0  stagehand-bench save --source device --staging-buckets 0   (only if --source exists)
   stagehand_dev_s2  stagehand-bench save --source device --staging-buckets 2   (only if --source exists)
   stagehand_load    stagehand-bench load --cold, after an untimed save      (only if `load` exists)
@@ -68,7 +71,8 @@ import peer_common  # noqa: E402
 
 TIME = "/usr/bin/time"
 ALL = ["raw_write1", "raw_writeT", "raw_readT", "dcp_save", "dcp_async", "dcp_load", "megatron_save",
-       "stagehand_s0", "stagehand_s2", "stagehand_nowb", "stagehand_async", "stagehand_dev_s0", "stagehand_dev_s2",
+       "stagehand_s0", "stagehand_s2", "stagehand_nowb", "stagehand_async", "stagehand_s0_reuse",
+       "stagehand_s2_reuse", "stagehand_async_reuse", "stagehand_dev_s0", "stagehand_dev_s2",
        "stagehand_load", "stagehand_load_warm", "stagehand_spmd_save", "stagehand_spmd_async", "stagehand_spmd_load"]
 SPMD = {"stagehand_spmd_save": "save", "stagehand_spmd_async": "async", "stagehand_spmd_load": "load"}
 TORCH_DEPS = ["filelock", "typing-extensions>=4.13.0", "sympy>=1.13.3", "mpmath", "networkx>=2.5.1", "jinja2", "MarkupSafe",
@@ -399,7 +403,9 @@ def run_stagehand(args, bench, system, directory):
                  "stagehand_nowb": (*source, "--staging-buckets", "0", "--no-early-writeback"),
                  "stagehand_async": (*source, "--async", "--staging-buckets", "0"),
                  "stagehand_dev_s0": ("--source", "device", "--staging-buckets", "0"),
-                 "stagehand_dev_s2": ("--source", "device", "--staging-buckets", "2")}[system]
+                 "stagehand_dev_s2": ("--source", "device", "--staging-buckets", "2")}[system.removesuffix("_reuse")]
+        if system.endswith("_reuse"):
+            flags = (*flags, "--reuse-files")
         if system.startswith("stagehand_dev") and not bench.has_source():
             return None, "stagehand-bench save has no --source (yet)"
         cmd = bench_common.save_command(args, directory, args.repeat, *flags)
@@ -416,7 +422,7 @@ def run_stagehand(args, bench, system, directory):
                 rec["raw_read_s"] = line["raw_read_s"]
         else:
             rec["save_s"] = line["save_s"]
-            if system == "stagehand_async":
+            if system.startswith("stagehand_async"):
                 rec["block_s"] = line["stall_s"]
         records.append(rec)
     if not records:
@@ -527,6 +533,23 @@ def report(args, res, systems):
     if stable:
         out.append("")
         out.append("Stability, slowest / median of saves 3+ (all rounds): " + ", ".join(stable))
+    # The same within each process (a save's time is its slowest rank's), then the median and the
+    # largest over the processes: the drift of the machine between rounds left out.
+    within = []
+    for s in save_systems:
+        ratios = []
+        for rnd in sorted({r["round"] for r in res.records.get(s, [])}):
+            by_pos = {}
+            for r in res.records[s]:
+                if r["round"] == rnd and "save_s" in r and r["pos"] >= 3:
+                    by_pos[r["pos"]] = max(by_pos.get(r["pos"], 0.0), r["save_s"])
+            if len(by_pos) >= 2:
+                ratios.append(max(by_pos.values()) / statistics.median(by_pos.values()))
+        if ratios:
+            within.append("%s: %s (%s)" % (s, fmt(statistics.median(ratios), 2), fmt(max(ratios), 2)))
+    if within:
+        out.append("Stability within each process, slowest / median of saves 3+, median over the processes "
+                   "(largest): " + ", ".join(within))
     if "stagehand_dev_s0" in systems and "stagehand_dev_s2" in systems:
         labels = res.labels("stagehand_dev_s2", "save_s")
         if labels:
@@ -534,13 +557,13 @@ def report(args, res, systems):
             out.append("Staged save (--source device), staging 2 / staging 0, by save: " + ", ".join(
                 "%s: %s" % (l, fmt(ratio(res.med("stagehand_dev_s2", "save_s", l), res.med("stagehand_dev_s0", "save_s", l)),
                                    2)) for l in labels))
-    if any(s in systems for s in ("dcp_async", "stagehand_async", "stagehand_spmd_async")):
+    if any(s in systems for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_spmd_async")):
         out.append("")
         out.append("### Async: blocking part (DCP: async_save's return; stagehand: stall_s)")
         out.append("")
         out.append("| system | save | n | blocking s | / DCP async blocking | total s | / DCP async total |")
         out.append("|---|---|---|---|---|---|---|")
-        for s in ("dcp_async", "stagehand_async", "stagehand_spmd_async"):
+        for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_spmd_async"):
             if s not in systems:
                 continue
             labels = res.labels(s, "block_s")

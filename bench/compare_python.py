@@ -11,7 +11,7 @@ seconds per GiB (time.process_time over the op, an async save's background writi
 
     PYTHONPATH=build/python /work/peers-venv/bin/python bench/compare_python.py \\
         [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py] [--staging-buckets N]
-        [--no-prepare]
+        [--no-prepare] [--max-to-keep 2]
 
 Needs torch (DCP) and the stagehand package (PYTHONPATH=<build>/python or pip install .).
 Targets (issue 28): sync save <= 0.8x DCP, async blocking part <= 0.3x, load <= 1.0x, at every
@@ -65,6 +65,9 @@ def main():
                     help="stagehand's async saves stage this many buckets before returning and the "
                          "rest from the live state (0: all); the wait until every bucket is staged "
                          "(when the tensors may change again) is printed beside the blocking part")
+    ap.add_argument("--max-to-keep", type=int, default=0,
+                    help="stagehand's Checkpointer keeps this many steps itself (max_to_keep, its later saves "
+                         "writing over the removed steps' files); 0: the script removes them, as for DCP")
     ap.add_argument("--no-prepare", action="store_true",
                     help="leave out stagehand's Checkpointer.prepare at the start (then its first async save "
                          "allocates and first-touches its staging inside its blocking part)")
@@ -82,7 +85,7 @@ def main():
     sh_root = os.path.join(args.dir, "stagehand")
     writer = lambda path: FileSystemWriter(path, thread_count=args.threads, sync_files=True)
     ckpt = stagehand.Checkpointer(sh_root, thread_count=args.threads, load_thread_count=args.threads,
-                                  staging_buckets=args.staging_buckets)
+                                  staging_buckets=args.staging_buckets, max_to_keep=args.max_to_keep)
     staged_waits = []  # stagehand's async saves: seconds from the return until every bucket is staged
     prepare_s = None
     if not args.no_prepare:
@@ -110,8 +113,9 @@ def main():
 
     def sh_step():
         step[0] += 1
-        old = os.path.join(sh_root, "global_step_%d" % (step[0] - 2))
-        shutil.rmtree(old, ignore_errors=True)
+        if not args.max_to_keep:
+            old = os.path.join(sh_root, "global_step_%d" % (step[0] - 2))
+            shutil.rmtree(old, ignore_errors=True)
         return step[0]
 
     raw_dir = os.path.join(args.dir, "raw")
@@ -211,7 +215,7 @@ def main():
     # Bit for bit (the random bytes hold NaNs, which torch.equal never finds equal).
     check = {name: torch.equal(target[name].view(torch.uint8), sd[name].view(torch.uint8)) for name in sd}
     print(f"torch {torch.__version__}; {total / 2**20:.0f} MiB in {args.tensors} CPU tensors; "
-          f"{args.threads} threads; stagehand staging_buckets {args.staging_buckets}; {args.rounds} rounds; "
+          f"{args.threads} threads; stagehand staging_buckets {args.staging_buckets}, max_to_keep {args.max_to_keep}; {args.rounds} rounds; "
           f"last load equal to the state: {all(check.values())}")
     print("stagehand: " + (f"Checkpointer.prepare at the start, before any op, not timed in them: {prepare_s:.3f} s "
                            "(reserves and touches the staging of async saves)" if prepare_s is not None
