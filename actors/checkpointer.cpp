@@ -139,9 +139,11 @@ class PendingSave::Impl {
       store.spool_dir = options.local_work_dir;
       fs = default_file_system(store);
     }
-    if (options.max_to_keep > 0 && options.reuse_files && fs->capabilities(options.root).directories) {
-      // Retention's removed steps lend their data files to the next saves (an object store has
-      // nothing to write over).
+    if (const FileSystemCapabilities root_can = fs->capabilities(options.root);
+        options.max_to_keep > 0 && options.reuse_files && root_can.directories && root_can.cheap_reads) {
+      // Retention's removed steps lend their data files to the next saves, in a local folder (an
+      // object store has nothing to write over; on a FUSE or network mount a rename may be a
+      // copy and a write into a file a read of it first).
       fs = reusing_file_system(std::move(fs), {options.root});
     }
     coordinator_here = options.rank == 0;
@@ -307,6 +309,9 @@ class PendingSave::Impl {
     member.reset();
     system.reset();
     config.reset();
+    // The last reference where the actors' are gone: a file system over retired steps' files
+    // removes them now, not when the last PendingSave goes.
+    fs.reset();
     lock.reset();
   }
 };

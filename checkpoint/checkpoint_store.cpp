@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 
@@ -142,6 +143,12 @@ Result<int> CheckpointStore::clean_interrupted() const {
     const std::string path = root_ + "/" + e.name;
     if (e.is_dir && parse_step_dir_name(e.name, true)) {
       logger()->info("removing '{}', left by an interrupted save", path);
+      SH_RETURN_IF_ERROR(fs_->remove_tree(path));
+      ++cleaned;
+    } else if (e.is_dir && e.name == kSpareFilesDir) {
+      // Retired data files a run kept to write over (file_reuse.hpp); a file system that
+      // reuses them hides the folder, so here nothing will: they are a step's worth of disk.
+      logger()->info("removing '{}', retired files left by an earlier run", path);
       SH_RETURN_IF_ERROR(fs_->remove_tree(path));
       ++cleaned;
     } else if (!e.is_dir && e.name == std::string(kTrackerFile) + ".tmp") {

@@ -198,7 +198,10 @@ class FileSystem {
   /// this size, else a new one added there (its pages mapped at once); mappings in `*mappings`
   /// of files no longer linked, or of this file at another size, are dropped.
   /// not_found when `from` is not there; unsupported where a store cannot (the default, and
-  /// every FileSystemWrapper unless it says otherwise, since it would not see the writes).
+  /// every FileSystemWrapper unless it says otherwise, since it would not see the writes). A
+  /// `from` that cannot be written over (not a regular file, not writable, or with other names:
+  /// hard links, whose bytes must stay) is dropped, that name only, and an error returned; `to`
+  /// is then untouched, free for a new file.
   virtual Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                            FileMappings* mappings) {
     (void)to;

@@ -275,17 +275,30 @@ class PosixFileSystem final : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                    FileMappings* mappings) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) {
-      return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
+    // Opened and checked where it lies, and moved only then: a spare that cannot be written
+    // over is dropped (its name only) and `to` is left free for a new file.
+    // O_NOFOLLOW, O_NONBLOCK: a link or a FIFO is refused at once.
+    int fd = ::open(from.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      if (err != ENOENT) (void)::unlink(from.c_str());
+      return Status::from_errno(err, "cannot open '" + from + "' to write over it");
     }
-    // O_NOFOLLOW, O_NONBLOCK: a link or a FIFO moved there is refused at once (the caller then
-    // creates the file).
-    int fd = ::open(to.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return Status::from_errno(errno, "cannot open '" + to + "' to write over it");
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+      // A file with another name too (a hard-linked snapshot of the retired step) keeps its
+      // bytes: only this name goes.
+      const bool regular = S_ISREG(st.st_mode);
       ::close(fd);
-      return not_regular(to);
+      (void)::unlink(from.c_str());
+      if (!regular) return not_regular(from);
+      return Status{ErrorCode::invalid_argument,
+                    "'" + from + "' has other names (hard links): not written over"};
+    }
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::from_errno(err, "cannot rename '" + from + "' to '" + to + "'");
     }
     std::shared_ptr<PosixFileMapping> mapping;
     if (mappings != nullptr && in_memory(fd)) {

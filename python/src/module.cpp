@@ -11,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -191,7 +192,10 @@ nb::ndarray<nb::array_api> device_empty(const std::vector<std::size_t>& shape, c
                 "; STAGEHAND_SIMULATED_GPU=1 simulates one");
   }
   std::size_t bytes = dtype_size(*dtype);
-  for (std::size_t d : shape) bytes *= d;
+  for (std::size_t d : shape) {
+    if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / d) throw nb::value_error("device_empty: too many bytes");
+    bytes *= d;
+  }
   const Device device = Device::cuda(index);
   void* ptr = device_alloc(device, bytes == 0 ? 1 : bytes);
   if (ptr == nullptr) throw Error("device_empty: cannot allocate " + std::to_string(bytes) + " bytes on " + device.to_string());

@@ -236,13 +236,14 @@ class _Bound:
                     raise TypeError(f"object '{name}' cannot be saved as JSON: {e}") from None
                 self.object_paths[name] = keys
         # Stagehand copies device memory on streams of its own, which do not wait for torch's:
-        # what torch has queued on a tensor (the optimizer step that wrote it, for a save; a
-        # kernel still reading it, for a load) finishes first.
+        # what torch has queued on each device the state uses, on any of its streams (the
+        # optimizer step that wrote a tensor, for a save; a kernel still reading one, for a
+        # load), finishes first. CUDA arrays of other libraries must be ready when passed.
         if self.cuda_devices:
             import torch
 
             for device in self.cuda_devices:
-                torch.cuda.current_stream(device).synchronize()
+                torch.cuda.synchronize(device)
 
 
 def _plain(value: Any):

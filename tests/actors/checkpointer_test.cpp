@@ -8,6 +8,7 @@
 #include <map>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
@@ -188,6 +189,27 @@ BOOST_AUTO_TEST_CASE(retention_keeps_max_to_keep_steps_and_later_saves_write_ove
   BOOST_TEST(!fs::exists(root / kSpareFilesDir));
   BOOST_TEST(fs::exists(root / "global_step_3"));
   BOOST_TEST(fs::exists(root / "global_step_4"));
+  // A killed run's spares: a run that does not write over files removes them at its start.
+  fs::create_directories(root / kSpareFilesDir);
+  std::ofstream(root / kSpareFilesDir / "__0_0.safetensors") << "retired";
+  {
+    Checkpointer later({.root = dir.path(), .reuse_files = false});
+    BOOST_REQUIRE(later.save(5, state).is_ok());
+    BOOST_TEST(!fs::exists(root / kSpareFilesDir));
+  }
+  // A PendingSave outliving its Checkpointer does not keep them either.
+  std::optional<PendingSave> pending;
+  {
+    Checkpointer ckpt({.root = dir.path(), .max_to_keep = 1});
+    BOOST_REQUIRE(ckpt.save(6, state).is_ok());
+    auto started = ckpt.async_save(7, state);
+    BOOST_REQUIRE(started.is_ok());
+    pending.emplace(std::move(*started));
+    BOOST_REQUIRE(pending->wait().is_ok());
+    BOOST_TEST(fs::exists(root / kSpareFilesDir));
+  }
+  BOOST_TEST(!fs::exists(root / kSpareFilesDir));
+  BOOST_TEST(pending->wait().is_ok());
 }
 
 BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {

@@ -101,6 +101,35 @@ BOOST_AUTO_TEST_CASE(a_reused_file_is_written_over_and_cut_to_what_was_written) 
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_spare_that_cannot_be_written_over_is_dropped_and_the_target_left_free) {
+  TempDir dir;
+  auto local = local_file_system();
+  // Hard-linked (a snapshot of the retired step made with cp -al): the other name keeps its bytes.
+  const std::string spare = dir / "spare";
+  write_file(spare, "retired bytes");
+  BOOST_REQUIRE(::link(spare.c_str(), (dir / "snapshot").c_str()) == 0);
+  auto linked = local->reuse_file(spare, dir / "taken", nullptr);
+  BOOST_TEST(!linked.is_ok());
+  BOOST_TEST(linked.status().message().find("hard links") != std::string::npos, linked.status().to_string());
+  BOOST_TEST(!fs::exists(spare));
+  BOOST_TEST(!fs::exists(dir / "taken"));
+  BOOST_TEST(test::read_file(dir / "snapshot") == "retired bytes");
+  // A symbolic link: neither it nor what it points to is written; the target stays free.
+  write_file(dir / "elsewhere", "not ours");
+  BOOST_REQUIRE(::symlink((dir / "elsewhere").c_str(), spare.c_str()) == 0);
+  BOOST_TEST(!local->reuse_file(spare, dir / "taken", nullptr).is_ok());
+  BOOST_TEST(!fs::exists(dir / "taken"));
+  BOOST_TEST(!fs::is_symlink(spare));
+  BOOST_TEST(test::read_file(dir / "elsewhere") == "not ours");
+  // Either way a new file can be made where the spare would have gone.
+  auto created = local->create_file(dir / "taken");
+  BOOST_REQUIRE(created.is_ok());
+  BOOST_REQUIRE((*created)->append("new", 3).is_ok());
+  BOOST_REQUIRE((*created)->close().is_ok());
+  BOOST_TEST(test::read_file(dir / "taken") == "new");
+  BOOST_TEST(test::read_file(dir / "snapshot") == "retired bytes");
+}
+
 BOOST_AUTO_TEST_CASE(a_reused_file_in_memory_lends_its_mapping_and_keeps_what_is_copied_there,
                      *boost::unit_test::precondition(memory_folder_exists)) {
   TempDir dir(kMemoryFolder);
