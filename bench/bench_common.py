@@ -1,9 +1,11 @@
 """What the bench/compare_*.py scripts share: the synthetic-state options of `stagehand-bench save`,
-its command line, and its JSON output lines."""
+its command line, and its JSON output lines; a raw parallel write of files, as a baseline."""
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 
 
 def parser(doc, bytes_per_rank, tensors, thread_count, rounds, repeat, repeat_help=None):
@@ -52,3 +54,27 @@ def rotated(items, round_index):
     always runs first or last."""
     k = round_index % len(items)
     return items[k:] + items[:k]
+
+
+def write_files(folder, buffers_of, files, truncate=True):
+    """The raw write a save is measured against: file k of `files` (f0, f1, ... in `folder`) gets
+    the buffers `buffers_of(k)` with os.write, from a thread of its own, then fsync; then the
+    folder's fsync. Without `truncate` an existing file is written over in place."""
+    def write(k):
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+        fd = os.open(os.path.join(folder, "f%d" % k), flags, 0o644)
+        for buf in buffers_of(k):
+            view = memoryview(buf)
+            while view:
+                view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(files)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fd = os.open(folder, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)

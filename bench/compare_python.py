@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 import peer_common as pc  # noqa: E402
+from bench_common import write_files  # noqa: E402
 
 import stagehand  # noqa: E402
 
@@ -125,23 +126,7 @@ def main():
         shutil.rmtree(raw_dir, ignore_errors=True)
         os.makedirs(raw_dir)
 
-        def write(k):
-            fd = os.open(os.path.join(raw_dir, "f%d" % k), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            for v in views[k::args.threads]:
-                mv = memoryview(v)
-                while mv:
-                    mv = mv[os.write(fd, mv):]
-            os.fsync(fd)
-            os.close(fd)
-
-        workers = [threading.Thread(target=write, args=(k,)) for k in range(args.threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        fd = os.open(raw_dir, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        write_files(raw_dir, lambda k: views[k::args.threads], args.threads)
 
     def run(system, op):
         cpu0 = time.process_time()

@@ -21,8 +21,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
+
+from bench_common import write_files
 
 
 def one_process(args):
@@ -38,23 +39,7 @@ def one_process(args):
         else:
             os.makedirs(folder)
 
-        def write(k):
-            flags = os.O_WRONLY | os.O_CREAT | (0 if reuse_from else os.O_TRUNC)
-            fd = os.open(os.path.join(folder, "f%d" % k), flags, 0o644)
-            view = memoryview(buf)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-            os.close(fd)
-
-        threads = [threading.Thread(target=write, args=(k,)) for k in range(args.files)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        fd = os.open(folder, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        write_files(folder, lambda k: [buf], args.files, truncate=not reuse_from)
 
     times = []
     for i in range(args.sets):
