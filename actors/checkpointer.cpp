@@ -11,10 +11,10 @@
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/actors/worker.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/core/log.hpp"
-#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 
 namespace stagehand {
