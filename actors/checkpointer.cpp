@@ -139,11 +139,8 @@ class PendingSave::Impl {
       store.spool_dir = options.local_work_dir;
       fs = default_file_system(store);
     }
-    if (const FileSystemCapabilities root_can = fs->capabilities(options.root);
-        options.max_to_keep > 0 && options.reuse_files && root_can.directories && root_can.cheap_reads) {
-      // Retention's removed steps lend their data files to the next saves, in a local folder (an
-      // object store has nothing to write over; on a FUSE or network mount a rename may be a
-      // copy and a write into a file a read of it first).
+    if (options.max_to_keep > 0 && options.reuse_files && reuses_files_at(*fs, options.root)) {
+      // Retention's removed steps lend their data files to the next saves.
       fs = reusing_file_system(std::move(fs), {options.root});
     }
     coordinator_here = options.rank == 0;

@@ -24,11 +24,11 @@
 #include "bench/synthetic_state.hpp"
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/host_buffer.hpp"
-#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/strategy/messages.hpp"
 

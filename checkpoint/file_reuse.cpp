@@ -129,4 +129,9 @@ std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inne
   return std::make_shared<ReusingFileSystem>(std::move(inner), std::move(roots));
 }
 
+bool reuses_files_at(const FileSystem& fs, const std::string& root) {
+  const FileSystemCapabilities can = fs.capabilities(root);
+  return can.directories && can.cheap_reads;
+}
+
 }  // namespace stagehand

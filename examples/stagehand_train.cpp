@@ -140,11 +140,8 @@ std::shared_ptr<FileSystem> config_file_system(const Config& c, int rank = 0,
     *routes = host_routes(fs, placement, placement.host_of(rank), std::chrono::seconds(t.call_timeout_s));
     fs = *routes;
   }
-  if (t.local_ckpt_path.empty() && t.ckpt_reuse_files && t.max_ckpts_to_keep > 0 &&
-      fs->capabilities(t.ckpt_path).directories && fs->capabilities(t.ckpt_path).cheap_reads) {
-    // Saves write over the data files of the steps retention removed from ckpt_path, a local
-    // folder (an object store has nothing to write over; on a FUSE or network mount a rename
-    // may be a copy and a write into a file a read of it first).
+  if (t.local_ckpt_path.empty() && t.ckpt_reuse_files && t.max_ckpts_to_keep > 0 && reuses_files_at(*fs, t.ckpt_path)) {
+    // Saves write over the data files of the steps retention removed from ckpt_path.
     return reusing_file_system(std::move(fs), {t.ckpt_path});
   }
   if (!t.local_ckpt_path.empty() && t.local_ckpt_reuse_files && t.local_max_ckpts_to_keep > 0) {

@@ -278,30 +278,26 @@ class PosixFileSystem final : public FileSystem {
     // Opened and checked where it lies, and moved only then: a spare that cannot be written
     // over is dropped (its name only) and `to` is left free for a new file.
     // O_NOFOLLOW, O_NONBLOCK: a link or a FIFO is refused at once.
-    int fd = ::open(from.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
+    posix::Fd fd(::open(from.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd.valid()) {
       const int err = errno;
       if (err != ENOENT) (void)::unlink(from.c_str());
       return Status::from_errno(err, "cannot open '" + from + "' to write over it");
     }
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
       // A file with another name too (a hard-linked snapshot of the retired step) keeps its
       // bytes: only this name goes.
-      const bool regular = S_ISREG(st.st_mode);
-      ::close(fd);
       (void)::unlink(from.c_str());
-      if (!regular) return not_regular(from);
+      if (!S_ISREG(st.st_mode)) return not_regular(from);
       return Status{ErrorCode::invalid_argument,
                     "'" + from + "' has other names (hard links): not written over"};
     }
     if (::rename(from.c_str(), to.c_str()) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::from_errno(err, "cannot rename '" + from + "' to '" + to + "'");
+      return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
     }
     std::shared_ptr<PosixFileMapping> mapping;
-    if (mappings != nullptr && in_memory(fd)) {
+    if (mappings != nullptr && in_memory(fd.get())) {
       std::erase_if(*mappings, [&](const std::shared_ptr<FileMapping>& m) {
         const auto* posix = dynamic_cast<const PosixFileMapping*>(m.get());
         return posix == nullptr || !posix->linked() || (posix->of(st) && !posix->maps(st));
@@ -314,7 +310,7 @@ class PosixFileSystem final : public FileSystem {
         if (mapping) mappings->push_back(mapping);
       }
     }
-    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, to, true, std::move(mapping)));
+    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd.release(), to, true, std::move(mapping)));
   }
 
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {

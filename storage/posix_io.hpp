@@ -25,6 +25,8 @@ class Fd {
   ~Fd();
   bool valid() const { return fd_ >= 0; }
   int get() const { return fd_; }
+  /// Hands the descriptor over: it is no longer closed here.
+  int release() { return std::exchange(fd_, -1); }
   /// Closes it now, naming `path` in the error (close can report a write that failed).
   Status close(const std::string& path);
 

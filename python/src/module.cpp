@@ -48,22 +48,25 @@ void check(const Status& st) {
 using ReadArray = nb::ndarray<nb::ro, nb::c_contig>;
 using WriteArray = nb::ndarray<nb::c_contig>;
 
+/// The dtypes that cross DLPack as they are: its type code and bits for each.
+struct DlpackDtype {
+  nb::dlpack::dtype_code code;
+  int bits;
+  DType dtype;
+};
+constexpr DlpackDtype kDlpackDtypes[] = {
+    {nb::dlpack::dtype_code::Float, 64, DType::f64}, {nb::dlpack::dtype_code::Float, 32, DType::f32},
+    {nb::dlpack::dtype_code::Float, 16, DType::f16}, {nb::dlpack::dtype_code::Bfloat, 16, DType::bf16},
+    {nb::dlpack::dtype_code::Int, 64, DType::i64},   {nb::dlpack::dtype_code::Int, 32, DType::i32},
+    {nb::dlpack::dtype_code::Int, 16, DType::i16},   {nb::dlpack::dtype_code::Int, 8, DType::i8},
+    {nb::dlpack::dtype_code::UInt, 64, DType::u64},  {nb::dlpack::dtype_code::UInt, 32, DType::u32},
+    {nb::dlpack::dtype_code::UInt, 16, DType::u16},  {nb::dlpack::dtype_code::UInt, 8, DType::u8},
+    {nb::dlpack::dtype_code::Bool, 8, DType::boolean}};
+
 std::optional<DType> dtype_of(nb::dlpack::dtype t) {
-  using Code = nb::dlpack::dtype_code;
-  struct Known {
-    Code code;
-    int bits;
-    DType dtype;
-  };
-  static constexpr Known kKnown[] = {
-      {Code::Float, 64, DType::f64}, {Code::Float, 32, DType::f32}, {Code::Float, 16, DType::f16},
-      {Code::Bfloat, 16, DType::bf16}, {Code::Int, 64, DType::i64},  {Code::Int, 32, DType::i32},
-      {Code::Int, 16, DType::i16},    {Code::Int, 8, DType::i8},     {Code::UInt, 64, DType::u64},
-      {Code::UInt, 32, DType::u32},   {Code::UInt, 16, DType::u16},  {Code::UInt, 8, DType::u8},
-      {Code::Bool, 8, DType::boolean}};
   if (t.lanes != 1) return std::nullopt;
-  for (const Known& k : kKnown) {
-    if (static_cast<Code>(t.code) == k.code && t.bits == k.bits) return k.dtype;
+  for (const DlpackDtype& k : kDlpackDtypes) {
+    if (static_cast<nb::dlpack::dtype_code>(t.code) == k.code && t.bits == k.bits) return k.dtype;
   }
   return std::nullopt;
 }
@@ -168,11 +171,8 @@ struct PyCheckpointer {
 
 /// DLPack's code and bits for a dtype Stagehand saves (not the fp8 ones, which DLPack 0.8 lacks).
 std::optional<nb::dlpack::dtype> dlpack_of(DType dtype) {
-  for (int code : {0, 1, 2, 4, 6}) {  // Int, UInt, Float, Bfloat, Bool
-    for (int bits : {8, 16, 32, 64}) {
-      nb::dlpack::dtype t{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
-      if (dtype_of(t) == dtype) return t;
-    }
+  for (const DlpackDtype& k : kDlpackDtypes) {
+    if (k.dtype == dtype) return nb::dlpack::dtype{static_cast<std::uint8_t>(k.code), static_cast<std::uint8_t>(k.bits), 1};
   }
   return std::nullopt;
 }
