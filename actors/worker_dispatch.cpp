@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
@@ -325,6 +326,10 @@ class WorkerDispatch : public dispatch_actor::base {
       }
       pending_step_ = call.step;
       auto async = std::make_shared<bool>(true);
+      // The caller is blocked until every rank has staged: background writes in this process
+      // (ranks that staged first, a tier copy) wait meanwhile, whichever rank is still staging.
+      auto foreground = std::make_shared<ForegroundGate::Hold>();
+      if (call.async) *foreground = foreground_gate().hold();
       fan_out<SaveAck>(
           "the save of step " + std::to_string(call.step),
           [this, call](std::size_t r) {
@@ -334,6 +339,7 @@ class WorkerDispatch : public dispatch_actor::base {
           },
           [async](int, SaveAck& ack) { *async = *async && ack.async; },
           [=, this](Status saved) {
+            foreground->release();
             if (!saved.is_ok()) {
               pending_step_.reset();
               abort_step(call.step, saved, [on_done](Status st) { on_done(st, {}); });

@@ -10,6 +10,9 @@ M / T of each rank's bytes before it returns (all of them with 0). Prints every 
         --arm "staging 2 of 8, written over=--staging-buckets 2 --reuse-files" \\
         --arm "staging 0=--staging-buckets 0" [--bench build/bin/stagehand-bench] [--rounds 4]
         [--ranks 2] [--bytes-per-rank 256M] [--threads 8] [--repeat 3] [--dir /work/staged-stall]
+        [--old-bench /work/old/build/bin/stagehand-bench]
+
+With --old-bench, every arm also runs on that build, as "<arm> (old)", interleaved with the rest.
 """
 import argparse
 import json
@@ -44,20 +47,23 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/work/staged-stall")
+    ap.add_argument("--old-bench", help="another build's stagehand-bench: every arm runs on it too")
     args = ap.parse_args()
     arms = []
     for text in args.arm:
         name, sep, flags = text.partition("=")
         if not sep or not name:
             sys.exit(f"staged_stall: --arm '{text}': expected NAME=FLAGS")
-        arms.append((name, shlex.split(flags)))
+        arms.append((name, shlex.split(flags), args.bench))
+    if args.old_bench:
+        arms += [(f"{name} (old)", flags, args.old_bench) for name, flags, _ in arms]
     total = args.ranks * parse_size(args.bytes_per_rank)
-    stalls = {name: [] for name, _ in arms}
+    stalls = {name: [] for name, _, _ in arms}
     for r in range(args.rounds):
-        for name, flags in rotated(arms, r):
+        for name, flags, bench in rotated(arms, r):
             out = os.path.join(args.dir, "ckpt")
             shutil.rmtree(out, ignore_errors=True)
-            cmd = [args.bench, "save", "--out", out, "--ranks", str(args.ranks), "--bytes-per-rank",
+            cmd = [bench, "save", "--out", out, "--ranks", str(args.ranks), "--bytes-per-rank",
                    args.bytes_per_rank, "--thread-count", str(args.threads), "--async", "--repeat",
                    str(args.repeat), *flags]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -67,7 +73,7 @@ def main():
             shutil.rmtree(out, ignore_errors=True)
     print(f"{args.ranks} rank(s) x {args.bytes_per_rank}, {args.threads} threads, {args.rounds} rounds of "
           f"{args.repeat} async saves per arm; stalls of saves 2+ in s")
-    for name, flags in arms:
+    for name, flags, _ in arms:
         staged = int(total * staged_fraction(flags, args.threads))
         copy = memcpy_s(staged)
         target = 1.2 * copy + 0.005

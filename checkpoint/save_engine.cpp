@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "stagehand/config/rules.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/core/stream_copy.hpp"
 
@@ -166,7 +167,7 @@ RankSaveReport SaveEngine::save(const StateDict& state, const std::string& polic
   }
   unstaged_ = pieces;
   staged_objects_ = state.objects;
-  return write_buckets(state, direct, policy_dir, step, {});
+  return write_buckets(state, direct, policy_dir, step, {}, false);
 }
 
 Status SaveEngine::begin_async(const StateDict& state, const std::string& policy_dir) {
@@ -328,7 +329,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
 
 RankSaveReport SaveEngine::write_async(const StateDict& state, const std::string& policy_dir, std::int64_t step,
                                        const std::function<void()>& on_all_staged) {
-  return write_buckets(state, false, policy_dir, step, on_all_staged);
+  return write_buckets(state, false, policy_dir, step, on_all_staged, true);
 }
 
 void SaveEngine::drop_begun() {
@@ -346,7 +347,8 @@ void SaveEngine::give_back_prestaged(std::size_t bucket, std::size_t from_piece)
 }
 
 RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, const std::string& policy_dir,
-                                         std::int64_t step, const std::function<void()>& on_all_staged) {
+                                         std::int64_t step, const std::function<void()>& on_all_staged,
+                                         bool background) {
   RankSaveReport report = make_report(step);
   report.objects = staged_objects_;
   std::atomic<bool> signalled{false};
@@ -369,7 +371,7 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
       const double cpu_start = thread_cpu_seconds();
-      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, uploads, all_staged, early);
+      results[b] = write_bucket(plan_->buckets[b], state, direct, policy_dir, uploads, all_staged, early, background);
       cpu[b] = thread_cpu_seconds() - cpu_start;
     }));
   }
@@ -421,8 +423,15 @@ Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucke
 
 BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
                                            const std::string& policy_dir, bool uploads,
-                                           const std::function<void()>& all_staged, BackgroundWriteback* writeback) {
+                                           const std::function<void()>& all_staged, BackgroundWriteback* writeback,
+                                           bool background) {
   BucketWriteResult result;
+  // An async save's background work steps aside, before each piece of it, while a caller in
+  // this process is blocked on another save's staging (another rank's, sharing the cores).
+  auto yield_to_foreground = [background] {
+    if (background) foreground_gate().wait();
+  };
+  yield_to_foreground();
   result.bucket = bucket.index;
   result.file = bucket.file_name;
   const auto b = static_cast<std::size_t>(bucket.index);
@@ -459,6 +468,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       // Into its file, now: begin_async() staged as many buckets as staging_buckets says.
       result.staged_in_file = true;
       if (failed_.load()) return stopped_by_another_bucket();
+      yield_to_foreground();
       const double hashing = result.phases.hash_s;
       const auto copying = Clock::now();
       copy_and_hash(bucket, state, in_file, *hasher, result.phases.hash_s);
@@ -471,6 +481,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       result.staged_in_file = true;
       for (std::uint64_t done = 0; done < bucket.data_bytes;) {
         if (failed_.load()) return stopped_by_another_bucket();
+        yield_to_foreground();
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, bucket.data_bytes - done));
         timed(result.phases.hash_s, [&] {
           hasher->consume(in_file + done, n);
@@ -491,6 +502,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       const std::size_t pieces = piece ? piece_count(bucket, piece) : 0;
       for (std::size_t k = 0; k < pieces; ++k) {
         if (failed_.load()) return stopped_by_another_bucket();
+        yield_to_foreground();
         const std::uint64_t begin = k * piece;
         const auto bytes = static_cast<std::size_t>(std::min<std::uint64_t>(begin + piece, bucket.data_bytes) - begin);
         std::size_t slot = 0;

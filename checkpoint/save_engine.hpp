@@ -124,14 +124,17 @@ class SaveEngine {
   Status reserve_staging(const StateDict& state, bool async, bool headroom = false);
   RankSaveReport make_report(std::int64_t step) const;
   /// Writes every bucket, one writer thread each, straight from the state (`direct`) or through
-  /// staging slots; `on_all_staged` as for write_async.
+  /// staging slots; `on_all_staged` as for write_async. `background`: an async save's write,
+  /// which waits at the process's foreground gate (foreground_gate.hpp) before each piece of
+  /// work while a caller is blocked on another save's staging.
   RankSaveReport write_buckets(const StateDict& state, bool direct, const std::string& policy_dir, std::int64_t step,
-                               const std::function<void()>& on_all_staged);
+                               const std::function<void()>& on_all_staged, bool background);
   /// @param uploads `policy_dir` is in an object store (its sync is the upload).
   /// @param writeback where the write-back of written ranges starts (null: left to the fsync).
+  /// @param background as for write_buckets.
   BucketWriteResult write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
                                  const std::string& policy_dir, bool uploads, const std::function<void()>& all_staged,
-                                 BackgroundWriteback* writeback);
+                                 BackgroundWriteback* writeback, bool background);
   /// Hashes and writes `bytes` of `bucket`'s data section from `data`, at data offset `at`.
   Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
                         const std::uint8_t* data, std::size_t bytes, SavePhases& phases,

@@ -14,6 +14,7 @@
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/layout.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/core/xxh3.hpp"
@@ -196,10 +197,16 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
     (void)to.abort(step);
     return st.with_context(what + " (nothing of step " + std::to_string(step) + " is committed there)");
   };
+  // Asked before each piece. A background copy also steps aside there while a caller in this
+  // process is blocked on a save's staging (foreground_gate.hpp).
+  const StopCheck between_pieces = [&options] {
+    if (options.low_priority) foreground_gate().wait();
+    return options.should_stop && options.should_stop();
+  };
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
   Status st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
-    return copy_checked(from.fs(), to.fs(), file, buffer, options.should_stop);
+    return copy_checked(from.fs(), to.fs(), file, buffer, between_pieces);
   });
   if (!st.is_ok()) {
     // Only the source's bytes are checked while copying (the destination's in the read-back).
@@ -210,7 +217,7 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   // 4. What the destination holds, read back.
   phase = Clock::now();
   st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
-    return check_copied(to.fs(), file, buffer, options.should_stop);
+    return check_copied(to.fs(), file, buffer, between_pieces);
   });
   if (!st.is_ok()) return fail(st);
   report.verify_s = seconds_since(phase);

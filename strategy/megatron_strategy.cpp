@@ -10,6 +10,7 @@
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
 #include "stagehand/strategy/async_calls_queue.hpp"
@@ -94,6 +95,8 @@ class MegatronStrategy : public strategy_actor::base {
       if (!st.is_ok()) return to_caf_error(st);
       return SaveAck{seconds_since(start), false};
     }
+    // Other ranks' background writes in this process wait while this caller is blocked.
+    ForegroundGate::Hold foreground = foreground_gate().hold();
     Status staged = engine_->begin_async(*view, order.policy_dir);
     if (!staged.is_ok()) {
       RankSaveReport failed;

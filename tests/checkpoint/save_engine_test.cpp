@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE save_engine
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/checkpoint/stager.hpp"
 #include "stagehand/checkpoint/writer.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/test_util.hpp"
 
@@ -153,6 +155,40 @@ BOOST_AUTO_TEST_CASE(a_state_of_empty_tensors_saves_through_any_path) {
         BOOST_REQUIRE(engine->begin_async(state).is_ok());
         BOOST_TEST(engine->write_async(state, CheckpointLayout::policy_dir(tmp), 1, [] {}).status.is_ok());
       }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_async_save_s_background_write_waits_at_the_foreground_gate_and_foreground_work_does_not) {
+  using namespace std::chrono_literals;
+  for (int staging : {0, 1}) {
+    BOOST_TEST_CONTEXT("staging " << staging) {
+      TempDir dir;
+      auto engine = *SaveEngine::create(0, staged(2, staging));
+      const StateDict state = *make_synthetic_state(kSpec, 0, Device::host());
+      auto first = *test::prepare_checkpoint_dir(dir.path(), 1);
+      auto second = *test::prepare_checkpoint_dir(dir.path(), 2);
+      // Another caller blocked on its staging.
+      ForegroundGate::Hold held = foreground_gate().hold();
+      // Foreground work goes through: a sync save (it would wait the gate's limit, a second, at
+      // each of its pieces if it waited) and an async save's staging.
+      const auto started = std::chrono::steady_clock::now();
+      BOOST_TEST(engine->save(state, CheckpointLayout::policy_dir(first), 1).status.is_ok());
+      BOOST_REQUIRE(engine->begin_async(state).is_ok());
+      const std::chrono::duration<double> foreground = std::chrono::steady_clock::now() - started;
+      BOOST_TEST(foreground.count() < std::chrono::duration<double>(ForegroundGate::kDefaultWaitLimit).count());
+      std::atomic<bool> written{false};
+      RankSaveReport report;
+      std::thread background([&] {
+        report = engine->write_async(state, CheckpointLayout::policy_dir(second), 2, [] {});
+        written = true;
+      });
+      std::this_thread::sleep_for(200ms);
+      BOOST_TEST(!written.load());  // Waiting at the gate (a save of 3 MiB takes milliseconds).
+      held.release();
+      background.join();
+      BOOST_TEST(report.status.is_ok(), report.status.to_string());
+      BOOST_TEST(test::files_of(first) == test::files_of(second));  // The same bytes either way.
     }
   }
 }

@@ -3,11 +3,15 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
@@ -344,4 +348,37 @@ BOOST_AUTO_TEST_CASE(stream_copy_equals_memcpy_at_every_alignment_and_length_and
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(the_foreground_gate_holds_background_work_until_every_hold_is_released) {
+  using namespace std::chrono_literals;
+  ForegroundGate gate;
+  BOOST_TEST(gate.wait(10ms) == 0.0);
+  ForegroundGate::Hold first = gate.hold();
+  ForegroundGate::Hold second = gate.hold();
+  BOOST_TEST(gate.holds() == 2);
+  std::atomic<bool> through{false};
+  std::thread waiter([&] {
+    (void)gate.wait(60s);
+    through = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  BOOST_TEST(!through.load());
+  first.release();
+  first.release();  // A second release of one hold releases nothing more.
+  std::this_thread::sleep_for(50ms);
+  BOOST_TEST(!through.load());  // The second hold is still out.
+  {
+    ForegroundGate::Hold moved = std::move(second);
+    BOOST_TEST(moved.held());
+    BOOST_TEST(gate.holds() == 1);
+  }
+  waiter.join();
+  BOOST_TEST(through.load());
+  BOOST_TEST(gate.holds() == 0);
+  // A wait is bounded: a gate held past the limit lets the waiter go.
+  ForegroundGate::Hold stuck = gate.hold();
+  const double waited = gate.wait(30ms);
+  BOOST_TEST(waited >= 0.029);
+  BOOST_TEST(gate.holds() == 1);
 }

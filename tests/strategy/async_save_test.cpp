@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "bench/synthetic_state.hpp"
@@ -22,6 +24,7 @@
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/checkpoint/stager.hpp"
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
@@ -289,6 +292,68 @@ BOOST_AUTO_TEST_CASE(a_failing_background_write_surfaces_at_finalize) {
   BOOST_REQUIRE(cluster.client->save(3).is_ok());
   BOOST_REQUIRE(cluster.client->finalize().is_ok());
   BOOST_TEST(**test::read_tracker(dir.path()) == 3);
+  }
+  }
+}
+
+namespace {
+
+/// Storage on which the first rank to ask about the step's folder in a save (before it stages)
+/// is held back for 200 ms, and which counts the bucket files opened for writing meanwhile, and
+/// while the process's foreground gate is held.
+class LateRankStorage final : public FileSystemWrapper {
+ public:
+  LateRankStorage() : FileSystemWrapper(local_file_system()) {}
+
+  /// Set before a save: its first rank is late.
+  mutable std::atomic<bool> armed{false};
+  mutable std::atomic<bool> late{false};
+  std::atomic<int> opened{0};
+  std::atomic<int> opened_while_late{0};
+  std::atomic<int> opened_while_held{0};
+
+  FileSystemCapabilities capabilities(const std::string& path) const override {
+    if (path.find("/policy") != std::string::npos && armed.exchange(false)) {
+      late = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      late = false;
+    }
+    return inner().capabilities(path);
+  }
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    if (path.find(".safetensors") != std::string::npos) {
+      ++opened;
+      if (late) ++opened_while_late;
+      if (foreground_gate().holds() > 0) ++opened_while_held;
+    }
+    return inner().create_file(path);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(no_background_write_starts_while_a_caller_waits_for_a_rank_s_staging) {
+  // The dispatch holds the process's foreground gate from its fan-out until every rank has
+  // staged, and each strategy while it stages: a rank that staged first does not take the cores
+  // from a rank still staging, nor from one that has not begun (foreground_gate.hpp).
+  for (int staging : kStagingModes) {
+  BOOST_TEST_CONTEXT("staging " << staging) {
+  TempDir dir;
+  auto storage = std::make_shared<LateRankStorage>();
+  Cluster cluster(dir.path(), true, 4, storage, "/tmp/stagehand-work", true, staging);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    storage->armed = true;
+    auto saved = cluster.client->save(step);
+    BOOST_REQUIRE_MESSAGE(saved.is_ok(), saved.status().to_string());
+    BOOST_TEST(saved->async);
+    BOOST_TEST(saved->stall_s >= 0.2);  // The late rank was waited for.
+    BOOST_REQUIRE(cluster.client->finalize().is_ok());
+  }
+  BOOST_TEST(storage->opened.load() > 0);
+  BOOST_TEST(storage->opened_while_late.load() == 0);
+  BOOST_TEST(storage->opened_while_held.load() == 0);
+  BOOST_TEST(foreground_gate().holds() == 0);
+  expect_loads_synthetic(dir / "global_step_3", kSpec);
   }
   }
 }
