@@ -62,6 +62,10 @@ int fail(const std::string& what, int code = 2) {
 /// it, runs after the system's.
 class TeardownLimit {
  public:
+  /// When the teardown is still going this long after its run ended (and the limit is longer),
+  /// it says once where it is, so that a process slow to stop names what holds it.
+  static constexpr std::chrono::seconds kNoteAfter{5};
+
   TeardownLimit() = default;
   TeardownLimit(const TeardownLimit&) = delete;
   TeardownLimit& operator=(const TeardownLimit&) = delete;
@@ -74,17 +78,28 @@ class TeardownLimit {
     if (thread_.joinable()) thread_.join();
   }
 
-  /// Starts the limit of `limit` seconds (trainer.call_timeout_s), once: past it, prints what did
-  /// not stop and exits with `code` (1 if 0).
+  /// Where the teardown is now (a string literal), named in the messages.
+  void at(const char* stage) { stage_.store(stage); }
+
+  /// Starts the limit of `limit` seconds (trainer.call_timeout_s), once: past it, prints where
+  /// the teardown is and exits with `code` (1 if 0).
   void arm(std::int64_t limit, std::string who, int code) {
     if (thread_.joinable()) return;
     thread_ = std::thread([this, limit, who = std::move(who), code] {
       std::unique_lock lock(mutex_);
-      if (cv_.wait_for(lock, std::chrono::seconds(limit), [this] { return done_; })) return;
+      const auto start = std::chrono::steady_clock::now();
+      const auto end = start + std::chrono::seconds(limit);
+      if (start + kNoteAfter < end) {
+        if (cv_.wait_until(lock, start + kNoteAfter, [this] { return done_; })) return;
+        std::fprintf(stderr, "stagehand-train: %s: still stopping %lld s after its run ended, at: %s\n", who.c_str(),
+                     static_cast<long long>(kNoteAfter.count()), stage_.load());
+        std::fflush(stderr);
+      }
+      if (cv_.wait_until(lock, end, [this] { return done_; })) return;
       std::fprintf(stderr,
                    "stagehand-train: %s: the process did not stop within %lld s (trainer.call_timeout_s) after "
-                   "its run ended (exit code %d): an actor is still running; leaving without it\n",
-                   who.c_str(), static_cast<long long>(limit), code);
+                   "its run ended (exit code %d), at: %s; leaving without it\n",
+                   who.c_str(), static_cast<long long>(limit), code, stage_.load());
       std::fflush(stderr);
       std::_Exit(code != 0 ? code : 1);
     });
@@ -94,6 +109,7 @@ class TeardownLimit {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<const char*> stage_{"ending the run"};
   std::thread thread_;
 };
 
@@ -402,6 +418,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
       fail("rank 0: closing the collectives: " + closed.message());
     teardown.arm(c.trainer.call_timeout_s, "rank 0", code);
+    teardown.at("stopping the actors (the actor system waits for every one)");
     caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
@@ -431,6 +448,9 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
                       ": leaving the job (rank 0 fails the run naming this rank; send the signal to "
                       "rank 0 to save and stop)",
                   1);
+      // Bounded from here: nothing below waits for the other ranks (the abort does not).
+      teardown.arm(c.trainer.call_timeout_s, "rank " + std::to_string(rank), code);
+      teardown.at("aborting the collectives");
       collectives.abort("rank " + std::to_string(rank) + " was stopped by " + signal);
     } else if (!lost.empty()) {
       fail("rank " + std::to_string(rank) + ": " + lost, 1);
@@ -444,8 +464,10 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank " + std::to_string(rank) + " is shutting down"); !closed.is_ok())
       fail("rank " + std::to_string(rank) + ": closing the collectives: " + closed.message());
   }
+  teardown.at("stopping the file servers");
   servers.reset();
   teardown.arm(c.trainer.call_timeout_s, "rank " + std::to_string(rank), code);
+  teardown.at("stopping the actors (the actor system waits for every one)");
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }

@@ -368,7 +368,7 @@ BOOST_AUTO_TEST_CASE(a_rank_whose_actors_do_not_stop_leaves_within_the_call_limi
   const int port = test::free_port();
   const std::string cmd = train_command({"trainer.ckpt_path=" + dir / "ckpt", "trainer.total_steps=20",
                                          "trainer.ckpt_interval=10", "trainer.max_ckpts_to_keep=0",
-                                         "trainer.call_timeout_s=3"});
+                                         "trainer.call_timeout_s=7"});
   std::vector<std::unique_ptr<RankProcess>> ranks;
   for (int r = 0; r < 4; ++r) {
     ranks.push_back(std::make_unique<RankProcess>(r, 4, port, (r == 3 ? "env STAGEHAND_TEST_STUCK_TEARDOWN=1 " : "") + cmd,
@@ -382,9 +382,13 @@ BOOST_AUTO_TEST_CASE(a_rank_whose_actors_do_not_stop_leaves_within_the_call_limi
   const double after_s = std::chrono::duration<double>(Clock::now() - rank0_done).count();
   const std::string out3 = ranks[3]->output();
   BOOST_TEST(code3 == 1, "exit " << code3 << " (-1: still running): " << out3);
-  BOOST_TEST(out3.find("rank 3: the process did not stop within 3 s (trainer.call_timeout_s) after its run ended") !=
+  BOOST_TEST(out3.find("rank 3: the process did not stop within 7 s (trainer.call_timeout_s) after its run ended") !=
                  std::string::npos,
              out3);
+  // It says where its teardown was: at 5 s (TeardownLimit::kNoteAfter), and at the limit.
+  BOOST_TEST(out3.find("rank 3: still stopping 5 s after its run ended, at: stopping the actors") != std::string::npos,
+             out3);
+  BOOST_TEST(out3.find("(exit code 0), at: stopping the actors") != std::string::npos, out3);
   BOOST_TEST(after_s < 20.0);
   BOOST_TEST((test::committed_steps(dir / "ckpt") == std::vector<std::int64_t>{10, 20}));
 }
