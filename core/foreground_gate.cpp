@@ -24,7 +24,7 @@ void ForegroundGate::Hold::release() {
 
 void ForegroundGate::acquire() {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++holds_;
+  if (holds_++ == 0) taken_ = Clock::now();
 }
 
 void ForegroundGate::release_one() {
@@ -36,17 +36,30 @@ void ForegroundGate::release_one() {
   if (free) cv_.notify_all();
 }
 
-double ForegroundGate::wait(std::chrono::milliseconds limit) {
+double ForegroundGate::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (holds_ == 0) return 0;
-  const auto start = std::chrono::steady_clock::now();
-  cv_.wait_for(lock, limit, [this] { return holds_ == 0; });
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto start = Clock::now();
+  cv_.wait_until(lock, taken_ + limit_, [this] { return holds_ == 0; });
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 int ForegroundGate::holds() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return holds_;
+}
+
+void ForegroundGate::set_limit(std::chrono::milliseconds limit) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = limit;
+  }
+  cv_.notify_all();
+}
+
+std::chrono::milliseconds ForegroundGate::limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_;
 }
 
 ForegroundGate& foreground_gate() {

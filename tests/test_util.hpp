@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,10 +21,24 @@
 #include <thread>
 #include <vector>
 
+#include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/storage/file_system.hpp"
 
 namespace stagehand::test {
+
+/// Sets how long the process's foreground gate holds background work back, for one scope: a
+/// test that checks what waits there takes a limit that a loaded machine cannot reach.
+class GateLimit {
+ public:
+  explicit GateLimit(std::chrono::milliseconds limit) { foreground_gate().set_limit(limit); }
+  ~GateLimit() { foreground_gate().set_limit(old_); }
+  GateLimit(const GateLimit&) = delete;
+  GateLimit& operator=(const GateLimit&) = delete;
+
+ private:
+  std::chrono::milliseconds old_ = foreground_gate().limit();
+};
 
 /// A fresh folder under /tmp, removed at the end of the test.
 class TempDir {

@@ -336,6 +336,7 @@ BOOST_AUTO_TEST_CASE(no_background_write_starts_while_a_caller_waits_for_a_rank_
   // The dispatch holds the process's foreground gate from its fan-out until every rank has
   // staged, and each strategy while it stages: a rank that staged first does not take the cores
   // from a rank still staging, nor from one that has not begun (foreground_gate.hpp).
+  const test::GateLimit limit(std::chrono::seconds(60));
   for (int staging : kStagingModes) {
   BOOST_TEST_CONTEXT("staging " << staging) {
   TempDir dir;
