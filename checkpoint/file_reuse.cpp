@@ -27,6 +27,15 @@ class ReusingFileSystem final : public FileSystemWrapper {
     for (auto& root : roots_) {
       while (root.size() > 1 && root.back() == '/') root.pop_back();
     }
+    // Only below roots on a local file system (reuses_files_at): on a FUSE or network mount a
+    // rename may be a copy and a write into a file a read of it first; an object store or
+    // another host's folder reached over the network has no spares.
+    std::erase_if(roots_, [this](const std::string& root) {
+      if (reuses_files_at(this->inner(), root)) return false;
+      logger()->info("'{}' is not on a local file system: saves there write new files, not over retired ones",
+                     root);
+      return true;
+    });
   }
 
   ~ReusingFileSystem() override {

@@ -16,7 +16,7 @@ namespace stagehand {
 inline constexpr const char* kSpareFilesDir = ".spare_files";
 
 /// A FileSystem over `inner` that, below each of `roots` (the local tier's folders: one, or one
-/// per host):
+/// per host) where reuses_files_at() says so (the others are logged and left alone):
 /// - on remove_tree() of a folder there, first moves its data files (data_file_rank() >= 0) into
 ///   `<root>/.spare_files` under their names, replacing a spare of the same name, so that the
 ///   spares are at most one file per name;

@@ -257,13 +257,22 @@ class PosixFileSystem final : public FileSystem {
  public:
   FileSystemCapabilities capabilities(const std::string& path) const override {
     FileSystemCapabilities capabilities;
+    // A path not made yet is asked of the folder it will be made in: its nearest existing
+    // ancestor (a local tier's root before its first save, on a network mount, is remote).
+    std::filesystem::path at = path.empty() ? std::filesystem::path(".") : std::filesystem::path(path);
     struct statfs fs {};
-    if (::statfs(path.c_str(), &fs) == 0) {
-      capabilities.in_memory = in_memory(fs);
-      capabilities.cheap_reads = !remote(fs);
-    } else {
-      capabilities.cheap_reads = true;  // a local path not made yet, as far as can be told
+    while (::statfs(at.c_str(), &fs) != 0) {
+      const int err = errno;
+      std::filesystem::path up = at.parent_path();
+      if (up.empty()) up = ".";
+      if (err != ENOENT || up == at) {
+        capabilities.cheap_reads = true;  // as far as can be told
+        return capabilities;
+      }
+      at = std::move(up);
     }
+    capabilities.in_memory = in_memory(fs);
+    capabilities.cheap_reads = !remote(fs);
     return capabilities;
   }
 

@@ -479,6 +479,52 @@ BOOST_AUTO_TEST_CASE(a_local_tier_writes_its_saves_over_the_files_of_retired_ste
   }
 }
 
+namespace {
+
+/// The local file system, saying that one folder is on a network mount (as a FUSE or NFS
+/// mount's statfs does).
+class RemoteFolder final : public FileSystemWrapper {
+ public:
+  explicit RemoteFolder(std::string remote) : FileSystemWrapper(local_file_system()), remote_(std::move(remote)) {}
+  FileSystemCapabilities capabilities(const std::string& path) const override {
+    FileSystemCapabilities can = inner().capabilities(path);
+    if (path.rfind(remote_, 0) == 0) can.cheap_reads = false;
+    return can;
+  }
+  Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
+                                                   FileMappings* mappings) override {
+    return inner().reuse_file(from, to, mappings);
+  }
+
+ private:
+  std::string remote_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_local_tier_on_a_network_mount_writes_new_files_and_one_on_a_local_disk_beside_it_reuses) {
+  TempDir dir;
+  const std::string remote = dir.path() + "/remote";
+  const std::string local = dir.path() + "/local";
+  auto reusing = reusing_file_system(std::make_shared<RemoteFolder>(remote), {remote, local});
+  const auto states = states_for(11);
+  for (const std::string& root : {remote, local}) {
+    BOOST_TEST_CONTEXT(root) {
+      fs::create_directories(root);
+      save(reusing, root, 1, states);
+      save(reusing, root, 2, states);
+      const std::string file = "/policy/__0_0.safetensors";
+      const auto inode = inode_of(root + "/global_step_1" + file);
+      BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
+      // Retention keeps the removed step's files as spares on the local disk only.
+      BOOST_TEST(fs::exists(root + "/" + kSpareFilesDir + "/__0_0.safetensors") == (root == local));
+      save(reusing, root, 3, states);
+      if (root == local) BOOST_TEST(inode_of(root + "/global_step_3" + file) == inode);
+      expect_loads(*reusing, root + "/global_step_3", states);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straight_into_the_files_it_writes_over) {
   // /dev/shm is a tmpfs wherever these tests run (the file system tests check it is in memory).
   BOOST_REQUIRE(local_file_system()->capabilities("/dev/shm").in_memory);

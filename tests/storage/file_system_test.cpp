@@ -137,7 +137,9 @@ BOOST_AUTO_TEST_CASE(a_reused_file_in_memory_lends_its_mapping_and_keeps_what_is
   BOOST_TEST(local->capabilities(dir.path()).in_memory);
   const std::string disk = fs::temp_directory_path().string();
   BOOST_TEST(local->capabilities(disk).in_memory == in_memory(disk));
-  BOOST_TEST(!local->capabilities(dir / "missing").in_memory);
+  // A path not made yet is asked of the folder it will be made in.
+  BOOST_TEST(local->capabilities(dir / "missing/deeper").in_memory);
+  BOOST_TEST(local->capabilities(dir / "missing/deeper").cheap_reads);
   FileMappings mappings;
   const std::string spare = dir / "spare";
   const std::string taken = dir / "taken";
