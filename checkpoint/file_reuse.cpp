@@ -27,12 +27,13 @@ class ReusingFileSystem final : public FileSystemWrapper {
     for (auto& root : roots_) {
       while (root.size() > 1 && root.back() == '/') root.pop_back();
     }
-    // Only below roots on a local file system (reuses_files_at): on a FUSE or network mount a
-    // rename may be a copy and a write into a file a read of it first; an object store or
-    // another host's folder reached over the network has no spares.
+    // Only below roots where reuses_files_at says so: on a FUSE or network mount a rename may
+    // be a copy and a write into a file a read of it first; an object store has no folders. (A
+    // host's folder reached through its file server is written over by the server, on its disk.)
     std::erase_if(roots_, [this](const std::string& root) {
       if (reuses_files_at(this->inner(), root)) return false;
-      logger()->info("'{}' is not on a local file system: saves there write new files, not over retired ones",
+      logger()->info("'{}' is on a FUSE or network mount or in an object store: saves there write new files, "
+                     "not over retired ones",
                      root);
       return true;
     });
@@ -140,7 +141,7 @@ std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inne
 
 bool reuses_files_at(const FileSystem& fs, const std::string& root) {
   const FileSystemCapabilities can = fs.capabilities(root);
-  return can.directories && can.cheap_reads;
+  return can.directories && can.rewrites_in_place;
 }
 
 }  // namespace stagehand

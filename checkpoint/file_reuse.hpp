@@ -40,9 +40,10 @@ inline constexpr const char* kSpareFilesDir = ".spare_files";
 std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots);
 
 /// Whether saves below `root` should write over retired files (trainer.ckpt_reuse_files, the
-/// Checkpointer's reuse_files): a folder on a local file system. An object store has nothing to
-/// write over; on a FUSE or network mount a rename may be a copy, and a write into a file a read
-/// of it first.
+/// Checkpointer's reuse_files, the local tier's folders): a folder where
+/// FileSystemCapabilities::rewrites_in_place (a local file system, or another host's disk
+/// through its file server). An object store has nothing to write over; on a FUSE or network
+/// mount a rename may be a copy, and a write into a file a read of it first.
 bool reuses_files_at(const FileSystem& fs, const std::string& root);
 
 }  // namespace stagehand

@@ -121,6 +121,11 @@ struct FileSystemCapabilities {
   /// that stay in the core's cache while it hashes them. False (object stores, a file server's
   /// clients): each read is a request, as large as the load's max_read_bytes allows.
   bool cheap_reads = false;
+  /// A file written over in place costs no more than a new one: a rename moves a name and a
+  /// write into a file does not read it first (a local file system, or a host's own disk through
+  /// its file server). False on FUSE and network mounts, where a rename may be a copy, and in
+  /// object stores: saves there do not write over retired files (reuses_files_at).
+  bool rewrites_in_place = true;
 };
 
 /// A regular file's bytes mapped into memory and shared with it, where a file system keeps

@@ -136,6 +136,7 @@ class ObjectStoreFileSystem final : public FileSystem {
     c.directories = false;
     c.locks = false;
     c.uploads = true;
+    c.rewrites_in_place = false;
     return c;
   }
 

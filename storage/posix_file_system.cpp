@@ -258,7 +258,7 @@ class PosixFileSystem final : public FileSystem {
   FileSystemCapabilities capabilities(const std::string& path) const override {
     FileSystemCapabilities capabilities;
     // A path not made yet is asked of the folder it will be made in: its nearest existing
-    // ancestor (a local tier's root before its first save, on a network mount, is remote).
+    // ancestor (a local tier's root on a network mount is remote before its first save too).
     std::filesystem::path at = path.empty() ? std::filesystem::path(".") : std::filesystem::path(path);
     struct statfs fs {};
     while (::statfs(at.c_str(), &fs) != 0) {
@@ -273,6 +273,7 @@ class PosixFileSystem final : public FileSystem {
     }
     capabilities.in_memory = in_memory(fs);
     capabilities.cheap_reads = !remote(fs);
+    capabilities.rewrites_in_place = !remote(fs);
     return capabilities;
   }
 

@@ -8,6 +8,8 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "stagehand/actors/file_server.hpp"
 #include "stagehand/actors/process_world.hpp"
 #include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/host_folders.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
 #include "stagehand/checkpoint/loader.hpp"
@@ -345,4 +348,41 @@ BOOST_AUTO_TEST_CASE(host_folders_over_file_servers_save_what_folders_reached_by
       BOOST_TEST(test::same_bytes(loaded.tensors[i].tensor, states[static_cast<std::size_t>(r)].tensors[i].tensor));
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_local_tier_folder_reached_through_its_server_is_written_over_on_that_host_s_disk) {
+  // Another host's folder of the local tier, reached through its file server: its retired files
+  // are kept and written over by the server on its own disk, as a folder reached by path is (the
+  // server's file system says it rewrites in place, though its reads are requests).
+  TempDir dir;
+  const std::string root = dir / "host1/local";
+  fs::create_directories(root);
+  Served host1(dir / "host1");
+  auto router = RoutedFileSystem::create(local_file_system(), 10s);
+  router->set_route(dir / "host1", host1.remote);
+  BOOST_TEST(!router->capabilities(root).cheap_reads);
+  auto reusing = reusing_file_system(router, {root});
+  const StateDict state = *make_synthetic_state({1, 256u << 10, 5, 7, 256}, 0, Device::host());
+  auto engine = SaveEngine::create(0, SaveEngineOptions{2, 0, false, {}}, reusing);
+  BOOST_REQUIRE(engine.is_ok());
+  auto save = [&](std::int64_t step) {
+    auto saved = save_checkpoint_in_process(root, step, {engine->get()}, {&state}, reusing);
+    BOOST_REQUIRE_MESSAGE(saved.is_ok(), saved.status().to_string());
+  };
+  auto inode = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+  };
+  const std::string file = "/policy/__0_0.safetensors";
+  save(1);
+  save(2);
+  const std::uint64_t first = inode(root + "/global_step_1" + file);
+  BOOST_REQUIRE(CheckpointStore(reusing, root).remove_step(1).is_ok());
+  BOOST_TEST(fs::exists(root + "/" + kSpareFilesDir + "/__0_0.safetensors"));
+  const int created = host1.counting->created.load();
+  save(3);
+  BOOST_TEST(inode(root + "/global_step_3" + file) == first);
+  BOOST_TEST(read_all(root + "/global_step_3" + file) == read_all(root + "/global_step_2" + file));
+  // Only the step's other files were made anew (metadata, not data files).
+  BOOST_TEST(host1.counting->created.load() - created < 6);
 }

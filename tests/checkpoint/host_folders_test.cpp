@@ -488,7 +488,7 @@ class RemoteFolder final : public FileSystemWrapper {
   explicit RemoteFolder(std::string remote) : FileSystemWrapper(local_file_system()), remote_(std::move(remote)) {}
   FileSystemCapabilities capabilities(const std::string& path) const override {
     FileSystemCapabilities can = inner().capabilities(path);
-    if (path.rfind(remote_, 0) == 0) can.cheap_reads = false;
+    if (path.rfind(remote_, 0) == 0) can.rewrites_in_place = false;
     return can;
   }
   Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,

@@ -140,6 +140,7 @@ BOOST_AUTO_TEST_CASE(a_reused_file_in_memory_lends_its_mapping_and_keeps_what_is
   // A path not made yet is asked of the folder it will be made in.
   BOOST_TEST(local->capabilities(dir / "missing/deeper").in_memory);
   BOOST_TEST(local->capabilities(dir / "missing/deeper").cheap_reads);
+  BOOST_TEST(local->capabilities(dir / "missing/deeper").rewrites_in_place);
   FileMappings mappings;
   const std::string spare = dir / "spare";
   const std::string taken = dir / "taken";
