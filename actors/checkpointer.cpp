@@ -83,6 +83,16 @@ class PendingSave::Impl {
       return {ErrorCode::invalid_argument, "CheckpointerOptions::max_to_keep must be 0 (keep all) or more, got " +
                                                std::to_string(o.max_to_keep)};
     }
+    // Both are multiplied (6 x timeout for a client's call) and taken in nanoseconds: past a
+    // week they would overflow, and a call would then fail at once or never end.
+    constexpr std::chrono::milliseconds kMostTimeout = std::chrono::hours(24 * 7);
+    for (const auto& [what, limit] : {std::pair{"timeout", o.timeout}, std::pair{"join_timeout", o.join_timeout}}) {
+      if (limit < std::chrono::milliseconds(1) || limit > kMostTimeout) {
+        return {ErrorCode::invalid_argument, std::string("CheckpointerOptions::") + what +
+                                                 " must be from 1 ms to 7 days, got " + std::to_string(limit.count()) +
+                                                 " ms"};
+      }
+    }
     if (!(o.write_rate_limit_mib_s >= 0)) {
       return {ErrorCode::invalid_argument, "CheckpointerOptions::write_rate_limit_mib_s must be 0 (unlimited) or "
                                            "more, got " + std::to_string(o.write_rate_limit_mib_s)};

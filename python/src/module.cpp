@@ -71,10 +71,13 @@ std::optional<DType> dtype_of(nb::dlpack::dtype t) {
   return std::nullopt;
 }
 
-/// One tensor of a rank's state: the array's memory (not copied; the Python layer keeps the
-/// array alive as long as a save or load may use it) and where it lies in its global tensor.
+/// One tensor of a rank's state: the array's memory (not copied) and where it lies in its global
+/// tensor. The entry owns the array's DLPack capsule: a producer may export a copy of its data,
+/// which lives only as long as the capsule (the Python layer keeps the entries, and the objects
+/// they came from, alive as long as a save or load may use them).
 struct Entry {
   ShardedTensor tensor;
+  nb::ndarray<> owner;
 };
 
 template <class Array>
@@ -124,6 +127,7 @@ Entry make_entry(const std::string& name, Array array, const std::string& dtype_
   entry.tensor.desc.global_offset = Shape{std::span<const std::int64_t>(offsets)};
   entry.tensor.desc.replica_id = replica_id;
   entry.tensor.tensor = std::move(*wrapped);
+  entry.owner = nb::ndarray<>(array);
   return entry;
 }
 

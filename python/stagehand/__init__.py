@@ -22,7 +22,7 @@ as ``{"model.w": ...}`` (a torch ``state_dict()``) does.
 from __future__ import annotations
 
 import json
-import math
+import operator
 import os
 import sys
 import threading
@@ -104,6 +104,18 @@ class Shard:
 
 
 # numpy dtypes that cross as a same-size unsigned view, with the dtype Stagehand stores.
+# Longest timeout a Checkpointer takes (CheckpointerOptions::timeout: 6 x it in nanoseconds must fit).
+_MOST_TIMEOUT_S = 7 * 24 * 3600
+
+
+def _step(step: Any) -> int:
+    """A step number as an int: an integer (a float or a string is refused, not rounded)."""
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an integer, not {step!r}") from None
+
+
 _VIEWED = {"bfloat16": ("uint16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3"),
            "float8_e5m2": ("uint8", "F8_E5M2"), "bool": ("uint8", "BOOL")}
 # ... and those that cross as they are.
@@ -140,6 +152,9 @@ def _to_array(name: str, value: Any, writable: bool):
             raise ValueError(f"tensor '{name}' is not C-contiguous: pass np.ascontiguousarray(...)")
         if writable and not array.flags.writeable:
             raise ValueError(f"tensor '{name}' is read-only: load fills tensors in place")
+        if not array.dtype.isnative:
+            raise TypeError(f"tensor '{name}': its bytes are not in this machine's byte order: pass "
+                            "array.astype(array.dtype.newbyteorder('='))")
         if array.dtype.name in _VIEWED:
             view, stored = _VIEWED[array.dtype.name]
             return array.view(view), stored
@@ -300,10 +315,16 @@ class Checkpointer:
             # The rest of the launch still comes from the environment when not given.
             master_addr = master_addr or os.environ.get("MASTER_ADDR")
             if port is None and os.environ.get("STAGEHAND_PORT"):
-                port = int(os.environ["STAGEHAND_PORT"])
+                try:
+                    port = int(os.environ["STAGEHAND_PORT"])
+                except ValueError:
+                    raise ValueError(f"Checkpointer: STAGEHAND_PORT={os.environ['STAGEHAND_PORT']!r} is not a port "
+                                     "number") from None
         for label, seconds in (("timeout", timeout), ("join_timeout", join_timeout)):
-            if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
-                raise ValueError(f"Checkpointer: {label} must be a finite number of seconds > 0, not {seconds!r}")
+            if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                    or not 0.001 <= seconds <= _MOST_TIMEOUT_S):
+                raise ValueError(f"Checkpointer: {label} must be a number of seconds from 0.001 to "
+                                 f"{_MOST_TIMEOUT_S} (7 days), not {seconds!r}")
         self._lock = threading.Lock()
         self._impl = _Checkpointer(
             self.root, rank=rank, world_size=world_size, master_addr=master_addr, port=port,
@@ -344,7 +365,7 @@ class Checkpointer:
             # The previous call's arrays stay referenced through this one: it first finishes a
             # pending async save, which may still be staging from them.
             previous, self._bound = self._bound, bound
-            self._impl.save(int(step), bound.entries, bound.objects)
+            self._impl.save(_step(step), bound.entries, bound.objects)
             del previous
 
     def async_save(self, step: int, state: dict) -> PendingSave:
@@ -354,7 +375,7 @@ class Checkpointer:
         bound = _Bound(state, writable=False)
         with self._lock:
             previous, self._bound = self._bound, bound
-            pending = self._impl.async_save(int(step), bound.entries, bound.objects)
+            pending = self._impl.async_save(_step(step), bound.entries, bound.objects)
             del previous
             return pending
 
@@ -391,6 +412,17 @@ class Checkpointer:
                 finally:
                     self._impl.close()
                     self._bound = None
+
+    def __del__(self) -> None:
+        # Dropped without close(): its pending save is finished here as close() finishes it, with
+        # the GIL released (the C++ destructor would finish it holding the GIL). At interpreter
+        # exit the destructor does it.
+        impl = getattr(self, "_impl", None)
+        if impl is not None and not impl.closed and not sys.is_finalizing():
+            try:
+                impl.close()
+            except Exception:  # noqa: BLE001 - a destructor must not raise; close() logs what failed
+                pass
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -149,6 +149,26 @@ std::map<std::string, std::string> file_bytes(const fs::path& dir) {
 
 }  // namespace
 
+BOOST_AUTO_TEST_CASE(time_limits_past_a_week_or_under_a_millisecond_are_refused_naming_them) {
+  // 6 x timeout in nanoseconds must fit: past a week a call failed at once or a close never ended.
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  StateDict state = model.state(0, 1);
+  for (auto limit : {std::chrono::milliseconds(0), std::chrono::milliseconds(std::chrono::hours(24 * 8))}) {
+    CheckpointerOptions timeout{.root = dir.path()};
+    timeout.timeout = limit;
+    Status st = Checkpointer(timeout).save(1, state);
+    BOOST_TEST(st.code() == ErrorCode::invalid_argument);
+    BOOST_TEST(st.message().find("CheckpointerOptions::timeout must be from 1 ms to 7 days") != std::string::npos,
+               st.message());
+    CheckpointerOptions join{.root = dir.path()};
+    join.join_timeout = limit;
+    st = Checkpointer(join).save(1, state);
+    BOOST_TEST(st.message().find("CheckpointerOptions::join_timeout must be") != std::string::npos, st.message());
+  }
+  BOOST_TEST(!fs::exists(fs::path(dir.path()) / "global_step_1"));
+}
+
 BOOST_AUTO_TEST_CASE(retention_keeps_max_to_keep_steps_and_later_saves_write_over_the_removed_files) {
   TempDir dir;
   TempDir plain;

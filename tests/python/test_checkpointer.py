@@ -154,9 +154,12 @@ def test_bad_input_is_refused_naming_the_tensor(tmp_path):
 def test_more_bad_input_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match="both rank and world_size"):
         stagehand.Checkpointer(tmp_path, world_size=4)
-    for bad in (float("inf"), float("nan"), -1, 0):
-        with pytest.raises(ValueError, match="timeout must be a finite number"):
+    # A week at most: 6 x the timeout in nanoseconds must not overflow (a close then never ended).
+    for bad in (float("inf"), float("nan"), -1, 0, 1e-4, 1e10, True, "60"):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds from 0.001 to 604800"):
             stagehand.Checkpointer(tmp_path, timeout=bad)
+    with pytest.raises(ValueError, match="join_timeout must be"):
+        stagehand.Checkpointer(tmp_path, join_timeout=8 * 24 * 3600)
     with pytest.raises(ValueError, match="a 2-d tensor cannot be a block"):
         stagehand.Shard(np.zeros((2, 2), np.float32), [], [])
     with stagehand.Checkpointer(tmp_path) as ckpt:
@@ -167,6 +170,13 @@ def test_more_bad_input_is_refused_naming_it(tmp_path):
             ckpt.save(1, {"layers": [np.zeros(3, np.float32)]})
         with pytest.raises(TypeError, match="object 'o' has key 1"):
             ckpt.save(1, {"o": {1: 2}})
+        with pytest.raises(TypeError, match="tensor 'be': its bytes are not in this machine's byte order"):
+            ckpt.save(1, {"be": np.arange(4, dtype=">f4")})
+        for step in (3.7, "3", None):
+            with pytest.raises(TypeError, match="step must be an integer"):
+                ckpt.save(step, {"w": np.zeros(4, np.float32)})
+        ckpt.save(np.int64(3), {"w": np.zeros(4, np.float32)})  # any integer type
+    assert (tmp_path / "global_step_3").is_dir()
     with stagehand.Checkpointer(tmp_path, write_rate_limit_mib_s=-1) as ckpt:
         with pytest.raises(stagehand.Error, match="write_rate_limit_mib_s must be 0"):
             ckpt.save(1, {"w": np.zeros(4, np.float32)})
@@ -191,6 +201,59 @@ def test_a_state_dropped_after_async_save_is_kept_until_the_save_is_done(tmp_pat
     loaded = {f"t{i}": np.zeros(1 << 20, np.float32) for i in range(8)}
     load_from(tmp_path, loaded, tmp_path / "global_step_1")
     assert all(np.all(loaded[f"t{i}"] == i) for i in range(8))
+
+
+class _CopyingProducer:
+    """A DLPack producer that exports a copy of its data (the protocol allows it): the copy lives
+    only as long as the capsule it came in."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return np.array(self.array, copy=True).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_a_producer_that_exports_a_copy_is_saved_from_that_copy(tmp_path):
+    # The capsule is kept with its entry until the save is done: its copy was freed before (a
+    # segfault, or garbage in the file).
+    values = np.arange(4 << 20, dtype=np.float32)
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, {"w": _CopyingProducer(values)})
+        ckpt.async_save(2, {"w": _CopyingProducer(values * 2)}).wait()
+    for step, expected in ((1, values), (2, values * 2)):
+        loaded = {"w": np.zeros_like(values)}
+        load_from(tmp_path, loaded, tmp_path / f"global_step_{step}")
+        assert np.array_equal(loaded["w"], expected)
+
+
+def test_a_checkpointer_dropped_with_a_pending_save_finishes_it_without_the_gil(tmp_path):
+    ticks = [0]
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.005)
+
+    ticker = threading.Thread(target=tick)
+    ckpt = stagehand.Checkpointer(tmp_path, write_rate_limit_mib_s=16)
+    pending = ckpt.async_save(1, {"w": np.ones(4 << 20, np.float32)})  # 16 MiB: about a second
+    ticker.start()
+    before = ticks[0]
+    start = time.perf_counter()
+    del ckpt
+    seconds = time.perf_counter() - start
+    during = ticks[0] - before
+    done.set()
+    ticker.join()
+    assert pending.done()
+    assert (tmp_path / "global_step_1").is_dir()
+    # With the GIL held the ticker would not move (it did once in 2 s before __del__ closed).
+    assert seconds > 0.3 and during > seconds / 0.005 / 4, f"{during} ticks in {seconds:.2f} s"
 
 
 def test_a_subtree_without_tensors_is_one_object(tmp_path):
