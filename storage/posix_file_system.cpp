@@ -285,26 +285,36 @@ class PosixFileSystem final : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                    FileMappings* mappings) override {
-    // Opened and checked where it lies, and moved only then: a spare that cannot be written
-    // over is dropped (its name only) and `to` is left free for a new file.
+    // Taken first under a name of this call's own beside it: another process may put another
+    // file under `from` at any moment (a retention moving a retired step's file there), and the
+    // file moved to `to` must be the one opened and written. Then opened and checked, and moved
+    // only then: a spare that cannot be written over is dropped (its name only) and `to` is left
+    // free for a new file.
+    static std::atomic<std::uint64_t> takes{0};
+    const std::string taken = from + ".taking-" + std::to_string(::getpid()) + "-" + std::to_string(++takes);
+    if (::rename(from.c_str(), taken.c_str()) != 0) {
+      return Status::from_errno(errno, "cannot take '" + from + "' to write over it");
+    }
     // O_NOFOLLOW, O_NONBLOCK: a link or a FIFO is refused at once.
-    posix::Fd fd(::open(from.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    posix::Fd fd(::open(taken.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!fd.valid()) {
       const int err = errno;
-      if (err != ENOENT) (void)::unlink(from.c_str());
+      (void)::unlink(taken.c_str());
       return Status::from_errno(err, "cannot open '" + from + "' to write over it");
     }
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
       // A file with another name too (a hard-linked snapshot of the retired step) keeps its
       // bytes: only this name goes.
-      (void)::unlink(from.c_str());
+      (void)::unlink(taken.c_str());
       if (!S_ISREG(st.st_mode)) return not_regular(from);
       return Status{ErrorCode::invalid_argument,
                     "'" + from + "' has other names (hard links): not written over"};
     }
-    if (::rename(from.c_str(), to.c_str()) != 0) {
-      return Status::from_errno(errno, "cannot rename '" + from + "' to '" + to + "'");
+    if (::rename(taken.c_str(), to.c_str()) != 0) {
+      const int err = errno;
+      (void)::unlink(taken.c_str());
+      return Status::from_errno(err, "cannot rename '" + from + "' to '" + to + "'");
     }
     std::shared_ptr<PosixFileMapping> mapping;
     if (mappings != nullptr && in_memory(fd.get())) {

@@ -13,6 +13,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -128,6 +131,44 @@ BOOST_AUTO_TEST_CASE(a_spare_that_cannot_be_written_over_is_dropped_and_the_targ
   BOOST_REQUIRE((*created)->close().is_ok());
   BOOST_TEST(test::read_file(dir / "taken") == "new");
   BOOST_TEST(test::read_file(dir / "snapshot") == "retired bytes");
+}
+
+BOOST_AUTO_TEST_CASE(a_spare_replaced_while_it_is_taken_never_leaves_another_file_under_the_new_name) {
+  // Another process's retention moves retired files onto a spare's name while this one takes it
+  // (each process has its own lock): the file moved under the new name must be the one written.
+  // Taking the spare by opening it and then renaming its name put the retired file there when the
+  // name was replaced in between.
+  TempDir dir;
+  auto local = local_file_system();
+  const std::string spare = dir / "spare";
+  std::atomic<bool> stop{false};
+  std::thread retention([&] {
+    for (int k = 0; !stop.load(); ++k) {
+      const std::string retired = dir / ("retired" + std::to_string(k % 4));
+      write_file(retired, "RETIRED");
+      (void)::rename(retired.c_str(), spare.c_str());
+    }
+  });
+  int taken = 0;
+  int wrong = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int i = 0; taken < 1000 && std::chrono::steady_clock::now() < deadline; ++i) {
+    const std::string to = dir / ("new" + std::to_string(i % 8));
+    auto file = local->reuse_file(spare, to, nullptr);
+    if (!file.is_ok()) {
+      std::this_thread::yield();  // no spare yet
+      continue;
+    }
+    ++taken;
+    const std::string bytes = "NEW " + std::to_string(100000 + i);
+    BOOST_REQUIRE((*file)->append(bytes.data(), bytes.size()).is_ok());
+    BOOST_REQUIRE((*file)->close().is_ok());
+    if (test::read_file(to) != bytes) ++wrong;
+  }
+  stop = true;
+  retention.join();
+  BOOST_TEST(taken > 100);
+  BOOST_TEST(wrong == 0, wrong << " of " << taken << " new files held a retired file's bytes");
 }
 
 BOOST_AUTO_TEST_CASE(a_reused_file_in_memory_lends_its_mapping_and_keeps_what_is_copied_there,
