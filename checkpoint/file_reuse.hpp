@@ -36,7 +36,10 @@ inline constexpr const char* kSpareFilesDir = ".spare_files";
 /// file is created as usual and the spares are removed with their folders' next removal.
 ///
 /// Thread-safety: as any FileSystem's; taking a spare and moving files into the spares hold one
-/// lock, so that two threads never take one spare.
+/// lock, so that two threads never take one spare. Across processes (one lock each: a retention
+/// in rank 0's process while another rank's save takes its spares), `inner`'s reuse_file takes
+/// the file it opens (the local file system takes it under a name of its own first), so a file
+/// moved onto a spare's name meanwhile never lands under the new step's name.
 std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots);
 
 /// Whether saves below `root` should write over retired files (trainer.ckpt_reuse_files, the

@@ -206,7 +206,8 @@ class FileSystem {
   /// every FileSystemWrapper unless it says otherwise, since it would not see the writes). A
   /// `from` that cannot be written over (not a regular file, not writable, or with other names:
   /// hard links, whose bytes must stay) is dropped, that name only, and an error returned; `to`
-  /// is then untouched, free for a new file.
+  /// is then untouched, free for a new file. The file opened is the file moved to `to`, even
+  /// when another process puts another file under `from` meanwhile.
   virtual Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                            FileMappings* mappings) {
     (void)to;
