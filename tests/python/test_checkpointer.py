@@ -230,30 +230,45 @@ def test_a_producer_that_exports_a_copy_is_saved_from_that_copy(tmp_path):
         assert np.array_equal(loaded["w"], expected)
 
 
+class _PythonRuns:
+    """Counts, on a thread of its own, how often Python code ran while the block ran: a call
+    that holds the GIL lets it run hardly at all. `pause`: seconds between counts (0: none)."""
+
+    def __init__(self, pause=0.0):
+        self.pause = pause
+        self.count = 0
+        self.seconds = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self._done.is_set():
+            self.count += 1
+            if self.pause:
+                time.sleep(self.pause)
+
+    def __enter__(self):
+        self._thread.start()
+        self._before = self.count
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._start
+        self.count -= self._before
+        self._done.set()
+        self._thread.join()
+
+
 def test_a_checkpointer_dropped_with_a_pending_save_finishes_it_without_the_gil(tmp_path):
-    ticks = [0]
-    done = threading.Event()
-
-    def tick():
-        while not done.is_set():
-            ticks[0] += 1
-            time.sleep(0.005)
-
-    ticker = threading.Thread(target=tick)
     ckpt = stagehand.Checkpointer(tmp_path, write_rate_limit_mib_s=16)
     pending = ckpt.async_save(1, {"w": np.ones(4 << 20, np.float32)})  # 16 MiB: about a second
-    ticker.start()
-    before = ticks[0]
-    start = time.perf_counter()
-    del ckpt
-    seconds = time.perf_counter() - start
-    during = ticks[0] - before
-    done.set()
-    ticker.join()
+    with _PythonRuns(pause=0.005) as ran:
+        del ckpt
     assert pending.done()
     assert (tmp_path / "global_step_1").is_dir()
-    # With the GIL held the ticker would not move (it did once in 2 s before __del__ closed).
-    assert seconds > 0.3 and during > seconds / 0.005 / 4, f"{during} ticks in {seconds:.2f} s"
+    # With the GIL held the counter would not move (it did once in 2 s before __del__ closed).
+    assert ran.seconds > 0.3 and ran.count > ran.seconds / 0.005 / 4, f"{ran.count} counts in {ran.seconds:.2f} s"
 
 
 def test_a_subtree_without_tensors_is_one_object(tmp_path):
@@ -264,26 +279,12 @@ def test_a_subtree_without_tensors_is_one_object(tmp_path):
 
 
 def test_the_gil_is_released_while_a_save_runs(tmp_path):
-    counted = [0]
-    done = threading.Event()
-
-    def count():
-        while not done.is_set():
-            counted[0] += 1
-
-    counter = threading.Thread(target=count)
     with stagehand.Checkpointer(tmp_path, thread_count=2) as ckpt:
         state = {f"t{i}": np.full(4 << 20, i, np.float32) for i in range(8)}  # 128 MiB
-        counter.start()
-        before = counted[0]
-        start = time.perf_counter()
-        ckpt.save(1, state)
-        seconds = time.perf_counter() - start
-        during = counted[0] - before
-        done.set()
-        counter.join()
+        with _PythonRuns() as ran:
+            ckpt.save(1, state)
     # With the GIL held for the whole save the counter would not move (beyond a switch or two).
-    assert during > 1000, f"the counter moved {during} times during a {seconds:.3f} s save"
+    assert ran.count > 1000, f"the counter moved {ran.count} times during a {ran.seconds:.3f} s save"
 
 
 def test_a_closed_checkpointer_refuses_calls(tmp_path):
