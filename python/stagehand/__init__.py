@@ -103,7 +103,6 @@ class Shard:
         )
 
 
-# numpy dtypes that cross as a same-size unsigned view, with the dtype Stagehand stores.
 # Longest timeout a Checkpointer takes (CheckpointerOptions::timeout: 6 x it in nanoseconds must fit).
 _MOST_TIMEOUT_S = 7 * 24 * 3600
 
@@ -116,6 +115,7 @@ def _step(step: Any) -> int:
         raise TypeError(f"step must be an integer, not {step!r}") from None
 
 
+# numpy dtypes that cross as a same-size unsigned view, with the dtype Stagehand stores.
 _VIEWED = {"bfloat16": ("uint16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3"),
            "float8_e5m2": ("uint8", "F8_E5M2"), "bool": ("uint8", "BOOL")}
 # ... and those that cross as they are.
