@@ -164,6 +164,9 @@ class ExportFileWriter {
     const std::string header = make_safetensors_header(entries);
     SH_RETURN_IF_ERROR(out_->append(header.data(), header.size()));
     for (const auto& batch : plan_batches(tensors_, file.tensors, batch_budget)) {
+      if (options_.should_stop && options_.should_stop()) {
+        return Status{ErrorCode::aborted, "stopped before '" + file.name + "' was written: the run is stopping"};
+      }
       SH_RETURN_IF_ERROR(write_batch(batch));
     }
     SH_RETURN_IF_ERROR(out_->sync());

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ struct ExportOptions {
   std::uint64_t max_shard_bytes = 5ull << 30;
   /// Reads in flight at once (LoadOptions::thread_count).
   int thread_count = 4;
+  /// Asked before each batch of tensors: true (the run is stopping) stops the export, which
+  /// fails as aborted and leaves no output (its temporary folder is removed). Empty: never.
+  std::function<bool()> should_stop;
 };
 
 /// What one export did.

@@ -188,6 +188,14 @@ class TrainerBase : public caf::blocking_actor {
   DispatchClient client_;
   std::ofstream metrics_;
   std::optional<PendingCommit> pending_;
+  /// Set when the run ends: an export still running stops at its next batch of tensors; a
+  /// signal (options().stop_requested) stops it too. Declared before exports_, whose thread reads
+  /// it until it is joined.
+  std::atomic<bool> stop_exports_{false};
+  /// Whether exports are to stop: the run ended, or a signal asked it to stop.
+  bool exports_stopping() const {
+    return stop_exports_.load() || (options_.stop_requested != nullptr && options_.stop_requested->load());
+  }
   /// trainer.export_interval's exports; null when it is 0.
   std::unique_ptr<BackgroundSteps<ExportReport>> exports_;
   /// With a local tier (policy_ is then the local tier's): the durable tier, the copies into it,

@@ -30,8 +30,10 @@ TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, Traine
 void TrainerBase::act() {
   summary_->status = run_catching();
   if (exports_) {
-    // However the run ended, the export running now finishes and is counted; queued ones (after
-    // a signal or an error) are dropped, still owed: the run that resumes does them.
+    // A run that ended well has ended every export. After a signal or an error, the export
+    // running now stops at its next batch of tensors (leaving no output) and queued ones are
+    // dropped, all still owed: the run that resumes does them.
+    stop_exports_ = true;
     exports_->drop_queued();
     report_exports();
   }
@@ -126,9 +128,11 @@ Status TrainerBase::run() {
   }
   if (t.export_interval > 0) {
     exports_ = std::make_unique<BackgroundSteps<ExportReport>>(
-        "the export", [fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir,
-                                 ExportReport& report) {
-          return export_checkpoint(*fs, checkpoint_dir, out_dir, ExportOptions{}, &report);
+        "the export", [this, fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir,
+                                       ExportReport& report) {
+          ExportOptions options;
+          options.should_stop = [this] { return exports_stopping(); };
+          return export_checkpoint(*fs, checkpoint_dir, out_dir, options, &report);
         });
   }
   SH_ASSIGN_OR_RETURN(std::int64_t step, t.resume_mode == ResumeMode::latest && resume ? resume_latest(candidates)

@@ -358,6 +358,31 @@ BOOST_AUTO_TEST_CASE(a_weights_only_load_restarts_the_optimizer_from_the_saved_w
   }
 }
 
+BOOST_AUTO_TEST_CASE(an_export_asked_to_stop_fails_as_aborted_and_leaves_no_output) {
+  // stagehand-train stops a running export when the run ends on a signal or an error: it leaves
+  // nothing (the step stays owed), and a later export of the step is whole.
+  Models saved({2, 2});
+  saved.step(1, Objective::sft);
+  TempDir dir;
+  saved.save(dir / "a", 1);
+  ExportOptions options;
+  options.max_shard_bytes = 1;  // a file a tensor: a batch each
+  int asked = 0;
+  options.should_stop = [&] { return ++asked > 2; };
+  Status st = export_checkpoint(*local_file_system(), dir / "a", dir / "hf", options);
+  BOOST_TEST(st.code() == ErrorCode::aborted, st.to_string());
+  BOOST_TEST(st.message().find("the run is stopping") != std::string::npos, st.message());
+  BOOST_TEST(asked == 3);
+  BOOST_TEST(!std::filesystem::exists(dir / "hf"));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    BOOST_TEST(e.path().filename().string().find(".export-") == std::string::npos, e.path());
+  }
+  ExportOptions fp32;
+  fp32.dtype = DType::f32;
+  BOOST_REQUIRE(export_checkpoint(*local_file_system(), dir / "a", dir / "hf", fp32).is_ok());
+  BOOST_TEST(gathered_safetensors(dir / "hf").size() == 4u);
+}
+
 BOOST_AUTO_TEST_CASE(an_fp32_export_started_from_gives_bit_identical_fp32_weights) {
   Models saved({2, 2});
   for (std::int64_t step = 1; step <= 5; ++step) saved.step(step, Objective::sft);
