@@ -1016,8 +1016,10 @@ BOOST_AUTO_TEST_CASE(owed_exports_are_kept_by_retention_and_done_by_the_run_that
   BOOST_TEST((test::committed_steps(root) == std::vector<std::int64_t>{30}));
 }
 
-// SIGTERM while exports run: the export running then finishes and is counted, the queued ones
-// are left owed (their checkpoints kept), and the run that resumes does them.
+// SIGTERM while exports run: the export running then stops at its next batch of tensors (here,
+// with a small model, it has mostly ended already) and the queued ones are dropped; the summary
+// counts the exports on disk, the others are left owed (their checkpoints kept), and the run
+// that resumes does them.
 BOOST_AUTO_TEST_CASE(after_sigterm_the_summary_counts_the_exports_that_exist_and_a_resume_does_the_rest) {
   TempDir dir;
   const std::string root = dir / "ckpt";
