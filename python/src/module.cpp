@@ -398,7 +398,29 @@ NB_MODULE(_stagehand, m) {
            })
       .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
       .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
-      .def("wait_staged", &PendingSave::wait_staged, nb::call_guard<nb::gil_scoped_release>())
+      .def("wait_staged",
+           [](PendingSave& p) {
+             // As wait(): Ctrl-C interrupts the wait, not the staging.
+             const auto start = std::chrono::steady_clock::now();
+             bool polled = false;
+             for (;;) {
+               bool staged = false;
+               {
+                 nb::gil_scoped_release release;
+                 staged = p.staged();
+                 if (!staged) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+               }
+               if (staged) break;
+               polled = true;
+               if (PyErr_CheckSignals() != 0) throw nb::python_error();
+             }
+             double waited = 0;
+             {
+               nb::gil_scoped_release release;
+               waited = p.wait_staged();
+             }
+             return polled ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : waited;
+           })
       .def_prop_ro("step", &PendingSave::step)
       .def_prop_ro("stall_s", &PendingSave::stall_s);
 

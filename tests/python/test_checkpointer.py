@@ -301,23 +301,28 @@ import stagehand
 # A shell that starts CI in the background ignores SIGINT, the child inherits that, and Python
 # then installs no handler: install Python's own, as an interactive run has.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-state = {"w": np.arange(32 << 20, dtype=np.float32), "step": 5}
-# 128 MiB at 32 MiB/s: the background write takes about 4 s.
-with stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32) as ckpt:
+# 128 MiB in 8 tensors at 32 MiB/s: the background write takes about 4 s. Waiting for the
+# staging: one bucket of two is staged before the return, the other as the slow writes free slots.
+state = {f"w{i}": np.arange(i << 22, (i + 1) << 22, dtype=np.float32) for i in range(8)}
+state["step"] = 5
+staging = sys.argv[2] == "wait_staged"
+with stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32, staging_buckets=1 if staging else 0) as ckpt:
     pending = ckpt.async_save(5, state)
     print("waiting", flush=True)
     start = time.monotonic()
     try:
-        pending.wait()
+        getattr(pending, sys.argv[2])()
         print("not interrupted", flush=True)
     except KeyboardInterrupt:
-        print(f"interrupted after {time.monotonic() - start:.2f} s, done={pending.done()}", flush=True)
+        over = pending.staged() if staging else pending.done()
+        print(f"interrupted after {time.monotonic() - start:.2f} s, over={over}", flush=True)
 print("closed", flush=True)
 """
 
 
-def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_whole(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, tmp_path], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("wait", ["wait", "wait_staged"])
+def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_whole(tmp_path, wait):
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, tmp_path, wait], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "waiting"
     time.sleep(0.3)
@@ -327,13 +332,14 @@ def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_w
     lines = out.split("\n")
     # Interrupted while the write still ran (not when it ended), then the with block's close
     # finished the save.
-    assert lines[0].startswith("interrupted after ") and lines[0].endswith("done=False"), out
+    assert lines[0].startswith("interrupted after ") and lines[0].endswith("over=False"), out
     assert float(lines[0].split()[2]) < 2.0, out
     assert lines[1] == "closed", out
     assert (tmp_path / "latest_ckpt_global_step.txt").read_text().strip() == "5"
     subprocess.run([BIN / "stagehand-ckpt", "verify", tmp_path], check=True, capture_output=True)
-    target = load_from(tmp_path, {"w": np.zeros(32 << 20, np.float32), "step": 0})
-    assert np.array_equal(target["w"], np.arange(32 << 20, dtype=np.float32)) and target["step"] == 5
+    target = load_from(tmp_path, {**{f"w{i}": np.zeros(4 << 20, np.float32) for i in range(8)}, "step": 0})
+    assert all(np.array_equal(target[f"w{i}"], np.arange(i << 22, (i + 1) << 22, dtype=np.float32)) for i in range(8))
+    assert target["step"] == 5
 
 
 def test_max_to_keep_removes_old_steps_and_later_saves_write_over_their_files(tmp_path):
