@@ -230,6 +230,23 @@ void device_copy(nb::ndarray<nb::c_contig> dst, nb::ndarray<nb::ro, nb::c_contig
   if (!ok) throw Error("device_copy: the copy failed");
 }
 
+/// Polls `over` (with the GIL released) every 20 ms until it says so; Ctrl-C in between raises
+/// KeyboardInterrupt (nb::python_error).
+/// @return whether it had to wait.
+template <class Over>
+bool wait_interruptibly(Over over) {
+  for (bool waited = false;; waited = true) {
+    bool done = false;
+    {
+      nb::gil_scoped_release release;
+      done = over();
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (done) return waited;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
 }  // namespace
 
 NB_MODULE(_stagehand, m) {
@@ -379,16 +396,7 @@ NB_MODULE(_stagehand, m) {
            [](PendingSave& p) {
              // Ctrl-C interrupts the wait (KeyboardInterrupt), not the save: it goes on, and the
              // next call or close() finishes it.
-             for (;;) {
-               bool done = false;
-               {
-                 nb::gil_scoped_release release;
-                 done = p.done();
-                 if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-               }
-               if (done) break;
-               if (PyErr_CheckSignals() != 0) throw nb::python_error();
-             }
+             wait_interruptibly([&] { return p.done(); });
              Status st;
              {
                nb::gil_scoped_release release;
@@ -396,31 +404,21 @@ NB_MODULE(_stagehand, m) {
              }
              check(st);
            })
-      .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
-      .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
       .def("wait_staged",
            [](PendingSave& p) {
              // As wait(): Ctrl-C interrupts the wait, not the staging.
              const auto start = std::chrono::steady_clock::now();
-             bool polled = false;
-             for (;;) {
-               bool staged = false;
-               {
-                 nb::gil_scoped_release release;
-                 staged = p.staged();
-                 if (!staged) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-               }
-               if (staged) break;
-               polled = true;
-               if (PyErr_CheckSignals() != 0) throw nb::python_error();
-             }
+             const bool waited_here = wait_interruptibly([&] { return p.staged(); });
              double waited = 0;
              {
                nb::gil_scoped_release release;
                waited = p.wait_staged();
              }
-             return polled ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : waited;
+             return waited_here ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                                : waited;
            })
+      .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
+      .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("step", &PendingSave::step)
       .def_prop_ro("stall_s", &PendingSave::stall_s);
 
