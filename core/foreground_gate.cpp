@@ -50,11 +50,8 @@ int ForegroundGate::holds() const {
 }
 
 void ForegroundGate::set_limit(std::chrono::milliseconds limit) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    limit_ = limit;
-  }
-  cv_.notify_all();
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = limit;
 }
 
 std::chrono::milliseconds ForegroundGate::limit() const {

@@ -48,7 +48,7 @@ class ForegroundGate {
   double wait();
   int holds() const;
   /// How long the gate holds work back after it was taken (tests lengthen it, so that a loaded
-  /// machine cannot let work through early).
+  /// machine cannot let work through early); a wait already begun keeps its deadline.
   void set_limit(std::chrono::milliseconds limit);
   std::chrono::milliseconds limit() const;
 

@@ -113,6 +113,10 @@ class TeardownLimit {
   std::thread thread_;
 };
 
+/// The teardown's last stage, on every rank: the actors stopping, as the actor system waits for
+/// every one.
+constexpr const char* kStoppingActors = "stopping the actors (the actor system waits for every one)";
+
 /// STAGEHAND_TEST_STUCK_TEARDOWN=1 (tests only): an actor that never stops, so that the teardown
 /// limit must end the process.
 void spawn_stuck_actor_for_tests(caf::actor_system& system) {
@@ -418,7 +422,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     if (Status closed = collectives.close("rank 0 is done"); !closed.is_ok())
       fail("rank 0: closing the collectives: " + closed.message());
     teardown.arm(c.trainer.call_timeout_s, "rank 0", code);
-    teardown.at("stopping the actors (the actor system waits for every one)");
+    teardown.at(kStoppingActors);
     caf::anon_send_exit(*worker0, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
@@ -467,7 +471,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   teardown.at("stopping the file servers");
   servers.reset();
   teardown.arm(c.trainer.call_timeout_s, "rank " + std::to_string(rank), code);
-  teardown.at("stopping the actors (the actor system waits for every one)");
+  teardown.at(kStoppingActors);
   caf::anon_send_exit(*worker, caf::exit_reason::user_shutdown);
   return code;
 }
