@@ -128,6 +128,30 @@ void spawn_stuck_actor_for_tests(caf::actor_system& system) {
                               1);
 }
 
+/// STAGEHAND_TEST_HANG_FILES_UNDER=<prefix> (tests only): making a file whose path starts with
+/// the prefix never returns, as on a file system that no longer answers (a hung NFS or FUSE
+/// mount), so that the limits on the background work's waits must end the run.
+class HangingFilesForTests final : public FileSystemWrapper {
+ public:
+  HangingFilesForTests(std::shared_ptr<FileSystem> inner, std::string prefix)
+      : FileSystemWrapper(std::move(inner)), prefix_(std::move(prefix)) {}
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    if (path.rfind(prefix_, 0) == 0) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    return FileSystemWrapper::create_file(path);
+  }
+
+ private:
+  const std::string prefix_;
+};
+
+std::shared_ptr<FileSystem> with_test_hangs(std::shared_ptr<FileSystem> fs) {
+  const char* prefix = std::getenv("STAGEHAND_TEST_HANG_FILES_UNDER");
+  if (fs == nullptr || prefix == nullptr || *prefix == '\0') return fs;
+  return std::make_shared<HangingFilesForTests>(std::move(fs), prefix);
+}
+
 /// The local tier's host placement of the config.
 HostPlacement host_placement_of_config(const Config& c) {
   const TrainerConfig& t = c.trainer;
@@ -341,7 +365,7 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
     weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
-  const auto fs = config_file_system(c);
+  const auto fs = with_test_hangs(config_file_system(c));
   if (!fs) return 2;
   auto coordinator = spawn_checkpoint_coordinator(
       system, {save_root(c.trainer), layout.world_size(), fs, std::chrono::seconds(c.trainer.call_timeout_s)});
@@ -370,7 +394,7 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
 int run_rank_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout, const LaunchInfo& launch,
                      const std::string& metrics_out, bool quiet, TeardownLimit& teardown) {
   std::shared_ptr<RoutedFileSystem> routes;
-  const auto fs = config_file_system(c, launch.rank, &routes);
+  const auto fs = with_test_hangs(config_file_system(c, launch.rank, &routes));
   if (!fs) return 2;
   // With routes: this process's part of the host servers, once the world formed.
   std::unique_ptr<HostServers> servers;

@@ -21,7 +21,8 @@ struct TrainerOptions {
   std::string metrics_out;
   /// Print progress to stdout.
   bool progress = true;
-  /// Set by SIGTERM/SIGINT: save the last completed step, drain, stop.
+  /// Set by SIGTERM/SIGINT: save the last completed step, drain, stop. Read by the exports and
+  /// uploads too, so it must outlive any the run leaves behind (a global, as stagehand-train's).
   const std::atomic<bool>* stop_requested = nullptr;
   /// Where the Workers publish weights for the fully-async trainer's generators.
   std::shared_ptr<WeightStore> weights;

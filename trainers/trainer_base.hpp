@@ -156,6 +156,23 @@ class TrainerBase : public caf::blocking_actor {
   Status export_owed(std::int64_t step);
   /// Says how the exports that ended went: a line and a metrics line each.
   void report_exports();
+  /// At the end of the run: waits for the jobs of `steps` (the exports or the uploads, `what`
+  /// "export" or "upload", writing under `root`) as long as they move. An error names the job
+  /// that asked for no piece of its work for trainer.call_timeout_s (a file system that no longer
+  /// answers); act() then leaves it behind at once. Into an object store a file's upload is one
+  /// piece, of any length; there each request has limits of its own (storage.s3), and the wait
+  /// has none.
+  template <class Report>
+  Status wait_background(BackgroundSteps<Report>& steps, const char* what, const std::string& root) {
+    std::optional<std::chrono::milliseconds> still_limit;
+    if (!fs_->capabilities(root).uploads) still_limit = timeout_;
+    const auto stalled = steps.wait_idle(still_limit);
+    if (!stalled) return Status::ok();
+    background_stalled_ = true;
+    return Status{ErrorCode::timeout, stalled_message(what, *stalled)};
+  }
+  /// What wait_background says of the job of `step` that stalled.
+  std::string stalled_message(const char* what, std::int64_t step) const;
 
   // -- the durable tier, beside a local one (trainer_tiers.cpp) --
 
@@ -188,25 +205,17 @@ class TrainerBase : public caf::blocking_actor {
   DispatchClient client_;
   std::ofstream metrics_;
   std::optional<PendingCommit> pending_;
-  /// Set when the run ends: an export still running stops at its next batch of tensors; a
-  /// signal (options().stop_requested) stops it too. Declared before exports_, whose thread reads
-  /// it until it is joined.
-  std::atomic<bool> stop_exports_{false};
-  /// Whether exports are to stop: the run ended, or a signal asked it to stop.
-  bool exports_stopping() const {
-    return stop_exports_.load() || (options_.stop_requested != nullptr && options_.stop_requested->load());
-  }
   /// trainer.export_interval's exports; null when it is 0.
   std::unique_ptr<BackgroundSteps<ExportReport>> exports_;
   /// With a local tier (policy_ is then the local tier's): the durable tier, the copies into it,
   /// and the step its tracker names (-1: none).
   std::optional<CheckpointPolicy> durable_;
-  /// Set when the run ends: an upload still running then stops at its next piece (the local
-  /// tier keeps its step, and a resume uploads it), so that a stop does not wait on a store; a
-  /// signal (options().stop_requested) stops it too. Declared before uploads_, whose thread
-  /// reads it until it is joined.
-  std::atomic<bool> stop_uploads_{false};
+  /// The copies into the durable tier. When the run ends, the one running stops at its next
+  /// piece (the local tier keeps its step, and a resume uploads it), so that a stop does not
+  /// wait on a store; a signal (options().stop_requested) stops it too.
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
+  /// wait_background found a job that no longer moves.
+  bool background_stalled_ = false;
   std::int64_t durable_step_ = -1;
   /// The newest committed local step the durable tier lacks and should get (its interval names
   /// it): set by upload_owed at the start and by each such commit, cleared when an upload of it

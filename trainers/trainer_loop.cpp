@@ -29,25 +29,40 @@ TrainerBase::TrainerBase(caf::actor_config& cfg, dispatch_actor dispatch, Traine
 
 void TrainerBase::act() {
   summary_->status = run_catching();
+  // A run that ended well has ended every export and upload. After a signal or an error, the
+  // job running now stops at its next piece (an export leaving no output, an upload leaving the
+  // durable tier as it was) and queued ones are dropped, all still owed: the run that resumes
+  // does them. A job that does not stop within trainer.call_timeout_s (a write to a file system
+  // that no longer answers; at once if the end of the run found it stalled) is left behind, so
+  // that the process can end.
+  const auto stop_limit = background_stalled_ ? std::chrono::milliseconds(0) : timeout_;
   if (exports_) {
-    // A run that ended well has ended every export. After a signal or an error, the export
-    // running now stops at its next batch of tensors (leaving no output) and queued ones are
-    // dropped, all still owed: the run that resumes does them.
-    stop_exports_ = true;
-    exports_->drop_queued();
+    const auto stopped = exports_->stop(stop_limit);
     report_exports();
+    if (stopped.left_running >= 0) {
+      warn("the export of step %lld to %s is left behind, in a call that did not return within %lld s "
+           "(trainer.call_timeout_s: a file system that does not answer?); the checkpoint is untouched, and the run "
+           "that resumes exports it\n",
+           static_cast<long long>(stopped.left_running), policy_.export_dir(stopped.left_running).c_str(),
+           static_cast<long long>(options_.config.trainer.call_timeout_s));
+    }
   }
   if (uploads_) {
-    // The same for the uploads, except that the one running stops at its next piece: the newest
-    // step the durable tier lacks stays in the local tier, and a resume uploads it. (After a
-    // run that ended well every upload has ended already.)
-    stop_uploads_ = true;
-    for (auto step : uploads_->drop_queued()) {
+    const auto stopped = uploads_->stop(stop_limit);
+    for (auto step : stopped.dropped) {
       warn("the upload of step %lld to '%s' was not started (the run stopped); the local tier keeps the newest step "
            "the durable tier lacks, and a resume uploads it\n",
            static_cast<long long>(step), durable_->store().root().c_str());
     }
     (void)report_uploads();
+    if (stopped.left_running >= 0) {
+      ++summary_->uploads_failed;
+      warn("the upload of step %lld to '%s' is left behind, in a call that did not return within %lld s "
+           "(trainer.call_timeout_s: a file system that does not answer?); the durable tier's tracker has not moved "
+           "to it, the local tier keeps the newest step the durable tier lacks, and a resume uploads it\n",
+           static_cast<long long>(stopped.left_running), durable_->store().root().c_str(),
+           static_cast<long long>(options_.config.trainer.call_timeout_s));
+    }
   }
   on_stop();
   if (!summary_->status.is_ok()) {
@@ -114,26 +129,29 @@ Status TrainerBase::run() {
     // The uploads' copy buffers, kept from one upload to the next (16 MiB with the defaults).
     auto buffers = std::make_shared<CopyBuffers>(TierCopyOptions{}.piece_bytes);
     uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
-        "the upload", [this, buffers, from = policy_.store(), to = durable_->store()](
-                          std::int64_t step, const std::string&, const std::string&, TierCopyReport& report) {
+        "the upload",
+        [buffers, from = policy_.store(), to = durable_->store()](std::int64_t step, const std::string&,
+                                                                  const std::string&, JobControl& control,
+                                                                  TierCopyReport& report) {
           TierCopyOptions copy;
           copy.buffers = buffers;
-          copy.should_stop = [this] {
-            return stop_uploads_.load() || (options_.stop_requested != nullptr && options_.stop_requested->load());
-          };
+          copy.should_stop = [&control] { return control.piece(); };
           auto copied = copy_committed_step(from, to, step, copy);
           if (copied.is_ok()) report = *copied;
           return copied.status();
-        });
+        },
+        options_.stop_requested);
   }
   if (t.export_interval > 0) {
     exports_ = std::make_unique<BackgroundSteps<ExportReport>>(
-        "the export", [this, fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir,
-                                       ExportReport& report) {
+        "the export",
+        [fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir, JobControl& control,
+                   ExportReport& report) {
           ExportOptions options;
-          options.should_stop = [this] { return exports_stopping(); };
+          options.should_stop = [&control] { return control.piece(); };
           return export_checkpoint(*fs, checkpoint_dir, out_dir, options, &report);
-        });
+        },
+        options_.stop_requested);
   }
   SH_ASSIGN_OR_RETURN(std::int64_t step, t.resume_mode == ResumeMode::latest && resume ? resume_latest(candidates)
                                                                                      : start_from(resume));
@@ -150,7 +168,7 @@ Status TrainerBase::run() {
   // and the queued ones are dropped).
   SH_RETURN_IF_ERROR(finalize());
   if (exports_ && !summary_->stopped_by_signal) {
-    exports_->wait_idle();
+    SH_RETURN_IF_ERROR(wait_background(*exports_, "export", options_.config.trainer.export_path));
     report_exports();
     // The checkpoints kept until their exports were done may go now.
     SH_RETURN_IF_ERROR(apply_retention());

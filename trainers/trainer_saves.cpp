@@ -116,7 +116,7 @@ void TrainerBase::report_exports() {
       say("exported step %lld to %s (%llu files, %llu bytes, %.3f s)\n", static_cast<long long>(done.step),
           done.out_dir.c_str(), static_cast<unsigned long long>(done.report.files),
           static_cast<unsigned long long>(done.report.bytes), done.report.total_s);
-    } else if (done.status.code() == ErrorCode::aborted && exports_stopping()) {
+    } else if (done.status.code() == ErrorCode::aborted && exports_->stopping()) {
       // Stopped with the run: no output, still owed.
       line["stopped"] = true;
       say("the export of step %lld to %s stopped with the run; the run that resumes does it\n",

@@ -93,13 +93,28 @@ Status TrainerBase::report_uploads() {
 }
 
 Status TrainerBase::finish_uploads() {
-  uploads_->wait_idle();
+  SH_RETURN_IF_ERROR(wait_background(*uploads_, "upload", durable_->store().root()));
   SH_RETURN_IF_ERROR(report_uploads());
   if (!owed_upload_) return Status::ok();
   return Status{ErrorCode::io_error,
                 "the durable tier '" + durable_->store().root() + "' did not receive step " + std::to_string(*owed_upload_) +
                     ", committed in the local tier '" + policy_.store().root() + "'" +
                     (upload_error_.empty() ? "" : ": " + upload_error_)};
+}
+
+std::string TrainerBase::stalled_message(const char* what, std::int64_t step) const {
+  const auto& t = options_.config.trainer;
+  const std::string job = std::string("the ") + what + " of step " + std::to_string(step);
+  const std::string still = " made no progress for " + std::to_string(t.call_timeout_s) +
+                            " s (trainer.call_timeout_s: a file system that does not answer?); ";
+  if (std::string(what) == "export") {
+    return job + " to " + policy_.export_dir(step) + still +
+           "the checkpoint is untouched, and the run that resumes exports it";
+  }
+  const std::string held =
+      durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
+  return job + " to '" + durable_->store().root() + "'" + still + "the durable tier " + held +
+         "; the local tier keeps the newest step it lacks, and a resume uploads it";
 }
 
 Status TrainerBase::find_durable_step(std::int64_t resumed) {

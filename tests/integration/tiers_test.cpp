@@ -389,6 +389,38 @@ BOOST_AUTO_TEST_CASE(a_failed_last_upload_fails_the_run_naming_it_and_the_next_r
   BOOST_TEST(verify.code == 0, verify.output);
 }
 
+BOOST_AUTO_TEST_CASE(an_upload_to_a_durable_folder_that_stops_answering_ends_the_run_at_the_call_limit) {
+  TempDir dir;
+  // Making any file of step 10's copy never returns (a hung NFS or FUSE mount): the upload of
+  // step 10 hangs from the start, and step 20's waits behind it. The run must end on its own
+  // (`timeout` only guards the test: it would kill with 137).
+  std::string cmd = "STAGEHAND_TEST_HANG_FILES_UNDER='" + dir / "durable/global_step_10" + "' timeout -s KILL 90 " +
+                    kBin + "/stagehand-train --config " + kConfig;
+  auto sets = tiered(dir.path(), 20, 5, 2, false);
+  sets.push_back("trainer.call_timeout_s=3");
+  for (const auto& s : sets) cmd += " --set '" + s + "'";
+  auto hung = test::run_command(cmd);
+  BOOST_TEST(hung.code == 1, hung.output);
+  for (const std::string& said : std::vector<std::string>{
+           "the upload of step 10 to '" + dir / "durable" +
+               "' made no progress for 3 s (trainer.call_timeout_s: a file system that does not answer?); the "
+               "durable tier holds no step yet; the local tier keeps the newest step it lacks",
+           "the upload of step 20 to '" + dir / "durable" + "' was not started (the run stopped)",
+           "the upload of step 10 to '" + dir / "durable" + "' is left behind"}) {
+    BOOST_TEST(hung.output.find(said) != std::string::npos, said << " in: " << hung.output);
+  }
+  BOOST_TEST(!test::read_tracker(dir / "durable")->has_value());
+  BOOST_TEST(**test::read_tracker(dir / "local") == 20);
+  BOOST_TEST(fs::exists(data_file(dir / "local", 20, "metadata.json")));
+  // Once the folder answers again, the next run uploads what the durable tier lacks.
+  auto next = train(tiered(dir.path(), 20, 5, 2, true));
+  BOOST_REQUIRE_MESSAGE(next.code == 0, next.output);
+  BOOST_TEST(next.output.find("uploading step 20 of the local tier") != std::string::npos, next.output);
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "20\n");
+  auto verify = test::run_command(kBin + "/stagehand-ckpt verify " + dir / "durable/global_step_20");
+  BOOST_TEST(verify.code == 0, verify.output);
+}
+
 BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
   TempDir dir;
   struct Case {
