@@ -339,8 +339,11 @@ bool PendingSave::done() const {
   if (impl_->pending != step_ || !impl_->system || !impl_->coordinator) return true;
   caf::scoped_actor self{*impl_->system};
   bool known = false;
-  self->request(impl_->coordinator, std::chrono::seconds(10), poll_atom::value, step_)
-      .receive([&](bool outcome) { known = outcome; }, [&](caf::error&) { known = true; });
+  // A coordinator that does not answer within kDonePollLimit (busy, or its host unreachable)
+  // does not know yet; one that is gone makes wait() return at once, with the error.
+  self->request(impl_->coordinator, kDonePollLimit, poll_atom::value, step_)
+      .receive([&](bool outcome) { known = outcome; },
+               [&](caf::error& e) { known = e != caf::make_error(caf::sec::request_timeout); });
   return known;
 }
 
@@ -385,6 +388,11 @@ Result<PendingSave> Checkpointer::async_save(std::int64_t step, const StateDict&
 Result<PendingSave> Checkpointer::async_save(std::int64_t step, const std::vector<StateDict>& states) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->save(step, states, true, impl_);
+}
+
+bool Checkpointer::staged() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->staged();
 }
 
 Result<double> Checkpointer::fence() {

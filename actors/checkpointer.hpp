@@ -95,8 +95,11 @@ class PendingSave {
  public:
   /// @return ok once step() is committed on every rank; otherwise why it was not.
   Status wait();
-  /// Whether wait() would return at once (the commit or its failure is known).
+  /// Whether wait() would return at once (the commit or its failure is known). Asks the
+  /// coordinator (in rank 0's process): one that does not answer within kDonePollLimit is taken
+  /// for "not yet".
   bool done() const;
+  static constexpr std::chrono::milliseconds kDonePollLimit{500};
   /// Whether the save no longer reads this process's tensors (every bucket is staged), so that
   /// they may be modified; at once true unless staging_buckets > 0.
   bool staged() const;
@@ -175,6 +178,8 @@ class Checkpointer {
   /// Returns once no save reads this process's tensors any more (PendingSave::wait_staged).
   /// @return the longest wait of any of its ranks, in seconds.
   Result<double> fence();
+  /// Whether fence() would return at once: no save reads this process's tensors.
+  bool staged() const;
 
   /// Fills `state` in place from `path`: a checkpoint root (the step its tracker names) or one
   /// `global_step_N` folder, saved with any sharding. Every chunk read is checked against its

@@ -490,14 +490,21 @@ NB_MODULE(_stagehand, m) {
             return state.objects;
           },
           nb::call_guard<nb::gil_scoped_release>())
-      .def(
-          "fence",
-          [](PyCheckpointer& self) {
-            auto waited = self.get().fence();
-            check(waited.status());
-            return *waited;
-          },
-          nb::call_guard<nb::gil_scoped_release>())
+      .def("fence",
+           [](PyCheckpointer& self) {
+             // As PendingSave.wait_staged(): Ctrl-C interrupts the wait, not the staging.
+             Checkpointer& checkpointer = self.get();
+             const auto start = std::chrono::steady_clock::now();
+             const bool waited_here = wait_interruptibly([&] { return checkpointer.staged(); });
+             Result<double> waited = 0.0;
+             {
+               nb::gil_scoped_release release;
+               waited = checkpointer.fence();
+             }
+             check(waited.status());
+             return waited_here ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                                : *waited;
+           })
       .def("finalize", [](PyCheckpointer& self) { check(self.get().finalize()); },
            nb::call_guard<nb::gil_scoped_release>())
       .def("close", [](PyCheckpointer& self) { self.impl.reset(); }, nb::call_guard<nb::gil_scoped_release>())

@@ -291,7 +291,8 @@ class Checkpointer:
     one process). Every rank calls save, async_save, load and finalize with the same step, and
     every rank gets the same outcome: committed, or a ``stagehand.Error`` naming what failed.
     The GIL is released for the whole of every save, load and wait. Ctrl-C in
-    ``PendingSave.wait()`` raises KeyboardInterrupt at once and leaves the save running: the next
+    ``PendingSave.wait()``, ``PendingSave.wait_staged()`` or ``fence()`` raises
+    KeyboardInterrupt at once and leaves the save running: the next
     call, ``close()`` or the end of a ``with`` block finishes it, so the checkpoint is committed
     whole or not at all. In save, load, finalize and close, Ctrl-C takes effect when the call
     returns. ``write_rate_limit_mib_s`` paces this process's checkpoint writes (0: unlimited).

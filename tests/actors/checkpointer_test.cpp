@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
@@ -312,6 +314,51 @@ BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {
     Checkpointer ckpt({.root = ""});
     BOOST_TEST(!ckpt.save(1, model.state(0, 1)).is_ok());
   }
+}
+
+namespace {
+
+/// Making a checkpoint's metadata.json (or its temporary) takes `delay`: the coordinator, which
+/// commits in its handler, is busy that long.
+class SlowMetadata final : public FileSystemWrapper {
+ public:
+  SlowMetadata(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
+      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    if (path.find("metadata.json") != std::string::npos) {
+      std::this_thread::sleep_for(delay_);
+    }
+    return FileSystemWrapper::create_file(path);
+  }
+
+ private:
+  const std::chrono::milliseconds delay_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(done_answers_within_its_poll_limit_while_the_coordinator_is_busy_committing) {
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  Checkpointer ckpt({.root = dir.path(),
+                     .file_system = std::make_shared<SlowMetadata>(local_file_system(), std::chrono::seconds(4))});
+  auto pending = ckpt.async_save(1, model.state(0, 1));
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  // Polled until the commit is known: no call takes much more than the poll limit (it took up to
+  // the whole 4 s commit before), and the ones made during the commit say "not yet".
+  using Clock = std::chrono::steady_clock;
+  Clock::duration longest{};
+  int not_yet = 0;
+  const auto start = Clock::now();
+  for (bool done = false; !done && Clock::now() - start < std::chrono::seconds(60);) {
+    const auto call = Clock::now();
+    done = pending->done();
+    longest = std::max(longest, Clock::now() - call);
+    if (!done) ++not_yet;
+  }
+  BOOST_TEST(std::chrono::duration<double>(longest).count() < 2.0);
+  BOOST_TEST(not_yet >= 2);
+  BOOST_TEST(pending->wait().is_ok());
 }
 
 BOOST_AUTO_TEST_CASE(ranks_that_hold_different_tensors_load_their_own) {

@@ -305,13 +305,13 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 # staging: one bucket of two is staged before the return, the other as the slow writes free slots.
 state = {f"w{i}": np.arange(i << 22, (i + 1) << 22, dtype=np.float32) for i in range(8)}
 state["step"] = 5
-staging = sys.argv[2] == "wait_staged"
+staging = sys.argv[2] in ("wait_staged", "fence")
 with stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32, staging_buckets=1 if staging else 0) as ckpt:
     pending = ckpt.async_save(5, state)
     print("waiting", flush=True)
     start = time.monotonic()
     try:
-        getattr(pending, sys.argv[2])()
+        getattr(ckpt if sys.argv[2] == "fence" else pending, sys.argv[2])()
         print("not interrupted", flush=True)
     except KeyboardInterrupt:
         over = pending.staged() if staging else pending.done()
@@ -320,7 +320,7 @@ print("closed", flush=True)
 """
 
 
-@pytest.mark.parametrize("wait", ["wait", "wait_staged"])
+@pytest.mark.parametrize("wait", ["wait", "wait_staged", "fence"])
 def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_whole(tmp_path, wait):
     child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, tmp_path, wait], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
