@@ -149,8 +149,8 @@ class PendingSave::Impl {
       store.spool_dir = options.local_work_dir;
       fs = default_file_system(store);
     }
-    if (options.max_to_keep > 0 && options.reuse_files && reuses_files_at(*fs, options.root)) {
-      // Retention's removed steps lend their data files to the next saves.
+    if (options.max_to_keep > 0 && options.reuse_files) {
+      // Retention's removed steps lend their data files to the next saves (on a local disk).
       fs = reusing_file_system(std::move(fs), {options.root});
     }
     coordinator_here = options.rank == 0;

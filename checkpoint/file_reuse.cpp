@@ -27,16 +27,6 @@ class ReusingFileSystem final : public FileSystemWrapper {
     for (auto& root : roots_) {
       while (root.size() > 1 && root.back() == '/') root.pop_back();
     }
-    // Only below roots where reuses_files_at says so: on a FUSE or network mount a rename may
-    // be a copy and a write into a file a read of it first; an object store has no folders. (A
-    // host's folder reached through its file server is written over by the server, on its disk.)
-    std::erase_if(roots_, [this](const std::string& root) {
-      if (reuses_files_at(this->inner(), root)) return false;
-      logger()->info("'{}' is on a FUSE or network mount or in an object store: saves there write new files, "
-                     "not over retired ones",
-                     root);
-      return true;
-    });
   }
 
   ~ReusingFileSystem() override {
@@ -136,6 +126,17 @@ class ReusingFileSystem final : public FileSystemWrapper {
 }  // namespace
 
 std::shared_ptr<FileSystem> reusing_file_system(std::shared_ptr<FileSystem> inner, std::vector<std::string> roots) {
+  // Only below roots where reuses_files_at says so: on a FUSE or network mount a rename may be a
+  // copy and a write into a file a read of it first; an object store has no folders. (A host's
+  // folder reached through its file server is written over by the server, on its disk.)
+  std::erase_if(roots, [&inner](const std::string& root) {
+    if (reuses_files_at(*inner, root)) return false;
+    if (inner->capabilities(root).directories) {
+      logger()->info("'{}' is on a FUSE or network mount: saves there write new files, not over retired ones", root);
+    }
+    return true;
+  });
+  if (roots.empty()) return inner;
   return std::make_shared<ReusingFileSystem>(std::move(inner), std::move(roots));
 }
 

@@ -16,7 +16,8 @@ namespace stagehand {
 inline constexpr const char* kSpareFilesDir = ".spare_files";
 
 /// A FileSystem over `inner` that, below each of `roots` (the local tier's folders: one, or one
-/// per host) where reuses_files_at() says so (the others are logged and left alone):
+/// per host) where reuses_files_at() says so (the others are left alone, a folder on a FUSE or
+/// network mount logged; `inner` itself is returned when no root qualifies):
 /// - on remove_tree() of a folder there, first moves its data files (data_file_rank() >= 0) into
 ///   `<root>/.spare_files` under their names, replacing a spare of the same name, so that the
 ///   spares are at most one file per name;

@@ -184,8 +184,9 @@ std::shared_ptr<FileSystem> config_file_system(const Config& c, int rank = 0,
     *routes = host_routes(fs, placement, placement.host_of(rank), std::chrono::seconds(t.call_timeout_s));
     fs = *routes;
   }
-  if (t.local_ckpt_path.empty() && t.ckpt_reuse_files && t.max_ckpts_to_keep > 0 && reuses_files_at(*fs, t.ckpt_path)) {
-    // Saves write over the data files of the steps retention removed from ckpt_path.
+  if (t.local_ckpt_path.empty() && t.ckpt_reuse_files && t.max_ckpts_to_keep > 0) {
+    // Saves write over the data files of the steps retention removed from ckpt_path (on a local
+    // disk).
     return reusing_file_system(std::move(fs), {t.ckpt_path});
   }
   if (!t.local_ckpt_path.empty() && t.local_ckpt_reuse_files && t.local_max_ckpts_to_keep > 0) {

@@ -506,7 +506,11 @@ BOOST_AUTO_TEST_CASE(a_local_tier_on_a_network_mount_writes_new_files_and_one_on
   TempDir dir;
   const std::string remote = dir.path() + "/remote";
   const std::string local = dir.path() + "/local";
-  auto reusing = reusing_file_system(std::make_shared<RemoteFolder>(remote), {remote, local});
+  auto remote_fs = std::make_shared<RemoteFolder>(remote);
+  // With no root on a local disk there is nothing to wrap.
+  BOOST_TEST(reusing_file_system(remote_fs, {remote}).get() == remote_fs.get());
+  auto reusing = reusing_file_system(remote_fs, {remote, local});
+  BOOST_TEST(reusing.get() != remote_fs.get());
   const auto states = states_for(11);
   for (const std::string& root : {remote, local}) {
     BOOST_TEST_CONTEXT(root) {
