@@ -142,20 +142,24 @@ class BackgroundSteps {
         job = s.running;
         since = now;
       } else if (still_limit && job >= 0 && now - since >= *still_limit) {
+        stalled_ = Stalled{job, pieces};
         return job;
       }
     }
   }
 
   /// Stops: drops the queued jobs (their checkpoints still owe them), asks the running one to
-  /// stop at its next piece, and waits for it at most `limit`. One still running then is left
-  /// to end on its own thread (a hung write): this object no longer waits for it, its
-  /// destructor included. Then take_done() has every job that ended; nothing queued after it
-  /// runs.
+  /// stop at its next piece, and waits for it at most `limit` (not at all for a job wait_idle
+  /// found stalled that has not moved since). One still running then is left to end on its own
+  /// thread (a hung write): this object no longer waits for it, its destructor included. Then
+  /// take_done() has every job that ended; nothing queued after it runs.
   Stopped stop(std::chrono::milliseconds limit) {
     State& s = *state_;
     Stopped out;
     std::unique_lock<std::mutex> lock(s.mutex);
+    if (stalled_ && stalled_->step == s.running && stalled_->pieces == s.control.pieces()) {
+      limit = std::chrono::milliseconds(0);
+    }
     s.stopping = true;
     s.control.stop();
     for (const auto& job : s.queue) out.dropped.push_back(job.step);
@@ -246,6 +250,12 @@ class BackgroundSteps {
   }
 
   std::shared_ptr<State> state_;
+  /// The job wait_idle last found stalled, and its pieces then.
+  struct Stalled {
+    std::int64_t step;
+    std::uint64_t pieces;
+  };
+  std::optional<Stalled> stalled_;
   /// stop() left a job running: the destructor does not wait for it.
   bool left_running_ = false;
   std::thread thread_;

@@ -158,17 +158,16 @@ class TrainerBase : public caf::blocking_actor {
   void report_exports();
   /// At the end of the run: waits for the jobs of `steps` (the exports or the uploads, `what`
   /// "export" or "upload", writing under `root`) as long as they move. An error names the job
-  /// that asked for no piece of its work for trainer.call_timeout_s (a file system that no longer
-  /// answers); act() then leaves it behind at once. Into an object store a file's upload is one
-  /// piece, of any length; there each request has limits of its own (storage.s3), and the wait
-  /// has none.
+  /// that asked for no piece of its work for trainer.call_timeout_s (a file system that no
+  /// longer answers); act() then leaves it behind at once (BackgroundSteps::stop). Into an
+  /// object store a file's upload is one piece, of any length; there each request has limits of
+  /// its own (storage.s3), and the wait has none.
   template <class Report>
   Status wait_background(BackgroundSteps<Report>& steps, const char* what, const std::string& root) {
     std::optional<std::chrono::milliseconds> still_limit;
     if (!fs_->capabilities(root).uploads) still_limit = timeout_;
     const auto stalled = steps.wait_idle(still_limit);
     if (!stalled) return Status::ok();
-    background_stalled_ = true;
     return Status{ErrorCode::timeout, stalled_message(what, *stalled)};
   }
   /// What wait_background says of the job of `step` that stalled.
@@ -214,8 +213,6 @@ class TrainerBase : public caf::blocking_actor {
   /// piece (the local tier keeps its step, and a resume uploads it), so that a stop does not
   /// wait on a store; a signal (options().stop_requested) stops it too.
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
-  /// wait_background found a job that no longer moves.
-  bool background_stalled_ = false;
   std::int64_t durable_step_ = -1;
   /// The newest committed local step the durable tier lacks and should get (its interval names
   /// it): set by upload_owed at the start and by each such commit, cleared when an upload of it

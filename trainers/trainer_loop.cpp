@@ -35,9 +35,8 @@ void TrainerBase::act() {
   // does them. A job that does not stop within trainer.call_timeout_s (a write to a file system
   // that no longer answers; at once if the end of the run found it stalled) is left behind, so
   // that the process can end.
-  const auto stop_limit = background_stalled_ ? std::chrono::milliseconds(0) : timeout_;
   if (exports_) {
-    const auto stopped = exports_->stop(stop_limit);
+    const auto stopped = exports_->stop(timeout_);
     report_exports();
     if (stopped.left_running >= 0) {
       warn("the export of step %lld to %s is left behind, in a call that did not return within %lld s "
@@ -48,7 +47,7 @@ void TrainerBase::act() {
     }
   }
   if (uploads_) {
-    const auto stopped = uploads_->stop(stop_limit);
+    const auto stopped = uploads_->stop(timeout_);
     for (auto step : stopped.dropped) {
       warn("the upload of step %lld to '%s' was not started (the run stopped); the local tier keeps the newest step "
            "the durable tier lacks, and a resume uploads it\n",
