@@ -229,7 +229,11 @@ def steps_bench(args):
             every = arms[name].get("trainer.local_ckpt_interval")
             if every and (len(saves) != args.steps // every or not all(u["ok"] for u in uploads)):
                 sys.exit(f"tiers: the {name} run saved {len(saves)} steps of {args.steps}, uploads {uploads}")
+            # Each step's own seconds (from the second on), by step number: the stall of the
+            # save at step s lands in step s + 1, a durable copy started at step s in the next few.
+            step_s = {b["step"]: b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])}
             results[name].append({"steps_per_s": len(steps) / steps[-1]["elapsed_s"], "uploads": len(uploads),
+                                  "step_s": step_s,
                                   "cpu_s": cpu_s, "saved_bytes": sum(s["bytes"] for s in saves),
                                   "stall_s": [s["stall_s"] for s in saves],
                                   # The save's own threads' CPU seconds (every rank's writer
@@ -262,6 +266,21 @@ def steps_bench(args):
             if writer:
                 print(f"{'':<32}the save's own threads' CPU seconds per GiB saved (every rank's, saves 3 on): median "
                       f"{statistics.median(writer):.3f}")
+            # Where the time goes: the two steps after each durable copy began (the copy runs
+            # beside them) against the other steps, each against the same steps of the run
+            # without checkpoints of its round.
+            near, rest = [], []
+            for row, b in zip(rows, base_rows):
+                for step, secs in row["step_s"].items():
+                    if step in b["step_s"]:
+                        after = (step - 1) % args.durable_interval
+                        (near if after in (0, 1) else rest).append(secs - b["step_s"][step])
+            if near and rest:
+                copies = (statistics.mean(near) - statistics.mean(rest)) * 2 / args.durable_interval
+                print(f"{'':<32}time each step took more than without checkpoints (mean): the two steps after a "
+                      f"durable copy began {statistics.mean(near) * 1000:.1f} ms, the others "
+                      f"{statistics.mean(rest) * 1000:.1f} ms; so per step of the run, the local saves "
+                      f"{statistics.mean(rest) * 1000:.1f} ms and the durable copies {copies * 1000:.1f} ms")
             print(f"{'':<32}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s over "
                   f"{len(stalls)} saves; {sum(row['uploads'] for row in rows)} uploads; fence waits "
                   f"{statistics.median(row['fence_wait_s'] for row in rows):.3f} s a run (median)")
