@@ -57,6 +57,9 @@ class PendingSave::Impl {
   std::optional<std::int64_t> pending;
   /// How each async save ended, for its PendingSave.
   std::map<std::int64_t, Status> outcomes;
+  /// Since when PendingSave::done()'s polls of the coordinator have gone unanswered (none: the
+  /// last one was answered).
+  std::optional<std::chrono::steady_clock::time_point> unanswered_since;
   bool started = false;
   /// Why the first call could not start the actors or join the job: every later call says so.
   std::optional<Status> start_error;
@@ -339,11 +342,24 @@ bool PendingSave::done() const {
   if (impl_->pending != step_ || !impl_->system || !impl_->coordinator) return true;
   caf::scoped_actor self{*impl_->system};
   bool known = false;
-  // A coordinator that does not answer within kDonePollLimit (busy, or its host unreachable)
-  // does not know yet; one that is gone makes wait() return at once, with the error.
+  // A coordinator that does not answer within kDonePollLimit (busy in a commit) does not know
+  // yet; one that is gone makes wait() return at once, with the error, and so does one that has
+  // not answered for `timeout` (its host unreachable: wait() then fails within its own limit).
   self->request(impl_->coordinator, kDonePollLimit, poll_atom::value, step_)
-      .receive([&](bool outcome) { known = outcome; },
-               [&](caf::error& e) { known = e != caf::make_error(caf::sec::request_timeout); });
+      .receive(
+          [&](bool outcome) {
+            known = outcome;
+            impl_->unanswered_since.reset();
+          },
+          [&](caf::error& e) {
+            if (e != caf::sec::request_timeout) {
+              known = true;
+              return;
+            }
+            const auto now = std::chrono::steady_clock::now();
+            if (!impl_->unanswered_since) impl_->unanswered_since = now;
+            known = now - *impl_->unanswered_since >= impl_->options.timeout;
+          });
   return known;
 }
 

@@ -97,7 +97,7 @@ class PendingSave {
   Status wait();
   /// Whether wait() would return at once (the commit or its failure is known). Asks the
   /// coordinator (in rank 0's process): one that does not answer within kDonePollLimit is taken
-  /// for "not yet".
+  /// for "not yet", until it has not answered for `timeout` (then wait() reports why).
   bool done() const;
   static constexpr std::chrono::milliseconds kDonePollLimit{500};
   /// Whether the save no longer reads this process's tensors (every bucket is staged), so that

@@ -43,6 +43,9 @@ namespace {
 std::atomic<bool> g_stop{false};
 /// The signal that set g_stop.
 std::atomic<int> g_stop_signal{0};
+/// The trainer left an export or upload behind, in a call that does not return: main ends the
+/// process with std::_Exit, without the static destructors that job's thread may still use.
+std::atomic<bool> g_work_left_behind{false};
 
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
@@ -317,6 +320,7 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
         }
       });
       if (!summary->status.is_ok()) code = 1;
+      if (summary->work_left_behind) g_work_left_behind = true;
     } else {
       fail(trainer.status().message());
       code = 2;
@@ -560,8 +564,20 @@ int main(int argc, char** argv) {
   register_stagehand_errors(cfg);
   if (launch->multi_process()) register_wire_types(cfg);
   TeardownLimit teardown;  // outlives the system: bounds its shutdown
-  caf::actor_system system{cfg};
-  if (!launch->multi_process()) return run_in_process(system, c, layout, metrics_out, quiet);
-  spawn_stuck_actor_for_tests(system);
-  return run_rank_process(system, c, layout, *launch, metrics_out, quiet, teardown);
+  int code = 0;
+  {
+    caf::actor_system system{cfg};
+    if (!launch->multi_process()) {
+      code = run_in_process(system, c, layout, metrics_out, quiet);
+    } else {
+      spawn_stuck_actor_for_tests(system);
+      code = run_rank_process(system, c, layout, *launch, metrics_out, quiet, teardown);
+    }
+  }
+  if (g_work_left_behind) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+  return code;
 }

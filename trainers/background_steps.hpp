@@ -149,27 +149,44 @@ class BackgroundSteps {
   }
 
   /// Stops: drops the queued jobs (their checkpoints still owe them), asks the running one to
-  /// stop at its next piece, and waits for it at most `limit` (not at all for a job wait_idle
-  /// found stalled that has not moved since). One still running then is left to end on its own
+  /// stop at its next piece, and waits for it at most `limit` (none: as long as it takes, for
+  /// jobs whose every call has a limit of its own; not at all for a job wait_idle found stalled
+  /// that has not moved since). One still running then is left to end on its own
   /// thread (a hung write): this object no longer waits for it, its destructor included. Then
   /// take_done() has every job that ended; nothing queued after it runs.
-  Stopped stop(std::chrono::milliseconds limit) {
-    State& s = *state_;
+  Stopped stop(std::optional<std::chrono::milliseconds> limit) {
     Stopped out;
+    out.dropped = request_stop();
+    State& s = *state_;
     std::unique_lock<std::mutex> lock(s.mutex);
     if (stalled_ && stalled_->step == s.running && stalled_->pieces == s.control.pieces()) {
       limit = std::chrono::milliseconds(0);
     }
-    s.stopping = true;
-    s.control.stop();
-    for (const auto& job : s.queue) out.dropped.push_back(job.step);
-    s.queue.clear();
-    s.changed.notify_all();
-    if (!s.changed.wait_for(lock, limit, [&s] { return s.running < 0; })) {
+    const auto ended = [&s] { return s.running < 0; };
+    if (!limit) {
+      s.changed.wait(lock, ended);
+    } else if (!s.changed.wait_for(lock, *limit, ended)) {
       out.left_running = s.running;
       left_running_ = true;
     }
     return out;
+  }
+
+  /// stop()'s first half, without the wait: drops the queued jobs and asks the running one to
+  /// stop (so that several BackgroundSteps stop at once).
+  /// @return the steps of the jobs dropped.
+  std::vector<std::int64_t> request_stop() {
+    State& s = *state_;
+    std::vector<std::int64_t> dropped;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.stopping = true;
+      s.control.stop();
+      for (const auto& job : s.queue) dropped.push_back(job.step);
+      s.queue.clear();
+    }
+    s.changed.notify_all();
+    return dropped;
   }
 
   /// Whether the jobs are to stop (stop(), or the signal).

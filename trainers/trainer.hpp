@@ -48,6 +48,10 @@ struct TrainerSummary {
   /// durable tier's tracker names at the end (-1: none).
   std::int64_t uploads_done = 0;
   std::int64_t uploads_failed = 0;
+  /// An export or upload was left behind, still in a call that did not return (a file system
+  /// that does not answer): the process should end without its static destructors, which
+  /// that job's thread may still need (stagehand-train leaves with std::_Exit).
+  bool work_left_behind = false;
   std::int64_t durable_step = -1;
   bool stopped_by_signal = false;
   /// After a signal: the step saved on it (the last one trained); -1 when none was trained.

@@ -156,20 +156,23 @@ class TrainerBase : public caf::blocking_actor {
   Status export_owed(std::int64_t step);
   /// Says how the exports that ended went: a line and a metrics line each.
   void report_exports();
-  /// At the end of the run: waits for the jobs of `steps` (the exports or the uploads, `what`
-  /// "export" or "upload", writing under `root`) as long as they move. An error names the job
-  /// that asked for no piece of its work for trainer.call_timeout_s (a file system that no
-  /// longer answers); act() then leaves it behind at once (BackgroundSteps::stop). Into an
-  /// object store a file's upload is one piece, of any length; there each request has limits of
-  /// its own (storage.s3), and the wait has none.
+  /// At the end of the run: waits for the jobs of `steps` (the exports or the uploads) as long
+  /// as they move: gives up on a job that asked for no piece of its work for `still_limit` (a
+  /// file system that no longer answers; none: no limit, where every call has one of its own),
+  /// marks the run's background work hung (no retention touches those folders again) and
+  /// returns that job's step; act() then leaves it behind at once (BackgroundSteps::stop).
   template <class Report>
-  Status wait_background(BackgroundSteps<Report>& steps, const char* what, const std::string& root) {
-    std::optional<std::chrono::milliseconds> still_limit;
-    if (!fs_->capabilities(root).uploads) still_limit = timeout_;
+  std::optional<std::int64_t> wait_background(BackgroundSteps<Report>& steps,
+                                              std::optional<std::chrono::milliseconds> still_limit) {
     const auto stalled = steps.wait_idle(still_limit);
-    if (!stalled) return Status::ok();
-    return Status{ErrorCode::timeout, stalled_message(what, *stalled)};
+    if (stalled) background_hung_ = true;
+    return stalled;
   }
+  /// The limit on a background job's lack of progress for its writes under `root`:
+  /// trainer.call_timeout_s, except into an object store, where a file's upload is one piece of
+  /// any length and each of its requests has limits of its own (storage.s3). Asked once, when
+  /// the jobs are set up (the folder answered then): a hung mount would not answer later.
+  std::optional<std::chrono::milliseconds> still_limit_for(const std::string& root) const;
   /// What wait_background says of the job of `step` that stalled.
   std::string stalled_message(const char* what, std::int64_t step) const;
 
@@ -213,6 +216,12 @@ class TrainerBase : public caf::blocking_actor {
   /// piece (the local tier keeps its step, and a resume uploads it), so that a stop does not
   /// wait on a store; a signal (options().stop_requested) stops it too.
   std::unique_ptr<BackgroundSteps<TierCopyReport>> uploads_;
+  /// still_limit_for the export path and the durable tier.
+  std::optional<std::chrono::milliseconds> export_still_limit_;
+  std::optional<std::chrono::milliseconds> upload_still_limit_;
+  /// An export or upload stopped moving, or was left behind: nothing touches the folders they
+  /// write any more (no retention), so that the end of the run cannot hang there.
+  bool background_hung_ = false;
   std::int64_t durable_step_ = -1;
   /// The newest committed local step the durable tier lacks and should get (its interval names
   /// it): set by upload_owed at the start and by each such commit, cleared when an upload of it

@@ -32,29 +32,35 @@ void TrainerBase::act() {
   // A run that ended well has ended every export and upload. After a signal or an error, the
   // job running now stops at its next piece (an export leaving no output, an upload leaving the
   // durable tier as it was) and queued ones are dropped, all still owed: the run that resumes
-  // does them. A job that does not stop within trainer.call_timeout_s (a write to a file system
-  // that no longer answers; at once if the end of the run found it stalled) is left behind, so
-  // that the process can end.
+  // does them. Both are asked at once. A job that does not stop within trainer.call_timeout_s
+  // (a write to a file system that no longer answers; at once if the end of the run found it
+  // stalled; into an object store, as long as its requests' own limits allow) is left behind,
+  // so that the process can end.
+  const auto dropped_uploads = uploads_ ? uploads_->request_stop() : std::vector<std::int64_t>{};
   if (exports_) {
-    const auto stopped = exports_->stop(timeout_);
-    report_exports();
+    const auto stopped = exports_->stop(export_still_limit_);
     if (stopped.left_running >= 0) {
-      warn("the export of step %lld to %s is left behind, in a call that did not return within %lld s "
+      background_hung_ = true;
+      summary_->work_left_behind = true;
+      ++summary_->exports_failed;
+      warn("the export of step %lld to '%s' is left behind, in a call that did not return within %lld s "
            "(trainer.call_timeout_s: a file system that does not answer?); the checkpoint is untouched, and the run "
            "that resumes exports it\n",
            static_cast<long long>(stopped.left_running), policy_.export_dir(stopped.left_running).c_str(),
            static_cast<long long>(options_.config.trainer.call_timeout_s));
     }
+    report_exports();
   }
   if (uploads_) {
-    const auto stopped = uploads_->stop(timeout_);
-    for (auto step : stopped.dropped) {
+    const auto stopped = uploads_->stop(upload_still_limit_);
+    for (auto step : dropped_uploads) {
       warn("the upload of step %lld to '%s' was not started (the run stopped); the local tier keeps the newest step "
            "the durable tier lacks, and a resume uploads it\n",
            static_cast<long long>(step), durable_->store().root().c_str());
     }
-    (void)report_uploads();
     if (stopped.left_running >= 0) {
+      background_hung_ = true;
+      summary_->work_left_behind = true;
       ++summary_->uploads_failed;
       warn("the upload of step %lld to '%s' is left behind, in a call that did not return within %lld s "
            "(trainer.call_timeout_s: a file system that does not answer?); the durable tier's tracker has not moved "
@@ -62,6 +68,8 @@ void TrainerBase::act() {
            static_cast<long long>(stopped.left_running), durable_->store().root().c_str(),
            static_cast<long long>(options_.config.trainer.call_timeout_s));
     }
+    // Without retention once a job stopped moving or was left behind (background_hung_).
+    (void)report_uploads();
   }
   on_stop();
   if (!summary_->status.is_ok()) {
@@ -127,6 +135,7 @@ Status TrainerBase::run() {
     SH_RETURN_IF_ERROR(durable_->clean_interrupted_saves());
     // The uploads' copy buffers, kept from one upload to the next (16 MiB with the defaults).
     auto buffers = std::make_shared<CopyBuffers>(TierCopyOptions{}.piece_bytes);
+    upload_still_limit_ = still_limit_for(durable_->store().root());
     uploads_ = std::make_unique<BackgroundSteps<TierCopyReport>>(
         "the upload",
         [buffers, from = policy_.store(), to = durable_->store()](std::int64_t step, const std::string&,
@@ -142,6 +151,7 @@ Status TrainerBase::run() {
         options_.stop_requested);
   }
   if (t.export_interval > 0) {
+    export_still_limit_ = still_limit_for(t.export_path);
     exports_ = std::make_unique<BackgroundSteps<ExportReport>>(
         "the export",
         [fs = fs_](std::int64_t, const std::string& checkpoint_dir, const std::string& out_dir, JobControl& control,
@@ -167,7 +177,10 @@ Status TrainerBase::run() {
   // and the queued ones are dropped).
   SH_RETURN_IF_ERROR(finalize());
   if (exports_ && !summary_->stopped_by_signal) {
-    SH_RETURN_IF_ERROR(wait_background(*exports_, "export", options_.config.trainer.export_path));
+    if (const auto stalled = wait_background(*exports_, export_still_limit_)) {
+      report_exports();
+      return Status{ErrorCode::timeout, stalled_message("export", *stalled)};
+    }
     report_exports();
     // The checkpoints kept until their exports were done may go now.
     SH_RETURN_IF_ERROR(apply_retention());

@@ -77,7 +77,7 @@ Status TrainerBase::report_uploads() {
     write_metrics(line);
   }
   summary_->durable_step = durable_step_;
-  if (ended.empty()) return Status::ok();
+  if (ended.empty() || background_hung_) return Status::ok();
   // Local steps kept for an upload that ended (landed, or superseded by a newer owed step) may go.
   if (!landed) return apply_retention();
   // A store that is unreachable now fails no training step: the next upload's retention tries again.
@@ -93,7 +93,12 @@ Status TrainerBase::report_uploads() {
 }
 
 Status TrainerBase::finish_uploads() {
-  SH_RETURN_IF_ERROR(wait_background(*uploads_, "upload", durable_->store().root()));
+  if (const auto stalled = wait_background(*uploads_, upload_still_limit_)) {
+    // The uploads that ended first are said (no retention: the tier no longer answers), so that
+    // the message names the step the durable tier holds now.
+    (void)report_uploads();
+    return Status{ErrorCode::timeout, stalled_message("upload", *stalled)};
+  }
   SH_RETURN_IF_ERROR(report_uploads());
   if (!owed_upload_) return Status::ok();
   return Status{ErrorCode::io_error,
@@ -102,13 +107,18 @@ Status TrainerBase::finish_uploads() {
                     (upload_error_.empty() ? "" : ": " + upload_error_)};
 }
 
+std::optional<std::chrono::milliseconds> TrainerBase::still_limit_for(const std::string& root) const {
+  if (fs_->capabilities(root).uploads) return std::nullopt;
+  return timeout_;
+}
+
 std::string TrainerBase::stalled_message(const char* what, std::int64_t step) const {
   const auto& t = options_.config.trainer;
   const std::string job = std::string("the ") + what + " of step " + std::to_string(step);
   const std::string still = " made no progress for " + std::to_string(t.call_timeout_s) +
                             " s (trainer.call_timeout_s: a file system that does not answer?); ";
   if (std::string(what) == "export") {
-    return job + " to " + policy_.export_dir(step) + still +
+    return job + " to '" + policy_.export_dir(step) + "'" + still +
            "the checkpoint is untouched, and the run that resumes exports it";
   }
   const std::string held =
