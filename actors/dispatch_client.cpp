@@ -138,11 +138,10 @@ bool stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actor
   }
   std::size_t gone = 0;
   bool in_time = true;
-  self->receive_for(gone, actors.size())(
-      [](const caf::down_msg&) {}, caf::after(limit) >> [&] {
-        in_time = false;
-        gone = actors.size();
-      });
+  // Not receive_for(gone, n): it counts up after each handler and stops only at n exactly, so a
+  // timeout handler that set gone = n sent it past n and the wait never ended.
+  self->receive_while([&] { return in_time && gone < actors.size(); })(
+      [&](const caf::down_msg&) { ++gone; }, caf::after(limit) >> [&] { in_time = false; });
   return in_time;
 }
 

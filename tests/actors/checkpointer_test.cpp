@@ -361,6 +361,30 @@ BOOST_AUTO_TEST_CASE(done_answers_within_its_poll_limit_while_the_coordinator_is
   BOOST_TEST(pending->wait().is_ok());
 }
 
+BOOST_AUTO_TEST_CASE(done_stops_saying_not_yet_once_the_coordinator_has_not_answered_for_the_timeout) {
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  double took = 0;
+  {
+    // A commit (8 s) longer than the timeout (1 s): polls go unanswered past the timeout.
+    Checkpointer ckpt({.root = dir.path(),
+                       .file_system = std::make_shared<SlowMetadata>(local_file_system(), std::chrono::seconds(8)),
+                       .timeout = std::chrono::seconds(1)});
+    auto pending = ckpt.async_save(1, model.state(0, 1));
+    BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+    while (!pending->done() && Clock::now() - start < std::chrono::seconds(60)) {
+    }
+    took = std::chrono::duration<double>(Clock::now() - start).count();
+    // Closing gives up on the coordinator still in its commit after the timeout (before, the
+    // wait for the actors to stop never ended once it had timed out).
+  }
+  BOOST_TEST(took < 6.0);
+  BOOST_TEST(took >= 0.9);
+  BOOST_TEST(std::chrono::duration<double>(Clock::now() - start).count() < 40.0);
+}
+
 BOOST_AUTO_TEST_CASE(ranks_that_hold_different_tensors_load_their_own) {
   // Pipeline stages: each rank holds other tensors, so each sees the other's as not its own;
   // only a tensor that no rank holds is one the model does not have.
