@@ -22,8 +22,10 @@ namespace {
 const std::string kBin = test::bin_dir();
 const std::string kConfig = test::source_dir() + "/examples/configs/sync_rl.yaml";
 
-test::CommandRun train(const std::vector<std::string>& sets, bool quiet = false, const std::string& metrics = "") {
-  std::string cmd = kBin + "/stagehand-train" + (quiet ? " --quiet" : "") + " --config " + kConfig;
+/// @param prefix what the command line starts with (environment settings, `timeout ...`).
+test::CommandRun train(const std::vector<std::string>& sets, bool quiet = false, const std::string& metrics = "",
+                       const std::string& prefix = "") {
+  std::string cmd = prefix + kBin + "/stagehand-train" + (quiet ? " --quiet" : "") + " --config " + kConfig;
   for (const auto& s : sets) cmd += " --set '" + s + "'";
   if (!metrics.empty()) cmd += " --metrics-out " + metrics;
   return test::run_command(cmd);
@@ -394,12 +396,10 @@ BOOST_AUTO_TEST_CASE(an_upload_to_a_durable_folder_that_stops_answering_ends_the
   // Making any file of step 10's copy never returns (a hung NFS or FUSE mount): the upload of
   // step 10 hangs from the start, and step 20's waits behind it. The run must end on its own
   // (`timeout` only guards the test: it would kill with 137).
-  std::string cmd = "STAGEHAND_TEST_HANG_FILES_UNDER='" + dir / "durable/global_step_10" + "' timeout -s KILL 90 " +
-                    kBin + "/stagehand-train --config " + kConfig;
   auto sets = tiered(dir.path(), 20, 5, 2, false);
   sets.push_back("trainer.call_timeout_s=3");
-  for (const auto& s : sets) cmd += " --set '" + s + "'";
-  auto hung = test::run_command(cmd);
+  auto hung = train(sets, false, "",
+                    "STAGEHAND_TEST_HANG_FILES_UNDER='" + dir / "durable/global_step_10" + "' timeout -s KILL 90 ");
   BOOST_TEST(hung.code == 1, hung.output);
   for (const std::string& said : std::vector<std::string>{
            "the upload of step 10 to '" + dir / "durable" +
@@ -479,9 +479,7 @@ BOOST_AUTO_TEST_CASE(tier_settings_that_cannot_work_are_refused_naming_them) {
 BOOST_AUTO_TEST_CASE(sigterm_names_what_each_tier_holds) {
   TempDir dir;
   // A long run stopped by SIGTERM after a few seconds (`timeout` sends it and passes the exit code on).
-  std::string cmd = "timeout --preserve-status -s TERM 4 " + kBin + "/stagehand-train --config " + kConfig;
-  for (const auto& s : tiered(dir.path(), 1000000, 3, 2, false)) cmd += " --set '" + s + "'";
-  auto r = test::run_command(cmd);
+  auto r = train(tiered(dir.path(), 1000000, 3, 2, false), false, "", "timeout --preserve-status -s TERM 4 ");
   BOOST_TEST(r.code == 0, r.output);
   const auto at = r.output.find("stopped by signal: checkpoint of step ");
   BOOST_REQUIRE_MESSAGE(at != std::string::npos, r.output);
