@@ -173,8 +173,13 @@ class TrainerBase : public caf::blocking_actor {
   /// any length and each of its requests has limits of its own (storage.s3). Asked once, when
   /// the jobs are set up (the folder answered then): a hung mount would not answer later.
   std::optional<std::chrono::milliseconds> still_limit_for(const std::string& root) const;
-  /// What wait_background says of the job of `step` that stalled.
-  std::string stalled_message(const char* what, std::int64_t step) const;
+  /// The two kinds of background job, for what is said of one that hangs.
+  enum class BackgroundJob { export_hf, upload };
+  /// What is said of the `job` of `step` that hangs: `how` it hangs (made no progress, or left
+  /// behind in a call), where it was writing, and what stays owed.
+  std::string hung_message(BackgroundJob job, std::int64_t step, const std::string& how) const;
+  static constexpr const char* kMadeNoProgress = "made no progress for";
+  static constexpr const char* kLeftBehind = "is left behind, in a call that did not return within";
 
   // -- the durable tier, beside a local one (trainer_tiers.cpp) --
 

@@ -43,11 +43,7 @@ void TrainerBase::act() {
       background_hung_ = true;
       summary_->work_left_behind = true;
       ++summary_->exports_failed;
-      warn("the export of step %lld to '%s' is left behind, in a call that did not return within %lld s "
-           "(trainer.call_timeout_s: a file system that does not answer?); the checkpoint is untouched, and the run "
-           "that resumes exports it\n",
-           static_cast<long long>(stopped.left_running), policy_.export_dir(stopped.left_running).c_str(),
-           static_cast<long long>(options_.config.trainer.call_timeout_s));
+      warn("%s\n", hung_message(BackgroundJob::export_hf, stopped.left_running, kLeftBehind).c_str());
     }
     report_exports();
   }
@@ -62,11 +58,7 @@ void TrainerBase::act() {
       background_hung_ = true;
       summary_->work_left_behind = true;
       ++summary_->uploads_failed;
-      warn("the upload of step %lld to '%s' is left behind, in a call that did not return within %lld s "
-           "(trainer.call_timeout_s: a file system that does not answer?); the durable tier's tracker has not moved "
-           "to it, the local tier keeps the newest step the durable tier lacks, and a resume uploads it\n",
-           static_cast<long long>(stopped.left_running), durable_->store().root().c_str(),
-           static_cast<long long>(options_.config.trainer.call_timeout_s));
+      warn("%s\n", hung_message(BackgroundJob::upload, stopped.left_running, kLeftBehind).c_str());
     }
     // Without retention once a job stopped moving or was left behind (background_hung_).
     (void)report_uploads();
@@ -179,7 +171,7 @@ Status TrainerBase::run() {
   if (exports_ && !summary_->stopped_by_signal) {
     if (const auto stalled = wait_background(*exports_, export_still_limit_)) {
       report_exports();
-      return Status{ErrorCode::timeout, stalled_message("export", *stalled)};
+      return Status{ErrorCode::timeout, hung_message(BackgroundJob::export_hf, *stalled, kMadeNoProgress)};
     }
     report_exports();
     // The checkpoints kept until their exports were done may go now.

@@ -97,7 +97,7 @@ Status TrainerBase::finish_uploads() {
     // The uploads that ended first are said (no retention: the tier no longer answers), so that
     // the message names the step the durable tier holds now.
     (void)report_uploads();
-    return Status{ErrorCode::timeout, stalled_message("upload", *stalled)};
+    return Status{ErrorCode::timeout, hung_message(BackgroundJob::upload, *stalled, kMadeNoProgress)};
   }
   SH_RETURN_IF_ERROR(report_uploads());
   if (!owed_upload_) return Status::ok();
@@ -112,19 +112,17 @@ std::optional<std::chrono::milliseconds> TrainerBase::still_limit_for(const std:
   return timeout_;
 }
 
-std::string TrainerBase::stalled_message(const char* what, std::int64_t step) const {
-  const auto& t = options_.config.trainer;
-  const std::string job = std::string("the ") + what + " of step " + std::to_string(step);
-  const std::string still = " made no progress for " + std::to_string(t.call_timeout_s) +
+std::string TrainerBase::hung_message(BackgroundJob job, std::int64_t step, const std::string& how) const {
+  const std::string limit = " " + std::to_string(options_.config.trainer.call_timeout_s) +
                             " s (trainer.call_timeout_s: a file system that does not answer?); ";
-  if (std::string(what) == "export") {
-    return job + " to '" + policy_.export_dir(step) + "'" + still +
+  if (job == BackgroundJob::export_hf) {
+    return "the export of step " + std::to_string(step) + " to '" + policy_.export_dir(step) + "' " + how + limit +
            "the checkpoint is untouched, and the run that resumes exports it";
   }
   const std::string held =
       durable_step_ >= 0 ? "still holds step " + std::to_string(durable_step_) : "holds no step yet";
-  return job + " to '" + durable_->store().root() + "'" + still + "the durable tier " + held +
-         "; the local tier keeps the newest step it lacks, and a resume uploads it";
+  return "the upload of step " + std::to_string(step) + " to '" + durable_->store().root() + "' " + how + limit +
+         "the durable tier " + held + "; the local tier keeps the newest step it lacks, and a resume uploads it";
 }
 
 Status TrainerBase::find_durable_step(std::int64_t resumed) {
