@@ -244,9 +244,19 @@ class PendingSave::Impl {
     if (!removed.is_ok()) logger()->warn("Checkpointer: retention in '{}': {}", options.root, removed.status().message());
   }
 
+  /// Finishes the pending async save before the call `what`; its failure fails that call, undone
+  /// (it is not lost in a log), said so in its message. The next call then goes ahead.
+  Status finalize_before(const std::string& what) {
+    const std::optional<std::int64_t> prior = pending;
+    Status st = finalize();
+    if (st.is_ok() || !prior) return st;
+    return st.with_context("the async save of step " + std::to_string(*prior) + " failed, and " + what +
+                           " was not done (call it again)");
+  }
+
   Result<PendingSave> save(std::int64_t step, const std::vector<StateDict>& states, bool async,
                            const std::shared_ptr<Impl>& self) {
-    SH_RETURN_IF_ERROR(finalize());
+    SH_RETURN_IF_ERROR(finalize_before("the save of step " + std::to_string(step)));
     SH_RETURN_IF_ERROR(bind(states));
     SH_ASSIGN_OR_RETURN(SaveResult saved, client->save(step, async));
     if (saved.async) {
@@ -259,7 +269,7 @@ class PendingSave::Impl {
   }
 
   Status load(std::vector<StateDict>& states, const std::string& path) {
-    SH_RETURN_IF_ERROR(finalize());
+    SH_RETURN_IF_ERROR(finalize_before("this load"));
     SH_RETURN_IF_ERROR(bind(states));
     // Resolved once for the process, not once per rank.
     SH_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(*fs, path));

@@ -166,6 +166,9 @@ class Checkpointer {
   Status prepare(const std::vector<StateDict>& states, bool async = true);
 
   /// Saves `step` and returns once it is committed (written by every rank, metadata, tracker).
+  /// save, async_save and load first finish a pending async save; if that one failed, the call
+  /// returns its error ("the async save of step N failed, and the save of step M was not done
+  /// (call it again): ...") without doing its own work, and the next call goes ahead.
   /// @pre this process holds one rank (else pass one state per rank).
   Status save(std::int64_t step, const StateDict& state);
   Status save(std::int64_t step, const std::vector<StateDict>& states);

@@ -2,7 +2,8 @@
 """stagehand.Checkpointer against PyTorch DCP in one Python process, on the same torch CPU tensors:
 sync save (dcp.save), the blocking part of an async save (dcp.async_save), and a cold load
 (page cache dropped first; dcp.load in place), interleaved op by op and round by round, so both
-see the same machine. Prints each op's seconds by position (round) in the process, the ratio
+see the same machine; each op starts after an untimed `sync`, so that none pays for the writes
+the one before left. Prints each op's seconds by position (round) in the process, the ratio
 stagehand / DCP at each position, and each op's peak resident memory above its start (sampled
 every 2 ms from /proc/self/statm). A raw write of the same bytes (one file per thread, os.write
 from the tensors' memory, fsync of each file and the folder) runs interleaved with the sync saves,
@@ -11,16 +12,22 @@ seconds per GiB (time.process_time over the op, an async save's background writi
 
     PYTHONPATH=build/python /work/peers-venv/bin/python bench/compare_python.py \\
         [--bytes 1GiB] [--tensors 32] [--threads 8] [--rounds 5] [--dir /work/cmp-py] [--staging-buckets N]
-        [--no-prepare] [--max-to-keep 2]
+        [--no-prepare] [--max-to-keep 2] [--processes 3]
+
+With --processes N the whole run repeats in N fresh processes, one after the other, and each
+position's figure is the median over the processes (a ratio is of those medians): one process
+gives one sample per position, as noisy as the disk.
 
 Needs torch (DCP) and the stagehand package (PYTHONPATH=<build>/python or pip install .).
 Targets (issue 28): sync save <= 0.8x DCP, async blocking part <= 0.3x, load <= 1.0x, at every
 position."""
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -72,7 +79,36 @@ def main():
     ap.add_argument("--no-prepare", action="store_true",
                     help="leave out stagehand's Checkpointer.prepare at the start (then its first async save "
                          "allocates and first-touches its staging inside its blocking part)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="repeat the run in this many fresh processes; each position's figure is the "
+                         "median over them")
+    ap.add_argument("--child-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_json:
+        with open(args.child_json, "w") as f:
+            json.dump(measure(args), f)
+        return 0
+    if args.processes <= 1:
+        results = [measure(args)]
+    else:
+        results = []
+        for k in range(args.processes):
+            out = os.path.join(os.path.dirname(os.path.abspath(args.dir)), ".compare_python_%d.json" % os.getpid())
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child-json", out],
+                                   capture_output=True, text=True)
+            if child.returncode != 0:
+                sys.stderr.write(child.stdout[-4000:] + child.stderr[-4000:])
+                sys.exit(f"compare_python: process {k + 1} of {args.processes} exited {child.returncode}")
+            with open(out) as f:
+                results.append(json.load(f))
+            os.remove(out)
+            subprocess.run(["sync"], check=False)
+            print(f"process {k + 1} of {args.processes} done", flush=True)
+    return report(args, results)
+
+
+def measure(args):
+    """One process's run: every op at every position. Returns its figures as plain lists."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -122,8 +158,13 @@ def main():
     raw_dir = os.path.join(args.dir, "raw")
     views = [t.view(torch.uint8).numpy() for t in sd.values()]
 
+    def quiesce():
+        # Every op starts on a quiet device: what the op before left (the other system's writes
+        # or the blocks its removals freed, discarded at the file system's next commit) is
+        # written first, untimed, so that no op pays for another's.
+        os.sync()
+
     def raw_write():
-        shutil.rmtree(raw_dir, ignore_errors=True)
         os.makedirs(raw_dir)
 
         write_files(raw_dir, lambda k: views[k::args.threads], args.threads)
@@ -137,6 +178,8 @@ def main():
 
     def run_op(system, op):
         if system == "raw":
+            shutil.rmtree(raw_dir, ignore_errors=True)
+            quiesce()
             with PeakRss() as m:
                 t0 = time.perf_counter()
                 raw_write()
@@ -144,12 +187,14 @@ def main():
         elif system == "dcp":
             if op == "save":
                 path = dcp_path()
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     dcp.save(sd, storage_writer=writer(path))
                     t1 = time.perf_counter()
             elif op == "async":
                 path = dcp_path()
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     fut = dcp.async_save(sd, storage_writer=writer(path))
@@ -158,6 +203,7 @@ def main():
             else:
                 path = dcp_dirs[-1]
                 pc.drop_cache(path)
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     dcp.load(target, storage_reader=FileSystemReader(path))
@@ -165,12 +211,14 @@ def main():
         else:
             if op == "save":
                 k = sh_step()
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     ckpt.save(k, sd)
                     t1 = time.perf_counter()
             elif op == "async":
                 k = sh_step()
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     pending = ckpt.async_save(k, sd)
@@ -181,6 +229,7 @@ def main():
                     pending.wait()
             else:
                 pc.drop_cache(sh_root)
+                quiesce()
                 with PeakRss() as m:
                     t0 = time.perf_counter()
                     ckpt.load(target)
@@ -198,12 +247,41 @@ def main():
                 run(system, op)
     ckpt.close()
     # Bit for bit (the random bytes hold NaNs, which torch.equal never finds equal).
-    check = {name: torch.equal(target[name].view(torch.uint8), sd[name].view(torch.uint8)) for name in sd}
-    print(f"torch {torch.__version__}; {total / 2**20:.0f} MiB in {args.tensors} CPU tensors; "
-          f"{args.threads} threads; stagehand staging_buckets {args.staging_buckets}, max_to_keep {args.max_to_keep}; {args.rounds} rounds; "
-          f"last load equal to the state: {all(check.values())}")
-    print("stagehand: " + (f"Checkpointer.prepare at the start, before any op, not timed in them: {prepare_s:.3f} s "
-                           "(reserves and touches the staging of async saves)" if prepare_s is not None
+    check = all(torch.equal(target[name].view(torch.uint8), sd[name].view(torch.uint8)) for name in sd)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    key = lambda k: k[0] + "|" + k[1]
+    return {"torch": torch.__version__, "total": total, "check": check, "prepare_s": prepare_s,
+            "staged_waits": staged_waits, "times": {key(k): v for k, v in times.items()},
+            "cpu": {key(k): v for k, v in cpu.items()}, "peaks": {key(k): v for k, v in peaks.items()}}
+
+
+def report(args, results):
+    """Prints the figures of one or more processes' runs: by position, the median over processes."""
+    med = statistics.median
+    n = len(results)
+    total = results[0]["total"]
+
+    def by_position(what, system, op):
+        runs = [r[what][system + "|" + op] for r in results]
+        return [med(run[p] for run in runs) for p in range(len(runs[0]))]
+
+    def per_process_ratios(op):
+        # Each process's own stagehand / DCP at each position: their spread beside the ratio of medians.
+        return [[b / a for a, b in zip(r["times"]["dcp|" + op], r["times"]["stagehand|" + op])] for r in results]
+
+    times = {(sys_, op): by_position("times", sys_, op) for sys_ in ("dcp", "stagehand", "raw")
+             for op in ("save", "async", "load") if sys_ + "|" + op in results[0]["times"]}
+    ops = ["save", "async", "load"]
+    check = all(r["check"] for r in results)
+    print(f"torch {results[0]['torch']}; {total / 2**20:.0f} MiB in {args.tensors} CPU tensors; "
+          f"{args.threads} threads; stagehand staging_buckets {args.staging_buckets}, max_to_keep {args.max_to_keep}; "
+          f"{args.rounds} rounds in each of {n} process(es)"
+          + ("; figures by position are medians over the processes" if n > 1 else "")
+          + f"; last load equal to the state: {check}")
+    prepares = [r["prepare_s"] for r in results]
+    print("stagehand: " + (f"Checkpointer.prepare at the start, before any op, not timed in them: "
+                           + ", ".join(f"{x:.3f}" for x in prepares) + " s "
+                           "(reserves and touches the staging of async saves)" if prepares[0] is not None
                            else "no Checkpointer.prepare (its first async save allocates its staging)"))
     targets = {"save": 0.8, "async": 0.3, "load": 1.0}
     names = {"save": "sync save", "async": "async blocking part", "load": "cold load"}
@@ -216,9 +294,13 @@ def main():
         print("  stagehand" + " ".join(f"{x:7.3f}" for x in s) + f"  {statistics.median(s):7.3f}")
         print("  ratio    " + " ".join(f"{x:7.2f}" for x in ratios) + f"  {statistics.median(ratios):7.2f}"
               + ("   ok" if max(ratios) <= targets[op] else "   ABOVE TARGET at some position"))
+        if n > 1:
+            each = per_process_ratios(op)
+            print("  each process's ratio, lowest-highest "
+                  + " ".join(f"{min(x[p] for x in each):.2f}-{max(x[p] for x in each):.2f}" for p in range(len(d))))
         gib = total / 2**30
-        per_gib = {name: statistics.median(cpu[(name, op)]) / gib
-                   for name in ("dcp", "stagehand", "raw") if (name, op) in cpu}
+        per_gib = {name: statistics.median(x for r in results for x in r["cpu"][name + "|" + op]) / gib
+                   for name in ("dcp", "stagehand", "raw") if name + "|" + op in results[0]["cpu"]}
         # Median over positions of the whole process's user + system seconds over the op (an
         # async save's until it is durable), per GiB.
         print("  CPU s per GiB: " + ", ".join(f"{name} {x:.2f}" for name, x in per_gib.items()))
@@ -230,15 +312,16 @@ def main():
             print("  dcp / raw       " + " ".join(f"{b / a:5.2f}" for a, b in zip(w, d))
                   + f"   median {statistics.median([b / a for a, b in zip(w, d)]):.2f}")
         if op == "async" and args.staging_buckets:
+            staged_waits = [med(r["staged_waits"][p] for r in results) for p in range(len(s))]
             print(f"  stagehand staged {args.staging_buckets} of {args.threads} buckets before returning; then "
                   "waited until all were staged: " + " ".join(f"{x:5.3f}" for x in staged_waits))
             both = [b + w for b, w in zip(s, staged_waits)]
             print("  blocking part + that wait, ratio to DCP's blocking part "
                   + " ".join(f"{b / a:5.2f}" for a, b in zip(d, both)))
-        pd, ps = peaks[("dcp", op)], peaks[("stagehand", op)]
+        pd = [x for r in results for x in r["peaks"]["dcp|" + op]]
+        ps = [x for r in results for x in r["peaks"]["stagehand|" + op]]
         print(f"  peak RSS above start, MiB: dcp {max(pd) / 2**20:.0f}, stagehand {max(ps) / 2**20:.0f}")
-    shutil.rmtree(args.dir, ignore_errors=True)
-    return 0 if all(check.values()) else 1
+    return 0 if check else 1
 
 
 if __name__ == "__main__":

@@ -106,6 +106,14 @@ Entry make_entry(const std::string& name, Array array, const std::string& dtype_
   for (std::size_t d = 0; d < array.ndim(); ++d) dims[d] = static_cast<std::int64_t>(array.shape(d));
   Device device = Device::host();
   if (array.device_type() == nb::device::cuda::value) {
+    // Without a GPU this process copies with the host engine, which would read the device
+    // pointer as host memory: refused here, naming the tensor and why no GPU is used.
+    const DeviceInfo& info = device_info();
+    if (array.device_id() < 0 || array.device_id() >= info.gpu_count) {
+      throw Error("tensor '" + name + "' is on CUDA device " + std::to_string(array.device_id()) + ", but this process uses " +
+                  std::to_string(info.gpu_count) + " GPU(s)" + (info.reason.empty() ? "" : " (" + info.reason + ")") +
+                  ": move it to host memory (.cpu()) or run where the GPU is visible");
+    }
     device = Device::cuda(array.device_id());
   } else if (array.device_type() != nb::device::cpu::value) {
     throw nb::type_error(("tensor '" + name + "': only host and CUDA memory can be saved").c_str());
@@ -492,18 +500,21 @@ NB_MODULE(_stagehand, m) {
           nb::call_guard<nb::gil_scoped_release>())
       .def("fence",
            [](PyCheckpointer& self) {
-             // As PendingSave.wait_staged(): Ctrl-C interrupts the wait, not the staging.
-             Checkpointer& checkpointer = self.get();
+             // As PendingSave.wait_staged(): Ctrl-C interrupts the wait, not the staging. A
+             // signal handler run between polls may close the Checkpointer (its close finishes
+             // every save): the wait then ends, and nothing touches the closed one.
+             self.get();
              const auto start = std::chrono::steady_clock::now();
-             const bool waited_here = wait_interruptibly([&] { return checkpointer.staged(); });
+             const bool waited_here = wait_interruptibly([&] { return !self.impl || self.impl->staged(); });
+             const double here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+             if (!self.impl) return here;
              Result<double> waited = 0.0;
              {
                nb::gil_scoped_release release;
-               waited = checkpointer.fence();
+               waited = self.impl->fence();
              }
              check(waited.status());
-             return waited_here ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
-                                : *waited;
+             return waited_here ? here : *waited;
            })
       .def("finalize", [](PyCheckpointer& self) { check(self.get().finalize()); },
            nb::call_guard<nb::gil_scoped_release>())

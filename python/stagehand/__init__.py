@@ -16,7 +16,8 @@ where they are, without a copy; a ``Shard`` says where a rank's block lies in a 
 a torch ``DTensor`` (Shard and Replicate placements) says it itself.
 Everything else (ints, floats, strings, lists, dicts of those) is saved as JSON and comes back
 from ``load``. Nested keys are joined with ".": ``{"model": {"w": ...}}`` saves tensor "model.w",
-as ``{"model.w": ...}`` (a torch ``state_dict()``) does.
+as ``{"model.w": ...}`` (a torch ``state_dict()``) does; integer keys (a torch optimizer's
+``state_dict()``) as their digits.
 """
 
 from __future__ import annotations
@@ -207,9 +208,11 @@ def _flatten(state: dict, prefix: str = "", path: list | None = None) -> Iterato
     if not isinstance(state, dict):
         raise TypeError(f"a state is a dict, not {type(state).__name__}")
     for key, value in state.items():
-        if not isinstance(key, str):
-            raise TypeError(f"state key {key!r} under '{prefix}' is not a string")
-        name = prefix + key
+        # Integer keys too: a torch optimizer's state_dict() keys its per-parameter state by index
+        # ({"state": {0: {"exp_avg": ...}}} saves tensor "state.0.exp_avg").
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise TypeError(f"state key {key!r} under '{prefix}' is neither a string nor an integer")
+        name = prefix + str(key)
         if isinstance(value, dict) and _holds_tensor(value):
             yield from _flatten(value, name + ".", path + [key])
         else:
@@ -326,7 +329,11 @@ class Checkpointer:
                     or not 0.001 <= seconds <= _MOST_TIMEOUT_S):
                 raise ValueError(f"Checkpointer: {label} must be a number of seconds from 0.001 to "
                                  f"{_MOST_TIMEOUT_S} (7 days), not {seconds!r}")
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler (a preemption handler that saves or closes) runs in this
+        # thread while a call holds the lock (fence() polls for signals; any call runs them as it
+        # returns), and must not wait on it for ever. The C++ Checkpointer's own lock is not held
+        # then.
+        self._lock = threading.RLock()
         self._impl = _Checkpointer(
             self.root, rank=rank, world_size=world_size, master_addr=master_addr, port=port,
             thread_count=thread_count, load_thread_count=load_thread_count,
@@ -334,6 +341,25 @@ class Checkpointer:
             local_work_dir=local_work_dir, write_rate_limit_mib_s=float(write_rate_limit_mib_s),
             max_to_keep=int(max_to_keep), reuse_files=bool(reuse_files))
         self._bound: _Bound | None = None
+        # The arrays of calls that failed: a failed call may leave an earlier save still reading
+        # them (a finalize that timed out); they stay referenced until a call succeeds (saves run
+        # one after the other, so none reads them then) or close().
+        self._held: list[_Bound] = []
+
+    def _call(self, bound: _Bound, call):
+        """Runs `call` with `bound` as the arrays of this call, keeping the previous call's
+        arrays referenced through it (it first finishes a pending async save, which may still
+        be staging from them), and, if it fails, until a later call succeeds."""
+        previous, self._bound = self._bound, bound
+        try:
+            result = call()
+        except BaseException:
+            if previous is not None:
+                self._held.append(previous)
+            raise
+        self._held.clear()
+        del previous
+        return result
 
     @property
     def rank(self) -> int:
@@ -361,35 +387,29 @@ class Checkpointer:
 
     def save(self, step: int, state: dict) -> None:
         """Saves ``step`` and returns once it is committed on every rank (no copy of host tensors)."""
+        step = _step(step)
         bound = _Bound(state, writable=False)
         with self._lock:
-            # The previous call's arrays stay referenced through this one: it first finishes a
-            # pending async save, which may still be staging from them.
-            previous, self._bound = self._bound, bound
-            self._impl.save(_step(step), bound.entries, bound.objects)
-            del previous
+            self._call(bound, lambda: self._impl.save(step, bound.entries, bound.objects))
 
     def async_save(self, step: int, state: dict) -> PendingSave:
         """Saves ``step`` in the background; returns once the tensors are copied (with
         ``staging_buckets`` > 0: the first buckets; ``PendingSave.staged()`` says when the tensors
-        may change). The next save, load, finalize or close finishes it."""
+        may change). The next save, load, finalize or close finishes it; if it failed, that call
+        raises its error (naming its step) without doing its own work."""
+        step = _step(step)
         bound = _Bound(state, writable=False)
         with self._lock:
-            previous, self._bound = self._bound, bound
-            pending = self._impl.async_save(_step(step), bound.entries, bound.objects)
-            del previous
-            return pending
+            return self._call(bound, lambda: self._impl.async_save(step, bound.entries, bound.objects))
 
     def load(self, state: dict, path: str | None = None) -> dict:
         """Fills the tensors of ``state`` in place from ``path`` (default: this Checkpointer's root,
         at the step its tracker names; or one global_step_N folder), whatever the sharding it was
         saved with, and sets its objects to the saved values. Returns ``state``."""
+        where = os.fspath(path) if path is not None else self.root
         bound = _Bound(state, writable=True)
         with self._lock:
-            previous, self._bound = self._bound, bound
-            objects = self._impl.load(bound.entries, bound.objects,
-                                      os.fspath(path) if path is not None else self.root)
-            del previous
+            objects = self._call(bound, lambda: self._impl.load(bound.entries, bound.objects, where))
         for name, text in objects.items():
             _set_path(state, bound.object_paths[name], json.loads(text))
         return state
@@ -413,6 +433,7 @@ class Checkpointer:
                 finally:
                     self._impl.close()
                     self._bound = None
+                    self._held.clear()
 
     def __del__(self) -> None:
         # Dropped without close(): its pending save is finished here as close() finishes it, with
@@ -432,7 +453,7 @@ class Checkpointer:
         self.close()
 
 
-def _set_path(state: dict, path: list[str], value: Any) -> None:
+def _set_path(state: dict, path: list, value: Any) -> None:
     node = state
     for key in path[:-1]:
         node = node.setdefault(key, {})

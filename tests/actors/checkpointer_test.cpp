@@ -407,3 +407,47 @@ BOOST_AUTO_TEST_CASE(ranks_that_hold_different_tensors_load_their_own) {
   BOOST_TEST(a2 == a);
   BOOST_TEST(b2 == b);
 }
+
+namespace {
+
+/// Creating any file under a `global_step_<step>` folder fails (a disk that filled up during
+/// that save's background writes).
+class FailingStep final : public FileSystemWrapper {
+ public:
+  FailingStep(std::shared_ptr<FileSystem> inner, std::int64_t step)
+      : FileSystemWrapper(std::move(inner)), folder_("global_step_" + std::to_string(step)) {}
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    if (path.find(folder_ + "/") != std::string::npos || path.find(folder_ + ".") != std::string::npos) {
+      return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
+    }
+    return FileSystemWrapper::create_file(path);
+  }
+
+ private:
+  const std::string folder_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_failed_async_save_fails_the_next_call_naming_both_steps_and_the_one_after_goes_ahead) {
+  TempDir dir;
+  UserModel model(0, 1, 1.0f);
+  Checkpointer ckpt({.root = dir.path(), .file_system = std::make_shared<FailingStep>(local_file_system(), 1)});
+  auto pending = ckpt.async_save(1, model.state(0, 1));
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  Status next = ckpt.save(2, model.state(0, 1));
+  BOOST_TEST(!next.is_ok());
+  BOOST_TEST(next.message().find("the async save of step 1 failed, and the save of step 2 was not done") !=
+                 std::string::npos,
+             next.message());
+  BOOST_TEST(next.message().find("no space left") != std::string::npos, next.message());
+  BOOST_TEST(!fs::exists(fs::path(dir.path()) / "global_step_2"));
+  // The step 1 outcome stays with its PendingSave; the call made again goes ahead.
+  BOOST_TEST(!pending->wait().is_ok());
+  BOOST_TEST(ckpt.save(2, model.state(0, 1)).is_ok());
+  UserModel loaded(0, 1, 0.0f);
+  StateDict into = loaded.state(0, 1);
+  Status load = ckpt.load(into, dir.path());
+  BOOST_TEST(load.is_ok(), load.to_string());
+  BOOST_TEST(loaded.weight == model.weight);
+}

@@ -640,3 +640,175 @@ def test_a_refused_prepare_keeps_the_arrays_a_pending_save_still_stages_from(tmp
     with stagehand.Checkpointer(tmp_path) as ckpt:
         ckpt.load(loaded)
     assert all(np.array_equal(loaded[f"t{i}"], expected[i]) for i in range(8))
+
+
+def test_a_refused_step_keeps_the_arrays_a_pending_save_still_stages_from(tmp_path):
+    # A call refused for its step (a float: step / k) must not drop the arrays the pending
+    # async save still stages from (staging_buckets=1); before, it swapped them out first.
+    import weakref
+
+    expected = [np.full(4 << 20, i, np.float32) for i in range(8)]
+    with stagehand.Checkpointer(tmp_path, thread_count=8, staging_buckets=1, write_rate_limit_mib_s=64) as ckpt:
+        state = {f"t{i}": expected[i].copy() for i in range(8)}
+        alive = [weakref.ref(a) for a in state.values()]
+        pending = ckpt.async_save(1, state)
+        del state
+        with pytest.raises(TypeError, match="step must be an integer"):
+            ckpt.save(2.0, {f"t{i}": np.zeros(4 << 20, np.float32) for i in range(8)})
+        with pytest.raises(TypeError, match="step must be an integer"):
+            ckpt.async_save(2.5, {f"t{i}": np.zeros(4 << 20, np.float32) for i in range(8)})
+        assert all(ref() is not None for ref in alive)
+        pending.wait()
+    loaded = {f"t{i}": np.zeros(4 << 20, np.float32) for i in range(8)}
+    load_from(tmp_path, loaded)
+    assert all(np.array_equal(loaded[f"t{i}"], expected[i]) for i in range(8))
+
+
+IN_A_HANDLER = """
+import os, signal, sys, threading
+import numpy as np
+import stagehand
+# 64 MiB at 32 MiB/s, staging 1 bucket of 2 before the return: fence() waits about 2 s, and a
+# preemption handler closes the Checkpointer from inside that wait.
+state = {f"w{i}": np.full(2 << 20, i, np.float32) for i in range(8)}
+ckpt = stagehand.Checkpointer(sys.argv[1], write_rate_limit_mib_s=32, staging_buckets=1)
+def on_signal(*_):
+    ckpt.close()
+    print("closed in the handler", flush=True)
+signal.signal(signal.SIGUSR1, on_signal)
+ckpt.async_save(1, state)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+try:
+    ckpt.fence()
+except stagehand.Error as e:
+    print("fence:", e, flush=True)
+print("after the fence", flush=True)
+"""
+
+
+def test_a_signal_handler_may_close_the_checkpointer_while_a_call_waits(tmp_path):
+    # The Python lock is re-entrant: a handler that runs inside fence()'s wait (or as any call
+    # returns) and closes or saves does not wait on a lock its own thread holds (it hung).
+    child = subprocess.run([sys.executable, "-c", IN_A_HANDLER, tmp_path], capture_output=True, text=True,
+                           timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert "closed in the handler" in child.stdout and "after the fence" in child.stdout, child.stdout
+    assert (tmp_path / "latest_ckpt_global_step.txt").read_text().strip() == "1"
+    loaded = load_from(tmp_path, {f"w{i}": np.zeros(2 << 20, np.float32) for i in range(8)})
+    assert all(np.all(loaded[f"w{i}"] == i) for i in range(8))
+
+
+FAKE_CUDA = """
+import ctypes, sys
+import numpy as np
+import stagehand
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+new_capsule = ctypes.pythonapi.PyCapsule_New
+new_capsule.restype = ctypes.py_object
+new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+class FakeCuda:
+    # Four floats that say they lie on CUDA device 0 (they are host memory): what a torch.cuda
+    # tensor looks like to a process that uses no GPU.
+    def __init__(self):
+        self.host = np.arange(4, dtype=np.float32)
+        self.shape = (ctypes.c_int64 * 1)(4)
+        self.name = b"dltensor"
+        self.managed = []
+    def __dlpack_device__(self):
+        return (2, 0)
+    def __dlpack__(self, **kwargs):
+        m = DLManagedTensor()
+        m.dl_tensor.data = self.host.ctypes.data
+        m.dl_tensor.device = DLDevice(2, 0)
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype = DLDataType(2, 32, 1)
+        m.dl_tensor.shape = self.shape
+        self.managed.append(m)
+        return new_capsule(ctypes.addressof(m), self.name, None)
+
+with stagehand.Checkpointer(sys.argv[1]) as ckpt:
+    try:
+        ckpt.save(1, {"w": FakeCuda()})
+        print("saved")
+    except stagehand.Error as e:
+        print("refused:", e)
+"""
+
+
+def test_cuda_tensors_in_a_process_that_uses_no_gpu_are_refused_naming_them(tmp_path):
+    # Without a GPU the host copy engine would read the device pointer as host memory (a crash,
+    # or wrong bytes); STAGEHAND_FORCE_HOST=1 makes this process use none wherever it runs.
+    env = {**os.environ, "STAGEHAND_FORCE_HOST": "1"}
+    child = subprocess.run([sys.executable, "-c", FAKE_CUDA, tmp_path], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("refused: ") and "tensor 'w' is on CUDA device 0, but this process uses 0 GPU(s)" \
+        in child.stdout and "STAGEHAND_FORCE_HOST" in child.stdout, child.stdout
+    assert not (tmp_path / "global_step_1").exists()
+
+
+def test_integer_keys_save_as_their_digits_and_load_back_in_place(tmp_path):
+    # The shape of a torch optimizer's state_dict(): per-parameter state keyed by index.
+    def optimizer_state(value):
+        return {"state": {0: {"exp_avg": np.full(5, value, np.float32), "step": int(value)},
+                          1: {"exp_avg": np.full(3, -value, np.float32), "step": int(value)}},
+                "param_groups": [{"params": [0, 1], "lr": 0.1 * value}]}
+
+    save_in(tmp_path, 1, {"optim": optimizer_state(4)})
+    assert set(stagehand.inspect(tmp_path)["tensors"]) == {"optim.state.0.exp_avg", "optim.state.1.exp_avg"}
+    target = {"optim": optimizer_state(0)}
+    load_from(tmp_path, target)
+    assert np.array_equal(target["optim"]["state"][0]["exp_avg"], np.full(5, 4, np.float32))
+    assert np.array_equal(target["optim"]["state"][1]["exp_avg"], np.full(3, -4, np.float32))
+    assert target["optim"]["state"][0]["step"] == 4 and set(target["optim"]["state"]) == {0, 1}
+    assert target["optim"]["param_groups"] == [{"params": [0, 1], "lr": 0.4}]
+    with stagehand.Checkpointer(tmp_path / "other") as ckpt:
+        with pytest.raises(ValueError, match="both named 's.0'"):
+            ckpt.save(1, {"s": {0: np.zeros(2, np.float32), "0": np.zeros(2, np.float32)}})
+        with pytest.raises(TypeError, match="state key True under 's.' is neither a string nor an integer"):
+            ckpt.save(1, {"s": {True: np.zeros(2, np.float32)}})
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed for this Python (CI installs numpy only; "
+                                          "the integer-key test covers the same layout)")
+def test_a_torch_optimizer_state_dict_round_trips(tmp_path):
+    torch.manual_seed(0)
+
+    def trained(steps):
+        model = torch.nn.Linear(8, 4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(steps):
+            model(torch.randn(16, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return model, optimizer
+
+    model, optimizer = trained(3)
+    save_in(tmp_path, 3, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+    other_model, other_optimizer = trained(1)
+    state = {"model": other_model.state_dict(), "optim": other_optimizer.state_dict()}
+    load_from(tmp_path, state)
+    other_model.load_state_dict(state["model"])
+    other_optimizer.load_state_dict(state["optim"])
+    for a, b in zip(model.parameters(), other_model.parameters()):
+        assert torch.equal(a, b)
+    saved, loaded = optimizer.state_dict(), other_optimizer.state_dict()
+    for index, per_param in saved["state"].items():
+        for key, value in per_param.items():
+            assert torch.equal(loaded["state"][index][key], value), (index, key)
+    assert loaded["param_groups"][0]["lr"] == saved["param_groups"][0]["lr"]
