@@ -16,7 +16,8 @@ seconds per GiB (time.process_time over the op, an async save's background writi
 
 With --processes N the whole run repeats in N fresh processes, one after the other, and each
 position's figure is the median over the processes (a ratio is of those medians): one process
-gives one sample per position, as noisy as the disk.
+gives one sample per position, as noisy as the disk. Which system goes first alternates round by
+round and, at each position, process by process (use an even N for both orders equally).
 
 Needs torch (DCP) and the stagehand package (PYTHONPATH=<build>/python or pip install .).
 Targets (issue 28): sync save <= 0.8x DCP, async blocking part <= 0.3x, load <= 1.0x, at every
@@ -83,6 +84,7 @@ def main():
                     help="repeat the run in this many fresh processes; each position's figure is the "
                          "median over them")
     ap.add_argument("--child-json", help=argparse.SUPPRESS)
+    ap.add_argument("--child-parity", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_json:
         with open(args.child_json, "w") as f:
@@ -94,7 +96,8 @@ def main():
         results = []
         for k in range(args.processes):
             out = os.path.join(os.path.dirname(os.path.abspath(args.dir)), ".compare_python_%d.json" % os.getpid())
-            child = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child-json", out],
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child-json", out,
+                                    "--child-parity", str(k % 2)],
                                    capture_output=True, text=True)
             if child.returncode != 0:
                 sys.stderr.write(child.stdout[-4000:] + child.stderr[-4000:])
@@ -240,9 +243,13 @@ def measure(args):
     for r in range(args.rounds):
         for op in ops:
             # Alternate which system goes first, round by round.
-            order = ("dcp", "stagehand") if r % 2 == 0 else ("stagehand", "dcp")
+            # Which goes first at a position also alternates process by process (--processes), so
+            # that each position is measured in both orders: going first or second in a round
+            # is worth up to 0.2 s to a cold load on this machine, for either system.
+            flip = (r + args.child_parity) % 2
+            order = ("dcp", "stagehand") if flip == 0 else ("stagehand", "dcp")
             if op == "save":
-                order = ("raw",) + order if r % 2 == 0 else order + ("raw",)
+                order = ("raw",) + order if flip == 0 else order + ("raw",)
             for system in order:
                 run(system, op)
     ckpt.close()
