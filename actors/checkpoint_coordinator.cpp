@@ -47,9 +47,16 @@ class CheckpointCoordinator : public coordinator_actor::base {
           return promise;
         },
         [this](poll_atom, std::int64_t step) -> bool { return outcomes_.count(step) != 0; },
-        [this](abort_atom, std::int64_t step, const std::string& reason) {
+        [this](abort_atom, std::int64_t step, std::int32_t rank, const std::string& reason) {
           const Status why{ErrorCode::aborted, reason};
-          if (forming_ && forming_->step == step) fail_forming(why);
+          // A rank's abort of a failed save may come after another rank began saving the step
+          // again: it ends the new save only if it is about it (the rank planned in it, or was
+          // not in the failed one). A rank's abort always comes before its own next plan.
+          if (forming_ && forming_->step == step) {
+            const bool stale = rank >= 0 && rank < options_.world_size &&
+                               !forming_->plans[static_cast<std::size_t>(rank)] && forming_->again.count(rank) != 0;
+            if (!stale) fail_forming(why);
+          }
           if (open_step_ == step) finish(step, why);
         },
         [this](rank_down_atom, std::int32_t rank, const std::string& reason) {
@@ -111,6 +118,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
     std::vector<std::optional<caf::typed_response_promise<WriteAssignment>>> promises;
     std::string trainer_state;
     int arrived = 0;
+    /// When this saves a failed step again: the ranks that were in the failed save.
+    std::set<int> again;
   };
 
   caf::result<WriteAssignment> on_plan(LocalPlan plan, std::string trainer_state) {
@@ -130,8 +139,13 @@ class CheckpointCoordinator : public coordinator_actor::base {
     }
     if (auto outcome = outcomes_.find(plan.step); outcome != outcomes_.end() && !outcome->second.is_ok() &&
                                                   !(forming_ && forming_->step == plan.step)) {
-      return to_caf_error(outcome->second.status().with_context(who + " began step " + std::to_string(plan.step) +
-                                                                " too late"));
+      // A rank that was not in the failed save (it came after the others failed) hears why, once;
+      // a rank that was told (its call failed) saves the step again: a new save begins.
+      auto& untold = untold_[plan.step];
+      if (untold.erase(rank) != 0) {
+        return to_caf_error(outcome->second.status().with_context(who + " began step " + std::to_string(plan.step) +
+                                                                  " too late"));
+      }
     }
     if (!forming_) begin_forming(plan.step);
     if (forming_->step != plan.step) {
@@ -141,7 +155,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
                                 ": every rank must save the same step"};
       fail_forming(mismatch);
       // The ranks still to plan either step fail at once too (not at the plan limit).
-      record_failure(plan.step, mismatch);
+      record_failure(plan.step, mismatch, {rank});
       return to_caf_error(mismatch);
     }
     auto& slot = forming_->plans[static_cast<std::size_t>(rank)];
@@ -172,7 +186,14 @@ class CheckpointCoordinator : public coordinator_actor::base {
     forming_->step = step;
     forming_->plans.resize(static_cast<std::size_t>(options_.world_size));
     forming_->promises.resize(static_cast<std::size_t>(options_.world_size));
+    if (auto failed = outcomes_.find(step); failed != outcomes_.end() && !failed->second.is_ok()) {
+      const std::set<int>& untold = untold_[step];
+      for (int r = 0; r < options_.world_size; ++r) {
+        if (untold.count(r) == 0) forming_->again.insert(r);
+      }
+    }
     outcomes_.erase(step);
+    untold_.erase(step);
     delayed_send(this, options_.plan_timeout, timeout_atom::value, step);
   }
 
@@ -186,11 +207,15 @@ class CheckpointCoordinator : public coordinator_actor::base {
 
   void fail_forming(const Status& why) {
     const std::int64_t step = forming_->step;
-    for (auto& promise : forming_->promises) {
-      if (promise) promise->deliver(to_caf_error(why));
+    std::set<int> told;
+    for (std::size_t r = 0; r < forming_->promises.size(); ++r) {
+      auto& promise = forming_->promises[r];
+      if (!promise) continue;
+      promise->deliver(to_caf_error(why));
+      told.insert(static_cast<int>(r));
     }
     forming_.reset();
-    record_failure(step, why);
+    record_failure(step, why, told);
   }
 
   void complete_forming() {
@@ -211,7 +236,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
     commit_ran_ = false;
     if (!st.is_ok()) {
       for (auto& promise : forming.promises) promise->deliver(to_caf_error(st));
-      record_failure(forming.step, st);
+      record_failure(forming.step, st, every_rank());
       return;
     }
     open_step_ = forming.step;
@@ -318,18 +343,32 @@ class CheckpointCoordinator : public coordinator_actor::base {
     open_step_.reset();
     reports_.clear();
     if (!outcome.is_ok()) {
-      record_failure(step, outcome.status());
+      // Every rank planned the open step: each hears of its failure.
+      record_failure(step, outcome.status(), every_rank());
       return;
     }
     outcomes_.insert_or_assign(step, outcome);
     answer_waiters(step);
   }
 
-  void record_failure(std::int64_t step, const Status& why) {
+  /// Records that `step` failed; the ranks not in `told` (they had not begun it) are answered
+  /// with the failure when they do, and the others begin it again.
+  void record_failure(std::int64_t step, const Status& why, const std::set<int>& told) {
     const Status outcome = why.with_context("checkpoint step " + std::to_string(step) + " not committed");
     logger()->error("{}", outcome.message());
     outcomes_.insert_or_assign(step, Result<CommitInfo>(outcome));
+    auto& untold = untold_[step];
+    untold.clear();
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (told.count(r) == 0) untold.insert(r);
+    }
     answer_waiters(step);
+  }
+
+  std::set<int> every_rank() const {
+    std::set<int> all;
+    for (int r = 0; r < options_.world_size; ++r) all.insert(r);
+    return all;
   }
 
   void answer_waiters(std::int64_t step) {
@@ -408,6 +447,9 @@ class CheckpointCoordinator : public coordinator_actor::base {
   std::uint64_t opening_ = 0;
   std::optional<Draining> draining_;
   std::map<std::int64_t, Result<CommitInfo>> outcomes_;
+  /// For each failed step, the ranks that had not begun it when it failed: the first plan of
+  /// each is answered with the failure ("too late"); a told rank's plan begins the step again.
+  std::map<std::int64_t, std::set<int>> untold_;
   std::map<std::int64_t, std::vector<caf::typed_response_promise<CommitInfo>>> waiters_;
   /// Ranks reported down, with why.
   std::map<int, std::string> dead_;

@@ -200,6 +200,7 @@ class PendingSave::Impl {
     launch.master_addr = options.master_addr;
     launch.master_port = options.port;
     launch.join_timeout = options.join_timeout;
+    launch.job = options.root;
     if (coordinator_here) {
       SH_ASSIGN_OR_RETURN(host, WorldHost::open(*system, launch));
       return host->gather(workers, caf::actor{}, coordinator).status().with_context("starting the job");
@@ -378,11 +379,12 @@ bool PendingSave::staged() const {
   return impl_->staged();
 }
 
-double PendingSave::wait_staged() {
+std::chrono::milliseconds PendingSave::timeout() const { return impl_->options.timeout; }
+
+Result<double> PendingSave::wait_staged() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (!impl_->client) return 0;
-  auto waited = impl_->client->fence();
-  return waited.is_ok() ? *waited : 0;
+  if (!impl_->client) return 0.0;
+  return impl_->client->fence();
 }
 
 Checkpointer::Checkpointer(CheckpointerOptions options)

@@ -103,8 +103,12 @@ class PendingSave {
   /// Whether the save no longer reads this process's tensors (every bucket is staged), so that
   /// they may be modified; at once true unless staging_buckets > 0.
   bool staged() const;
-  /// Blocks until staged(); the seconds waited.
-  double wait_staged();
+  /// Blocks until staged(), at most `timeout`; the seconds waited. An error (the staging did
+  /// not end within the limit: a disk that does not take the writes the next buckets wait for)
+  /// means the save may still read the tensors: they must not be modified before staged().
+  Result<double> wait_staged();
+  /// The Checkpointer's CheckpointerOptions::timeout, the limit of each of its waits.
+  std::chrono::milliseconds timeout() const;
   std::int64_t step() const { return step_; }
   /// How long async_save blocked its caller (the copy of the first buckets).
   double stall_s() const { return stall_s_; }

@@ -32,6 +32,10 @@ struct LaunchInfo {
   std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
   /// Sent when joining; a different one is refused.
   std::string wire_version = kWireVersion;
+  /// What names the job (the Checkpointer's root, stagehand-train's checkpoint path), sent when
+  /// joining: a process of another job that reaches this port (two jobs on one host, both on the
+  /// default port) is refused, named, and does not fail this job's start.
+  std::string job;
 
   bool multi_process() const { return world_size > 1; }
   std::string master() const { return master_addr + ":" + std::to_string(master_port); }

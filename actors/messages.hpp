@@ -2,9 +2,20 @@
 
 #include <caf/atom.hpp>
 
+#include <algorithm>
+#include <chrono>
+
 #include "stagehand/strategy/messages.hpp"
 
 namespace stagehand {
+
+/// The limit of a wait that holds a wait limited by `inner` which starts a little later (a
+/// Worker's wait for the coordinator's plan, which times out `inner` after the first rank's plan
+/// came in): the inner limit passes first, and its error, which names the late rank, is the one
+/// the caller sees, not the outer wait's own timeout.
+inline std::chrono::milliseconds outer_limit(std::chrono::milliseconds inner) {
+  return inner + std::max<std::chrono::milliseconds>(std::chrono::seconds(2), inner / 10);
+}
 
 // -- atoms of the protocols of actors/protocol.hpp (the typed interfaces say what each carries;
 // the checkpoint atoms save, finalize, load and ranksaved are strategy/messages.hpp's) --
@@ -30,8 +41,8 @@ using drained_atom = caf::atom_constant<caf::atom("drained")>;
 
 // -- atoms of a world of processes (actors/process_world.hpp) --
 
-/// join_atom, first rank, ranks, world size, wire version, the process's Workers: a process
-/// joins rank 0.
+/// join_atom, first rank, world size, wire version, job, the process's Workers: a process joins
+/// rank 0.
 using join_atom = caf::atom_constant<caf::atom("join")>;
 /// join_error_atom, reason: rank 0 refused a join, or the world failed to form.
 using join_error_atom = caf::atom_constant<caf::atom("joinerror")>;

@@ -2,12 +2,14 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "stagehand/actors/messages.hpp"
+#include "stagehand/core/log.hpp"
 
 namespace stagehand {
 
@@ -44,7 +46,9 @@ class WorldActor : public caf::event_based_actor {
     delayed_send(this, info_.join_timeout, timeout_atom::value);
     return {
         [this](join_atom, std::int32_t first, std::int32_t world_size, const std::string& version,
-               std::vector<worker_actor>& workers) { on_join(first, world_size, version, std::move(workers)); },
+               const std::string& job, std::vector<worker_actor>& workers) {
+          on_join(first, world_size, version, job, std::move(workers));
+        },
         [this](timeout_atom) {
           if (complete_ || failure_) return;
           std::string missing;
@@ -109,11 +113,22 @@ class WorldActor : public caf::event_based_actor {
     return nullptr;
   }
 
-  void on_join(std::int32_t first, std::int32_t world_size, const std::string& version,
+  void on_join(std::int32_t first, std::int32_t world_size, const std::string& version, const std::string& job,
                std::vector<worker_actor> workers) {
     auto joiner = caf::actor_cast<caf::actor>(current_sender());
     const int count = static_cast<int>(workers.size());
     std::string who = "the process joining as rank " + std::to_string(first);
+    if (version == info_.wire_version && job != info_.job) {
+      // A process of another job: refused, and this job's start goes on (its own rank may still
+      // come).
+      const std::string stranger = who + " belongs to another job ('" + job + "'; rank 0 at " + info_.master() +
+                                   " runs '" + info_.job +
+                                   "'): every process of a job passes the same checkpoint root, and two jobs on "
+                                   "one host need their own ports (STAGEHAND_PORT)";
+      logger()->warn("{}", stranger);
+      if (joiner) send(joiner, join_error_atom::value, stranger);
+      return;
+    }
     std::string problem;
     if (version != info_.wire_version) {
       problem = who + " speaks " + version + ", rank 0 speaks " + info_.wire_version +
@@ -314,7 +329,7 @@ Result<JoinedWorld> WorldMember::join(std::vector<worker_actor> local) {
   auto& self = *self_;
   self->monitor(world_);
   self->send(world_, join_atom::value, static_cast<std::int32_t>(info_.rank),
-             static_cast<std::int32_t>(info_.world_size), info_.wire_version, std::move(local));
+             static_cast<std::int32_t>(info_.world_size), info_.wire_version, info_.job, std::move(local));
   Result<JoinedWorld> out = Status{ErrorCode::internal, "no answer"};
   // Rank 0 knows which ranks are missing and says so when its own limit passes: wait a little
   // longer than that for its answer.

@@ -154,8 +154,10 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<await_atom, std::int64_t>::with<CommitInfo>,
     /// Whether the outcome of `step` is known (committed or failed), at once.
     caf::replies_to<poll_atom, std::int64_t>::with<bool>,
-    /// Gives up `step` (nothing is committed), with the reason every waiter is told.
-    caf::reacts_to<abort_atom, std::int64_t, std::string>,
+    /// Gives up `step` (nothing is committed), with the reason every waiter is told; from the
+    /// dispatch whose first rank is given (an abort of a failed save that a rank already began
+    /// again without it leaves the new save alone).
+    caf::reacts_to<abort_atom, std::int64_t, std::int32_t, std::string>,
     /// A rank is gone (its process died): what waits on it fails now, naming it, and so does
     /// every later save.
     caf::reacts_to<rank_down_atom, std::int32_t, std::string>,

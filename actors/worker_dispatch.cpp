@@ -335,7 +335,10 @@ class WorkerDispatch : public dispatch_actor::base {
           [this, call](std::size_t r) {
             SaveCall one = call;
             if (r != 0) one.trainer_state.clear();
-            return request(workers_[r], options_.timeout, save_atom::value, std::move(one));
+            // A Worker's save waits for the plan, then for its strategy's save, each limited
+            // on its own: their errors name the late rank; this limit is only their backstop.
+            return request(workers_[r], outer_limit(outer_limit(options_.timeout) + options_.timeout), save_atom::value,
+                           std::move(one));
           },
           [async](int, SaveAck& ack) { *async = *async && ack.async; },
           [=, this](Status saved) {
@@ -365,8 +368,14 @@ class WorkerDispatch : public dispatch_actor::base {
       on_done(why);
       return;
     }
-    send(coordinator_, abort_atom::value, step, why.message());
-    await_commit(step, [on_done, why](Result<CommitInfo>) { on_done(why); });
+    send(coordinator_, abort_atom::value, step, static_cast<std::int32_t>(options_.first_rank), why.message());
+    // The caller goes on once the coordinator has taken the abort (it answers in order). Not an
+    // await of the step: another rank may already be saving the step again, and that save
+    // needs this rank's plan too, which the caller sends only after this call returns.
+    auto gather = track(1, [on_done, why](Status) { on_done(why); });
+    request(coordinator_, options_.timeout, poll_atom::value, step)
+        .then([gather](bool) { gather->finish(Status::ok()); },
+              [gather](caf::error& err) { gather->finish(from_caf_error(err)); });
   }
 
   void on_down(const caf::down_msg& down) {
@@ -384,7 +393,10 @@ class WorkerDispatch : public dispatch_actor::base {
       // process is reported by the world's host too): a dead rank will never report, and the
       // coordinator must not wait for it to stop writing.
       send(coordinator_, rank_down_atom::value, static_cast<std::int32_t>(it->second), reason);
-      if (pending_step_) send(coordinator_, abort_atom::value, *pending_step_, died.message() + " during the save");
+      if (pending_step_) {
+        send(coordinator_, abort_atom::value, *pending_step_, static_cast<std::int32_t>(options_.first_rank),
+             died.message() + " during the save");
+      }
     } else {
       return;
     }

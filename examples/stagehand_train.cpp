@@ -545,6 +545,7 @@ int main(int argc, char** argv) {
   auto launch = read_launch_info(flags);
   if (!launch.is_ok()) return fail(launch.status().message());
   launch->join_timeout = std::chrono::seconds(join_timeout_s);
+  launch->job = c.trainer.ckpt_path;
   ParallelLayout layout{static_cast<int>(c.parallel.tensor_parallel), static_cast<int>(c.parallel.data_parallel)};
   if (launch->multi_process()) {
     if (launch->world_size != layout.world_size()) {

@@ -174,6 +174,8 @@ struct PyCheckpointer {
   std::unique_ptr<Checkpointer> impl;
   int rank = 0;
   int world_size = 1;
+  /// CheckpointerOptions::timeout.
+  std::chrono::milliseconds timeout{0};
 
   Checkpointer& get() {
     if (!impl) throw Error("aborted: the Checkpointer is closed");
@@ -242,7 +244,8 @@ void device_copy(nb::ndarray<nb::c_contig> dst, nb::ndarray<nb::ro, nb::c_contig
 /// KeyboardInterrupt (nb::python_error).
 /// @return whether it had to wait.
 template <class Over>
-bool wait_interruptibly(Over over) {
+bool wait_interruptibly(Over over, std::optional<std::chrono::milliseconds> limit = std::nullopt) {
+  const auto start = std::chrono::steady_clock::now();
   for (bool waited = false;; waited = true) {
     bool done = false;
     {
@@ -252,6 +255,8 @@ bool wait_interruptibly(Over over) {
     }
     if (done) return waited;
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    // Past the limit the caller's own bounded wait takes over (and says why it failed).
+    if (limit && std::chrono::steady_clock::now() - start >= *limit) return true;
   }
 }
 
@@ -416,14 +421,15 @@ NB_MODULE(_stagehand, m) {
            [](PendingSave& p) {
              // As wait(): Ctrl-C interrupts the wait, not the staging.
              const auto start = std::chrono::steady_clock::now();
-             const bool waited_here = wait_interruptibly([&] { return p.staged(); });
-             double waited = 0;
+             const bool waited_here = wait_interruptibly([&] { return p.staged(); }, p.timeout());
+             Result<double> waited = 0.0;
              {
                nb::gil_scoped_release release;
                waited = p.wait_staged();
              }
+             check(waited.status());
              return waited_here ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
-                                : waited;
+                                : *waited;
            })
       .def("done", &PendingSave::done, nb::call_guard<nb::gil_scoped_release>())
       .def("staged", &PendingSave::staged, nb::call_guard<nb::gil_scoped_release>())
@@ -461,7 +467,8 @@ NB_MODULE(_stagehand, m) {
             options.reuse_files = reuse_files;
             const int first = options.rank;
             const int world = options.world_size;
-            new (self) PyCheckpointer{std::make_unique<Checkpointer>(std::move(options)), first, world};
+            const auto timeout = options.timeout;
+            new (self) PyCheckpointer{std::make_unique<Checkpointer>(std::move(options)), first, world, timeout};
           },
           nb::arg("root"), nb::arg("rank").none() = nb::none(), nb::arg("world_size").none() = nb::none(),
           nb::arg("master_addr").none() = nb::none(), nb::arg("port").none() = nb::none(), nb::arg("thread_count") = 2,
@@ -505,7 +512,8 @@ NB_MODULE(_stagehand, m) {
              // every save): the wait then ends, and nothing touches the closed one.
              self.get();
              const auto start = std::chrono::steady_clock::now();
-             const bool waited_here = wait_interruptibly([&] { return !self.impl || self.impl->staged(); });
+             const bool waited_here =
+                 wait_interruptibly([&] { return !self.impl || self.impl->staged(); }, self.timeout);
              const double here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
              if (!self.impl) return here;
              Result<double> waited = 0.0;

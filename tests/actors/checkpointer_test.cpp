@@ -15,6 +15,7 @@
 
 #include "stagehand/actors/checkpointer.hpp"
 #include "stagehand/checkpoint/file_reuse.hpp"
+#include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
@@ -290,7 +291,7 @@ BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {
     Checkpointer ckpt({.root = dir.path(), .staging_buckets = 1});
     auto pending = ckpt.async_save(1, model.state(0, 1));
     BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
-    pending->wait_staged();
+    BOOST_TEST(pending->wait_staged().is_ok());
     BOOST_TEST(pending->staged());
     BOOST_TEST(pending->wait().is_ok());
     BOOST_TEST(pending->done());
@@ -411,20 +412,23 @@ BOOST_AUTO_TEST_CASE(ranks_that_hold_different_tensors_load_their_own) {
 namespace {
 
 /// Creating any file under a `global_step_<step>` folder fails (a disk that filled up during
-/// that save's background writes).
+/// that save's background writes), until heal().
 class FailingStep final : public FileSystemWrapper {
  public:
   FailingStep(std::shared_ptr<FileSystem> inner, std::int64_t step)
       : FileSystemWrapper(std::move(inner)), folder_("global_step_" + std::to_string(step)) {}
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    if (path.find(folder_ + "/") != std::string::npos || path.find(folder_ + ".") != std::string::npos) {
+    if (full_ && (path.find(folder_ + "/") != std::string::npos || path.find(folder_ + ".") != std::string::npos)) {
       return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
     }
     return FileSystemWrapper::create_file(path);
   }
+  /// Space was freed: the step's files can be created again.
+  void heal() { full_ = false; }
 
  private:
   const std::string folder_;
+  std::atomic<bool> full_{true};
 };
 
 }  // namespace
@@ -450,4 +454,72 @@ BOOST_AUTO_TEST_CASE(a_failed_async_save_fails_the_next_call_naming_both_steps_a
   Status load = ckpt.load(into, dir.path());
   BOOST_TEST(load.is_ok(), load.to_string());
   BOOST_TEST(loaded.weight == model.weight);
+}
+
+BOOST_AUTO_TEST_CASE(a_step_whose_save_failed_is_saved_again_by_the_same_call) {
+  // Sync and async: the coordinator once took the second save of a failed step for a rank that
+  // came too late to the first, and failed it ("began step 1 too late").
+  for (bool async : {false, true}) {
+    BOOST_TEST_CONTEXT((async ? "async" : "sync")) {
+      TempDir dir;
+      UserModel model(0, 1, 1.0f);
+      auto disk = std::make_shared<FailingStep>(local_file_system(), 1);
+      Checkpointer ckpt({.root = dir.path(), .file_system = disk});
+      auto save = [&] {
+        if (!async) return ckpt.save(1, model.state(0, 1));
+        auto pending = ckpt.async_save(1, model.state(0, 1));
+        return pending.is_ok() ? pending->wait() : pending.status();
+      };
+      Status first = save();
+      BOOST_TEST(!first.is_ok());
+      BOOST_TEST(first.message().find("no space left") != std::string::npos, first.message());
+      disk->heal();
+      Status again = save();
+      BOOST_TEST(again.is_ok(), again.to_string());
+      BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+      auto verified = verify_checkpoint(fs::path(dir.path()) / "global_step_1");
+      BOOST_TEST((verified.is_ok() && verified->ok()));
+    }
+  }
+}
+
+namespace {
+
+/// Every file is created `delay` late (a disk that does not keep up).
+class SlowFiles final : public FileSystemWrapper {
+ public:
+  SlowFiles(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
+      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    std::this_thread::sleep_for(delay_);
+    return FileSystemWrapper::create_file(path);
+  }
+
+ private:
+  const std::chrono::milliseconds delay_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(wait_staged_that_passes_its_limit_is_an_error_not_a_go_ahead) {
+  // Staged one bucket at a time: the next bucket waits for the first one's write, which waits
+  // 2 s for its file; the limit is 0.5 s. wait_staged once returned 0 here as if staged.
+  TempDir dir;
+  std::vector<std::vector<float>> memory(8, std::vector<float>(1 << 18, 1.0f));
+  StateDict state;
+  for (std::size_t i = 0; i < memory.size(); ++i) {
+    state.add_full("t" + std::to_string(i),
+                   *Tensor::from_blob(memory[i].data(), DType::f32, Shape{1 << 18}, Device::host()), 0);
+  }
+  CheckpointerOptions options{.root = dir.path(), .staging_buckets = 1};
+  options.file_system = std::make_shared<SlowFiles>(local_file_system(), std::chrono::seconds(2));
+  options.timeout = std::chrono::milliseconds(500);
+  Checkpointer ckpt(options);
+  auto pending = ckpt.async_save(1, state);
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  Result<double> staged = pending->wait_staged();
+  BOOST_TEST(!staged.is_ok());
+  BOOST_TEST(staged.status().code() == ErrorCode::timeout, staged.status().to_string());
+  BOOST_TEST(staged.status().message().find("fence") != std::string::npos, staged.status().to_string());
+  BOOST_TEST(!pending->staged());
 }

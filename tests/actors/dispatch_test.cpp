@@ -51,7 +51,8 @@ struct World {
         std::chrono::milliseconds timeout = std::chrono::seconds(60),
         std::shared_ptr<FileSystem> coordinator_storage = local_file_system())
       : async(async_saves) {
-    coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), std::move(coordinator_storage)});
+    // Every limit is the one setting, as stagehand-train sets them.
+    coordinator = spawn_checkpoint_coordinator(system, {root, layout.world_size(), std::move(coordinator_storage), timeout});
     auto groups = make_host_groups(layout);
     for (int rank = 0; rank < layout.world_size(); ++rank) {
       auto model = BanditMlp::create(small_model(), 7, layout, rank, groups[static_cast<std::size_t>(rank)]);
@@ -61,7 +62,7 @@ struct World {
       options.thread_count = 2;
       options.async_save = async_saves;
       options.file_system = storage;
-      workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator));
+      workers.push_back(*spawn_worker(system, std::move(*model), options, coordinator, timeout));
     }
     dispatch = spawn_worker_dispatch(system, workers, coordinator, {timeout, "trainer.call_timeout_s"});
   }

@@ -103,3 +103,50 @@ BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_bot
   host->reset();
   host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
 }
+
+BOOST_AUTO_TEST_CASE(a_process_of_another_job_on_the_same_port_is_refused_and_the_job_still_starts) {
+  // Two jobs on one host, both on the default port: the other job's rank 1 reaches this job's
+  // rank 0 first. It was taken as this job's rank 1 (two jobs' shards in one checkpoint), and
+  // this job's own rank 1 then failed the start.
+  caf::actor_system_config host_cfg;
+  caf::actor_system host_system{wire_config(host_cfg)};
+  caf::actor_system_config other_cfg;
+  caf::actor_system other_system{wire_config(other_cfg)};
+  caf::actor_system_config member_cfg;
+  caf::actor_system member_system{wire_config(member_cfg)};
+  LaunchInfo info;
+  info.world_size = 2;
+  info.master_port = test::free_port();
+  info.join_timeout = std::chrono::seconds(10);
+  info.job = "/ckpt/job-a";
+  auto host = WorldHost::open(host_system, info);
+  BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
+  auto gathered =
+      std::async(std::launch::async, [&] { return (*host)->gather({worker_actor{}}, caf::actor{}, coordinator_actor{}); });
+
+  LaunchInfo other = info;
+  other.rank = 1;
+  other.job = "/ckpt/job-b";
+  Result<JoinedWorld> refused = Status{ErrorCode::internal, "not run"};
+  {
+    WorldMember stranger(other_system, other);
+    refused = stranger.join({worker_actor{}});
+  }
+  BOOST_TEST(!refused.is_ok());
+  BOOST_TEST(refused.status().message().find("belongs to another job ('/ckpt/job-b'; rank 0 at " + info.master() +
+                                             " runs '/ckpt/job-a')") != std::string::npos,
+             refused.status().message());
+
+  LaunchInfo mine = info;
+  mine.rank = 1;
+  Result<JoinedWorld> joined = Status{ErrorCode::internal, "not run"};
+  WorldMember member(member_system, mine);
+  joined = member.join({worker_actor{}});
+  BOOST_TEST(joined.is_ok(), joined.status().to_string());
+  auto world = gathered.get();
+  BOOST_TEST(world.is_ok(), world.status().to_string());
+  member.leave();
+  (*host)->shutdown(0);
+  host->reset();
+  host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
+}

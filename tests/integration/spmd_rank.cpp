@@ -3,6 +3,10 @@
 // state of tests/integration/spmd_state.hpp and prints one line with the outcome.
 //
 //   spmd_rank save ROOT STEP sync|async|staged [--slow BYTES_PER_S] [--timeout-s S] [--other-structure]
+//                                             [--warm-up] [--late-s S] [--again]
+//
+// --warm-up: every rank first saves step STEP-1 (sync); --late-s: then this rank waits S seconds
+// before saving STEP; --again: a failed save of STEP is printed and made once more.
 //   spmd_rank load PATH STEP TP DP
 #include <chrono>
 #include <cstdio>
@@ -38,6 +42,9 @@ int main(int argc, char** argv) {
   options->timeout = std::chrono::seconds(20);
   options->join_timeout = std::chrono::seconds(20);
   bool other_structure = false;
+  bool warm_up = false;
+  bool again = false;
+  double late_s = 0;
   for (std::size_t i = 3; i < args.size(); ++i) {
     if (args[i] == "--slow" && i + 1 < args.size()) {
       options->file_system = rate_limited(local_file_system(), std::stod(args[++i]));
@@ -45,6 +52,12 @@ int main(int argc, char** argv) {
       options->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::stod(args[++i]) * 1000));
     } else if (args[i] == "--other-structure") {
       other_structure = true;
+    } else if (args[i] == "--warm-up") {
+      warm_up = true;
+    } else if (args[i] == "--again") {
+      again = true;
+    } else if (args[i] == "--late-s" && i + 1 < args.size()) {
+      late_s = std::stod(args[++i]);
     }
   }
   const int rank = options->rank;
@@ -77,18 +90,26 @@ int main(int argc, char** argv) {
   if (mode == "staged") options->staging_buckets = 2;  // 2 of the 8 buckets at a time
   Checkpointer ckpt(*options);
   if (verb != "save" || mode.empty()) return fail("usage: spmd_rank save ROOT STEP sync|async|staged");
-  Status st;
-  if (mode == "sync") {
-    st = ckpt.save(step, mine.state);
-  } else {
+  if (warm_up) {
+    Status first = ckpt.save(step - 1, mine.state);
+    if (!first.is_ok()) return fail(who + "save of step " + std::to_string(step - 1) + " failed: " + first.to_string());
+  }
+  if (late_s > 0) std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<std::int64_t>(late_s * 1000)));
+  auto save = [&] {
+    if (mode == "sync") return ckpt.save(step, mine.state);
     auto pending = ckpt.async_save(step, mine.state);
-    if (pending.is_ok()) {
-      pending->wait_staged();
-      mine.fill(step + 100);  // the trainer's next step: the save holds step's values
-      st = pending->wait();
-    } else {
-      st = pending.status();
-    }
+    if (!pending.is_ok()) return pending.status();
+    if (Result<double> staged = pending->wait_staged(); !staged.is_ok()) return staged.status();
+    mine.fill(step + 100);  // the trainer's next step: the save holds step's values
+    Status st = pending->wait();
+    mine.fill(step);
+    return st;
+  };
+  Status st = save();
+  if (!st.is_ok() && again) {
+    std::printf("%sfirst save of step %lld failed: %s\n", who.c_str(), static_cast<long long>(step),
+                st.to_string().c_str());
+    st = save();
   }
   if (!st.is_ok()) return fail(who + "save of step " + std::to_string(step) + " failed: " + st.to_string());
   std::printf("%ssaved step %lld (%s)\n", who.c_str(), static_cast<long long>(step), mode.c_str());

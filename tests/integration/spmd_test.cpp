@@ -224,3 +224,27 @@ BOOST_AUTO_TEST_CASE(a_stalled_rank_fails_every_other_rank_within_the_timeout_na
   BOOST_TEST(**test::read_tracker(root) == 1);
   BOOST_TEST(!fs::exists(root + "/global_step_2"));
 }
+
+BOOST_AUTO_TEST_CASE(a_rank_that_begins_a_save_late_is_named_and_the_others_save_the_step_again_with_it) {
+  // Every rank saves step 1; rank 3 then begins step 2 6 s late, past the 4 s limit. The others'
+  // save fails naming rank 3 (not their own dispatch's timeout, which once passed first); they
+  // save step 2 again at once, and rank 3's late save joins that one: all four commit step 2
+  // (the coordinator once refused the second save of a failed step on every rank).
+  TempDir dir;
+  const std::string root = dir / "ckpt";
+  auto job = run_job(4, dir.path(), [&](int r) {
+    return "save " + root + " 2 sync --warm-up --again --timeout-s 4" + (r == 3 ? " --late-s 6" : "");
+  });
+  expect_all_ok(job);
+  for (int r = 0; r < 3; ++r) {
+    const std::string& out = job.outputs[static_cast<std::size_t>(r)];
+    BOOST_TEST(out.find("first save of step 2 failed") != std::string::npos, "rank " << r << ": " << out);
+    BOOST_TEST(out.find("rank 3 did not begin saving step 2") != std::string::npos, "rank " << r << ": " << out);
+    BOOST_TEST(out.find("saved step 2") != std::string::npos, "rank " << r << ": " << out);
+  }
+  BOOST_TEST(job.outputs[3].find("first save") == std::string::npos, job.outputs[3]);
+  BOOST_TEST(**test::read_tracker(root) == 2);
+  auto verified = verify_checkpoint(root + "/global_step_2");
+  BOOST_TEST((verified.is_ok() && verified->ok()));
+  expect_all_ok(run_job(2, dir.path(), [&](int) { return "load " + root + " 2 2 1"; }));
+}

@@ -342,6 +342,23 @@ def test_ctrl_c_in_a_wait_interrupts_the_wait_and_the_checkpoint_still_commits_w
     assert target["step"] == 5
 
 
+@pytest.mark.parametrize("wait", ["wait_staged", "fence"])
+def test_a_staging_wait_past_the_limit_raises_instead_of_saying_staged(tmp_path, wait):
+    # One bucket of two staged at a time; the second waits for the first's write, about 2 s at
+    # 32 MiB/s; the limit is 0.5 s. wait_staged once returned as if staged (and its poll, like
+    # fence's, had no limit).
+    state = {f"w{i}": np.ones(4 << 20, np.float32) for i in range(8)}
+    with stagehand.Checkpointer(tmp_path, write_rate_limit_mib_s=32, staging_buckets=1, timeout=0.5) as ckpt:
+        pending = ckpt.async_save(1, state)
+        start = time.monotonic()
+        with pytest.raises(stagehand.Error, match="timeout: .*fence.*0.5 s"):
+            getattr(ckpt if wait == "fence" else pending, wait)()
+        assert time.monotonic() - start < 1.9
+        assert not pending.staged()
+        with pytest.raises(stagehand.Error):
+            pending.wait()
+
+
 def test_max_to_keep_removes_old_steps_and_later_saves_write_over_their_files(tmp_path):
     arrays = {"w": np.arange(1 << 16, dtype=np.float32), "b": np.ones(8, np.float32), "step": 0}
     data_files = lambda step: {p.name: p.stat().st_ino
