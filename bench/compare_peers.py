@@ -42,7 +42,13 @@ Peak RSS minus state: the summed max RSS of the system's processes minus the sta
 Python peers also the summed max RSS minus each process's RSS just before its first save (the torch
 import and the state itself excluded).
 
+In-process mode (--in-process): the same torch CPU tensors saved by dcp.save / dcp.async_save / dcp.load
+and by stagehand.Checkpointer in one Python process, interleaved, by position in the process: this runs
+bench/compare_python.py under --venv's Python with the stagehand package from build/python (PYTHONPATH);
+every other flag goes to that script (--rounds, --processes, --max-to-keep, --staging-buckets, ...).
+
   bench/compare_peers.py --setup                      # once: torch, megatron-core, numpy into --venv
+  bench/compare_peers.py --in-process --rounds 5 --processes 4
   bench/compare_peers.py --quick                      # smoke run: 64 MiB, 1 round
   bench/compare_peers.py --bench build/bin/stagehand-bench --out-dir /tmp/stagehand-peers \\
       --ranks 1 --bytes-per-rank 1G --tensors 32 --threads 8 --rounds 3 --saves-per-process 2 \\
@@ -610,7 +616,33 @@ def report(args, res, systems):
 
 # ------------------------------------------------------------------------------------------------- main
 
+def in_process(argv):
+    """--in-process: runs bench/compare_python.py (the flags after --in-process but --venv) under the
+    peers' Python, with the package built into build/python unless PYTHONPATH is set."""
+    venv = "/work/peers-venv"
+    rest = []
+    it = iter(argv)
+    for a in it:
+        if a == "--in-process":
+            continue
+        if a == "--venv":
+            venv = next(it)
+        elif a.startswith("--venv="):
+            venv = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        sys.exit("--in-process needs torch in --venv (%s): run bench/compare_peers.py --setup first" % venv)
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", os.path.join(os.path.dirname(HERE), "build", "python"))
+    script = os.path.join(HERE, "compare_python.py")
+    os.execve(python, [python, script] + rest, env)
+
+
 def main():
+    if "--in-process" in sys.argv[1:]:
+        return in_process(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", action="store_true", help="create --venv and install torch, megatron-core, numpy; exit")
     p.add_argument("--venv", default="/work/peers-venv")
