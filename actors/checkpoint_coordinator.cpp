@@ -80,10 +80,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
           if (!draining_ || draining_->step != step || draining_->opening != opening) return;
           logger()->warn("coordinator: {} still writing failed step {} after {}; removing it now",
                          draining_ranks(), step, seconds(drain_limit()));
-          remove_failed();
+          drain_ended();
         },
-        [this](timeout_atom, std::int64_t step) {
-          if (!forming_ || forming_->step != step) return;
+        [this](timeout_atom, std::int64_t step, std::uint64_t id) {
+          if (!forming_ || forming_->step != step || forming_->id != id) return;
           std::vector<int> missing;
           for (std::size_t r = 0; r < forming_->plans.size(); ++r) {
             if (!forming_->plans[r]) missing.push_back(static_cast<int>(r));
@@ -102,6 +102,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
     const Status stopped{ErrorCode::aborted, "the checkpoint coordinator stopped"};
     if (forming_) fail_forming(stopped);
     if (open_step_) finish(*open_step_, stopped);
+    fail_deferred(stopped);
     if (draining_) remove_failed();
     for (auto& [step, promises] : waiters_) {
       for (auto& promise : promises) promise.deliver(to_caf_error(stopped));
@@ -120,22 +121,30 @@ class CheckpointCoordinator : public coordinator_actor::base {
     int arrived = 0;
     /// When this saves a failed step again: the ranks that were in the failed save.
     std::set<int> again;
+    /// Counts the formings: a plan limit of an earlier forming of the same step is ignored.
+    std::uint64_t id = 0;
   };
 
   caf::result<WriteAssignment> on_plan(LocalPlan plan, std::string trainer_state) {
+    auto promise = make_response_promise<WriteAssignment>();
+    take_plan(std::move(plan), std::move(trainer_state), promise);
+    return promise;
+  }
+
+  void take_plan(LocalPlan plan, std::string trainer_state, caf::typed_response_promise<WriteAssignment> promise) {
     const int rank = plan.rank;
     const std::string who = "rank " + std::to_string(rank);
+    auto refuse = [&promise](const Status& why) { promise.deliver(to_caf_error(why)); };
     if (rank < 0 || rank >= options_.world_size) {
-      return to_caf_error({ErrorCode::invalid_argument, who + " is outside the world of " +
-                                                            std::to_string(options_.world_size) + " ranks"});
+      return refuse({ErrorCode::invalid_argument, who + " is outside the world of " +
+                                                      std::to_string(options_.world_size) + " ranks"});
     }
     if (!dead_.empty()) {
-      return to_caf_error({ErrorCode::aborted, dead_.begin()->second + "; the job cannot save any more (restart it)"});
+      return refuse({ErrorCode::aborted, dead_.begin()->second + "; the job cannot save any more (restart it)"});
     }
     if (open_step_) {
-      return to_caf_error({ErrorCode::aborted, "step " + std::to_string(*open_step_) + " is still being written; " +
-                                                   who + " must finalize it before saving step " +
-                                                   std::to_string(plan.step)});
+      return refuse({ErrorCode::aborted, "step " + std::to_string(*open_step_) + " is still being written; " + who +
+                                             " must finalize it before saving step " + std::to_string(plan.step)});
     }
     if (auto outcome = outcomes_.find(plan.step); outcome != outcomes_.end() && !outcome->second.is_ok() &&
                                                   !(forming_ && forming_->step == plan.step)) {
@@ -143,9 +152,15 @@ class CheckpointCoordinator : public coordinator_actor::base {
       // a rank that was told (its call failed) saves the step again: a new save begins.
       auto& untold = untold_[plan.step];
       if (untold.erase(rank) != 0) {
-        return to_caf_error(outcome->second.status().with_context(who + " began step " + std::to_string(plan.step) +
-                                                                  " too late"));
+        return refuse(outcome->second.status().with_context(who + " began step " + std::to_string(plan.step) +
+                                                            " too late"));
       }
+    }
+    if (draining_ && draining_->step == plan.step && !(forming_ && forming_->step == plan.step)) {
+      // The failed save's last writers still write into the step's folder: the new save begins
+      // once they stopped (or the drain limit passed), never under them.
+      deferred_.push_back(Deferred{std::move(plan), std::move(trainer_state), std::move(promise)});
+      return;
     }
     if (!forming_) begin_forming(plan.step);
     if (forming_->step != plan.step) {
@@ -156,16 +171,16 @@ class CheckpointCoordinator : public coordinator_actor::base {
       fail_forming(mismatch);
       // The ranks still to plan either step fail at once too (not at the plan limit).
       record_failure(plan.step, mismatch, {rank});
-      return to_caf_error(mismatch);
+      return refuse(mismatch);
     }
     auto& slot = forming_->plans[static_cast<std::size_t>(rank)];
-    if (slot) return to_caf_error({ErrorCode::invalid_argument, who + " sent two plans for step " + std::to_string(plan.step)});
+    if (slot) return refuse({ErrorCode::invalid_argument, who + " sent two plans for step " + std::to_string(plan.step)});
     if (plan.cached) {
       const auto& known = known_[static_cast<std::size_t>(rank)];
       if (!known || known->signature != plan.signature) {
         const Status lost{ErrorCode::internal, who + "'s plan refers to a structure the coordinator does not know"};
-        fail_forming(lost);
-        return to_caf_error(lost);
+        fail_forming(lost, {rank});
+        return refuse(lost);
       }
       plan.tensors = known->tensors;
     } else {
@@ -173,17 +188,34 @@ class CheckpointCoordinator : public coordinator_actor::base {
     }
     if (!trainer_state.empty() && forming_->trainer_state.empty()) forming_->trainer_state = std::move(trainer_state);
     slot = std::move(plan);
-    auto promise = make_response_promise<WriteAssignment>();
     forming_->promises[static_cast<std::size_t>(rank)] = promise;
     if (++forming_->arrived == options_.world_size) complete_forming();
-    return promise;
+  }
+
+  /// A plan held while a failed save of its step drains.
+  struct Deferred {
+    LocalPlan plan;
+    std::string trainer_state;
+    caf::typed_response_promise<WriteAssignment> promise;
+  };
+
+  /// The failed step's writers stopped: its folder goes, and the plans held for it are taken.
+  void drain_ended() {
+    remove_failed();
+    auto deferred = std::move(deferred_);
+    deferred_.clear();
+    for (auto& d : deferred) take_plan(std::move(d.plan), std::move(d.trainer_state), std::move(d.promise));
+  }
+
+  void fail_deferred(const Status& why) {
+    for (auto& d : deferred_) d.promise.deliver(to_caf_error(why));
+    deferred_.clear();
   }
 
   void begin_forming(std::int64_t step) {
-    // A retry of a failed step must not have its new folder removed by the old step's drain.
-    if (draining_ && draining_->step == step) remove_failed();
     forming_.emplace();
     forming_->step = step;
+    forming_->id = ++formings_;
     forming_->plans.resize(static_cast<std::size_t>(options_.world_size));
     forming_->promises.resize(static_cast<std::size_t>(options_.world_size));
     if (auto failed = outcomes_.find(step); failed != outcomes_.end() && !failed->second.is_ok()) {
@@ -194,7 +226,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
     }
     outcomes_.erase(step);
     untold_.erase(step);
-    delayed_send(this, options_.plan_timeout, timeout_atom::value, step);
+    delayed_send(this, options_.plan_timeout, timeout_atom::value, step, forming_->id);
   }
 
   std::string ranks_in_forming() const {
@@ -205,9 +237,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
     return (ranks.find(',') == std::string::npos ? "rank " : "ranks ") + ranks;
   }
 
-  void fail_forming(const Status& why) {
+  /// Fails the forming step; `also_told` are ranks answered by the caller.
+  void fail_forming(const Status& why, std::set<int> also_told = {}) {
     const std::int64_t step = forming_->step;
-    std::set<int> told;
+    std::set<int> told = std::move(also_told);
     for (std::size_t r = 0; r < forming_->promises.size(); ++r) {
       auto& promise = forming_->promises[r];
       if (!promise) continue;
@@ -329,7 +362,12 @@ class CheckpointCoordinator : public coordinator_actor::base {
     } else if (!commit_ran_) {
       // Ranks may still be writing into the step's folder: it is removed once every rank has
       // reported or died (or after the drain limit), never under a writer.
-      if (draining_) remove_failed();
+      if (draining_) {
+        fail_deferred(Status{ErrorCode::aborted, "step " + std::to_string(draining_->step) +
+                                                     " could not be saved again: step " + std::to_string(step) +
+                                                     " failed before its last writers stopped"});
+        remove_failed();
+      }
       draining_ = Draining{step, opening_, {}};
       for (int r = 0; r < options_.world_size; ++r) {
         if (!reported(r) && dead_.count(r) == 0) draining_->writing.insert(r);
@@ -416,7 +454,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
 
   void stopped_writing(int rank) {
     draining_->writing.erase(rank);
-    if (draining_->writing.empty()) remove_failed();
+    if (draining_->writing.empty()) drain_ended();
   }
 
   /// Removes what the draining step left.
@@ -450,6 +488,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
   /// For each failed step, the ranks that had not begun it when it failed: the first plan of
   /// each is answered with the failure ("too late"); a told rank's plan begins the step again.
   std::map<std::int64_t, std::set<int>> untold_;
+  /// Plans of a step whose failed save still drains, taken once it has.
+  std::vector<Deferred> deferred_;
+  /// Counts the formings begun.
+  std::uint64_t formings_ = 0;
   std::map<std::int64_t, std::vector<caf::typed_response_promise<CommitInfo>>> waiters_;
   /// Ranks reported down, with why.
   std::map<int, std::string> dead_;

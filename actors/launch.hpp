@@ -11,7 +11,7 @@ namespace stagehand {
 
 /// What every process of a multi-process world must agree on before any message crosses:
 /// bumped whenever a message between processes changes.
-inline constexpr const char* kWireVersion = "stagehand-wire/3";
+inline constexpr const char* kWireVersion = "stagehand-wire/4";
 
 /// The variable that sets the port of Stagehand's own control connections when it is embedded
 /// in a trainer of one process per rank (the Checkpointer): not MASTER_PORT, which the trainer's

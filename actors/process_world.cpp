@@ -49,6 +49,9 @@ class WorldActor : public caf::event_based_actor {
                const std::string& job, std::vector<worker_actor>& workers) {
           on_join(first, world_size, version, job, std::move(workers));
         },
+        // The join of stagehand-wire/3 and before (no job): refused by its version, named.
+        [this](join_atom, std::int32_t first, std::int32_t world_size, const std::string& version,
+               std::vector<worker_actor>& workers) { on_join(first, world_size, version, "", std::move(workers)); },
         [this](timeout_atom) {
           if (complete_ || failure_) return;
           std::string missing;

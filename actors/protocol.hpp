@@ -161,8 +161,8 @@ using coordinator_actor = caf::typed_actor<
     /// A rank is gone (its process died): what waits on it fails now, naming it, and so does
     /// every later save.
     caf::reacts_to<rank_down_atom, std::int32_t, std::string>,
-    /// Internal: the limit for the local plans of a step passed.
-    caf::reacts_to<timeout_atom, std::int64_t>,
+    /// Internal: the limit for the local plans of the step formed as (step, forming) passed.
+    caf::reacts_to<timeout_atom, std::int64_t, std::uint64_t>,
     /// Internal: the write limit of the step opened as (step, opening) passed.
     caf::reacts_to<write_timeout_atom, std::int64_t, std::uint64_t>,
     /// Internal: the limit for the ranks of a failed (step, opening) to stop writing passed.

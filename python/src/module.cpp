@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -244,7 +245,8 @@ void device_copy(nb::ndarray<nb::c_contig> dst, nb::ndarray<nb::ro, nb::c_contig
 /// KeyboardInterrupt (nb::python_error).
 /// @return whether it had to wait.
 template <class Over>
-bool wait_interruptibly(Over over, std::optional<std::chrono::milliseconds> limit = std::nullopt) {
+bool wait_interruptibly(Over over, std::optional<std::chrono::milliseconds> limit = std::nullopt,
+                        const std::string& past_limit = "") {
   const auto start = std::chrono::steady_clock::now();
   for (bool waited = false;; waited = true) {
     bool done = false;
@@ -255,8 +257,13 @@ bool wait_interruptibly(Over over, std::optional<std::chrono::milliseconds> limi
     }
     if (done) return waited;
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    // Past the limit the caller's own bounded wait takes over (and says why it failed).
-    if (limit && std::chrono::steady_clock::now() - start >= *limit) return true;
+    if (limit && std::chrono::steady_clock::now() - start >= *limit) {
+      std::ostringstream seconds;
+      seconds << static_cast<double>(limit->count()) / 1000.0;
+      throw Error("timeout: " + past_limit + " within " + seconds.str() +
+                  " s (timeout): a save still reads the tensors (its staging waits for writes that do not end); "
+                  "do not modify them before it is staged");
+    }
   }
 }
 
@@ -421,7 +428,8 @@ NB_MODULE(_stagehand, m) {
            [](PendingSave& p) {
              // As wait(): Ctrl-C interrupts the wait, not the staging.
              const auto start = std::chrono::steady_clock::now();
-             const bool waited_here = wait_interruptibly([&] { return p.staged(); }, p.timeout());
+             const bool waited_here = wait_interruptibly([&] { return p.staged(); }, p.timeout(),
+                                                         "step " + std::to_string(p.step()) + " was not staged");
              Result<double> waited = 0.0;
              {
                nb::gil_scoped_release release;
@@ -512,8 +520,8 @@ NB_MODULE(_stagehand, m) {
              // every save): the wait then ends, and nothing touches the closed one.
              self.get();
              const auto start = std::chrono::steady_clock::now();
-             const bool waited_here =
-                 wait_interruptibly([&] { return !self.impl || self.impl->staged(); }, self.timeout);
+             const bool waited_here = wait_interruptibly([&] { return !self.impl || self.impl->staged(); },
+                                                         self.timeout, "the fence did not open");
              const double here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
              if (!self.impl) return here;
              Result<double> waited = 0.0;

@@ -523,3 +523,51 @@ BOOST_AUTO_TEST_CASE(wait_staged_that_passes_its_limit_is_an_error_not_a_go_ahea
   BOOST_TEST(staged.status().message().find("fence") != std::string::npos, staged.status().to_string());
   BOOST_TEST(!pending->staged());
 }
+
+namespace {
+
+/// Rank 0's files cannot be created until heal() (a full disk); rank 1's take `delay` each.
+class FullForRankZero final : public FileSystemWrapper {
+ public:
+  FullForRankZero(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
+      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
+    if (full_ && path.find("/__0_") != std::string::npos) {
+      return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
+    }
+    if (path.find("/__1_") != std::string::npos) std::this_thread::sleep_for(delay_);
+    return FileSystemWrapper::create_file(path);
+  }
+  void heal() { full_ = false; }
+
+ private:
+  const std::chrono::milliseconds delay_;
+  std::atomic<bool> full_{true};
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_step_saved_again_while_its_failed_save_still_writes_begins_once_the_writer_stopped) {
+  // Rank 0's write fails at once, rank 1's takes about 1.5 s: the save fails, and is made again
+  // while rank 1 still writes the failed one. The new save once removed the step's folder under
+  // that writer and took its late report for the new save's.
+  TempDir dir;
+  auto disk = std::make_shared<FullForRankZero>(local_file_system(), std::chrono::milliseconds(1500));
+  Checkpointer ckpt({.root = dir.path(), .world_size = 2, .file_system = disk});
+  UserModel zero(0, 2, 1.0f), one(1, 2, 1.0f);
+  std::vector<StateDict> states{zero.state(0, 2), one.state(1, 2)};
+  Status first = ckpt.save(1, states);
+  BOOST_TEST(!first.is_ok());
+  BOOST_TEST(first.message().find("no space left") != std::string::npos, first.message());
+  disk->heal();
+  Status again = ckpt.save(1, states);
+  BOOST_TEST(again.is_ok(), again.to_string());
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  auto verified = verify_checkpoint(fs::path(dir.path()) / "global_step_1");
+  BOOST_TEST((verified.is_ok() && verified->ok()), (verified.is_ok() ? "" : verified.status().to_string()));
+  UserModel zero_loaded(0, 2, 0.0f), one_loaded(1, 2, 0.0f);
+  std::vector<StateDict> into{zero_loaded.state(0, 2), one_loaded.state(1, 2)};
+  BOOST_TEST(ckpt.load(into, dir.path()).is_ok());
+  BOOST_TEST(zero_loaded.weight == zero.weight);
+  BOOST_TEST(one_loaded.weight == one.weight);
+}

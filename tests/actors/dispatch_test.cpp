@@ -4,6 +4,8 @@
 #include <caf/all.hpp>
 
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "stagehand/actors/dispatch_client.hpp"
@@ -14,6 +16,7 @@
 #include "stagehand/checkpoint/loader.hpp"
 #include "stagehand/checkpoint/checkpoint_reader.hpp"
 #include "stagehand/checkpoint/load_plan.hpp"
+#include "stagehand/checkpoint/planner.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
@@ -219,4 +222,54 @@ BOOST_AUTO_TEST_CASE(a_worker_that_dies_during_training_fails_the_call_with_its_
   Status save = world.save(2);
   BOOST_TEST(save.message().find("rank 2") != std::string::npos, save.message());
   BOOST_TEST(!fs::exists(dir / "global_step_2"));
+}
+
+namespace {
+
+/// Rank `rank` of 2's plan of `step`: rows 4 * rank .. 4 * rank + 3 of an 8 x 16 "w".
+LocalPlan half_plan(int rank, std::int64_t step) {
+  static std::vector<float> rows(64, 1.0f);
+  StateDict state;
+  state.add("w", *Tensor::from_blob(rows.data(), DType::f32, Shape{4, 16}, Device::host()), Shape{8, 16},
+            Shape{static_cast<std::int64_t>(4 * rank), 0});
+  LocalPlan plan;
+  plan.rank = rank;
+  plan.step = step;
+  plan.tensors = state.descriptors();
+  plan.signature = structure_signature(plan.tensors);
+  return plan;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_its_step_made_again) {
+  // Step 5's first save fails at 0.1 s (rank 1's dispatch aborts it); rank 0 saves it again at
+  // 0.3 s and rank 1 plans at 1.3 s, inside the new save's 1 s limit. The first save's limit,
+  // at 1 s, once failed the new one ("rank 1 did not begin saving").
+  TempDir dir;
+  caf::actor_system system{test::system_config()};
+  CoordinatorOptions options{dir.path(), 2, local_file_system(), std::chrono::seconds(1)};
+  auto coordinator = spawn_checkpoint_coordinator(system, options);
+  auto plan = [&](int rank, std::chrono::milliseconds at) {
+    return std::async(std::launch::async, [&system, coordinator, rank, at] {
+      std::this_thread::sleep_for(at);
+      caf::scoped_actor self{system};
+      Status st = Status{ErrorCode::internal, "no answer"};
+      self->request(coordinator, std::chrono::seconds(10), plan_atom::value, half_plan(rank, 5), std::string())
+          .receive([&](WriteAssignment&) { st = Status::ok(); }, [&](caf::error& e) { st = from_caf_error(e); });
+      return st;
+    });
+  };
+  auto first = plan(0, std::chrono::milliseconds(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  caf::anon_send(coordinator, abort_atom::value, std::int64_t{5}, std::int32_t{1}, std::string("rank 1 failed"));
+  Status failed = first.get();
+  BOOST_TEST(failed.message().find("rank 1 failed") != std::string::npos, failed.to_string());
+  auto again = plan(0, std::chrono::milliseconds(200));
+  auto late = plan(1, std::chrono::milliseconds(1200));
+  Status zero = again.get();
+  Status one = late.get();
+  BOOST_TEST(zero.is_ok(), zero.to_string());
+  BOOST_TEST(one.is_ok(), one.to_string());
+  caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
 }
