@@ -319,21 +319,20 @@ BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {
 
 namespace {
 
-/// Making a checkpoint's metadata.json (or its temporary) takes `delay`: the coordinator, which
-/// commits in its handler, is busy that long.
-class SlowMetadata final : public FileSystemWrapper {
+/// Creating a file whose path holds `only` (any file: "") takes `delay`: a disk that does not
+/// keep up; with "metadata.json", a coordinator busy that long in its commit.
+class SlowFiles final : public FileSystemWrapper {
  public:
-  SlowMetadata(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
-      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
+  SlowFiles(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay, std::string only = "")
+      : FileSystemWrapper(std::move(inner)), delay_(delay), only_(std::move(only)) {}
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    if (path.find("metadata.json") != std::string::npos) {
-      std::this_thread::sleep_for(delay_);
-    }
+    if (path.find(only_) != std::string::npos) std::this_thread::sleep_for(delay_);
     return FileSystemWrapper::create_file(path);
   }
 
  private:
   const std::chrono::milliseconds delay_;
+  const std::string only_;
 };
 
 }  // namespace
@@ -342,7 +341,7 @@ BOOST_AUTO_TEST_CASE(done_answers_within_its_poll_limit_while_the_coordinator_is
   TempDir dir;
   UserModel model(0, 1, 1.0f);
   Checkpointer ckpt({.root = dir.path(),
-                     .file_system = std::make_shared<SlowMetadata>(local_file_system(), std::chrono::seconds(4))});
+                     .file_system = std::make_shared<SlowFiles>(local_file_system(), std::chrono::seconds(4), "metadata.json")});
   auto pending = ckpt.async_save(1, model.state(0, 1));
   BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
   // Polled until the commit is known: no call takes much more than the poll limit (it took up to
@@ -371,7 +370,7 @@ BOOST_AUTO_TEST_CASE(done_stops_saying_not_yet_once_the_coordinator_has_not_answ
   {
     // A commit (8 s) longer than the timeout (1 s): polls go unanswered past the timeout.
     Checkpointer ckpt({.root = dir.path(),
-                       .file_system = std::make_shared<SlowMetadata>(local_file_system(), std::chrono::seconds(8)),
+                       .file_system = std::make_shared<SlowFiles>(local_file_system(), std::chrono::seconds(8), "metadata.json"),
                        .timeout = std::chrono::seconds(1)});
     auto pending = ckpt.async_save(1, model.state(0, 1));
     BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
@@ -482,24 +481,6 @@ BOOST_AUTO_TEST_CASE(a_step_whose_save_failed_is_saved_again_by_the_same_call) {
     }
   }
 }
-
-namespace {
-
-/// Every file is created `delay` late (a disk that does not keep up).
-class SlowFiles final : public FileSystemWrapper {
- public:
-  SlowFiles(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
-      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
-  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    std::this_thread::sleep_for(delay_);
-    return FileSystemWrapper::create_file(path);
-  }
-
- private:
-  const std::chrono::milliseconds delay_;
-};
-
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(wait_staged_that_passes_its_limit_is_an_error_not_a_go_ahead) {
   // Staged one bucket at a time: the next bucket waits for the first one's write, which waits

@@ -34,6 +34,36 @@ caf::actor_system_config& wire_config(caf::actor_system_config& cfg) {
   return cfg;
 }
 
+/// Rank 0 of a world of 2 on a free port, gathering in the background with `local` as its own
+/// Workers; it shuts down with `exit_code` and closes its port when the test ends.
+struct Rank0 {
+  caf::actor_system_config cfg;
+  caf::actor_system system{wire_config(cfg)};
+  LaunchInfo info;
+  std::unique_ptr<WorldHost> host;
+  std::future<Result<std::vector<worker_actor>>> gathered;
+  int exit_code = 1;
+
+  explicit Rank0(std::vector<worker_actor> local, std::string job = "") {
+    info.world_size = 2;
+    info.master_port = test::free_port();
+    info.join_timeout = std::chrono::seconds(10);
+    info.job = std::move(job);
+    auto opened = WorldHost::open(system, info);
+    BOOST_REQUIRE_MESSAGE(opened.is_ok(), opened.status().to_string());
+    host = std::move(*opened);
+    gathered = std::async(std::launch::async, [this, local = std::move(local)] {
+      return host->gather(local, caf::actor{}, coordinator_actor{});
+    });
+  }
+  ~Rank0() {
+    if (gathered.valid()) gathered.wait();
+    host->shutdown(exit_code);
+    host.reset();
+    system.middleman().close(static_cast<std::uint16_t>(info.master_port));
+  }
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(launch_info_comes_from_the_launcher_variables_and_flags) {
@@ -71,19 +101,11 @@ BOOST_AUTO_TEST_CASE(launch_info_comes_from_the_launcher_variables_and_flags) {
 }
 
 BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_both_versions_named) {
-  caf::actor_system_config host_cfg;
-  caf::actor_system host_system{wire_config(host_cfg)};
   caf::actor_system_config member_cfg;
   caf::actor_system member_system{wire_config(member_cfg)};
-  LaunchInfo info;
-  info.world_size = 2;
-  info.master_port = test::free_port();
-  info.join_timeout = std::chrono::seconds(10);
-  auto host = WorldHost::open(host_system, info);
-  BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
-  auto gathered = std::async(std::launch::async, [&] { return (*host)->gather({}, caf::actor{}, coordinator_actor{}); });
+  Rank0 rank0({});
 
-  LaunchInfo old = info;
+  LaunchInfo old = rank0.info;
   old.rank = 1;
   old.wire_version = "stagehand-wire/0";
   auto start = std::chrono::steady_clock::now();
@@ -96,34 +118,22 @@ BOOST_AUTO_TEST_CASE(a_process_speaking_another_wire_version_is_refused_with_bot
   BOOST_TEST(joined.status().message().find("speaks stagehand-wire/0, rank 0 speaks stagehand-wire/4") !=
                  std::string::npos,
              joined.status().message());
-  auto world = gathered.get();
+  auto world = rank0.gathered.get();
   BOOST_TEST(!world.is_ok());
   BOOST_TEST(world.status().message().find("stagehand-wire/0") != std::string::npos, world.status().message());
   BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(5)));
-  (*host)->shutdown(1);
-  host->reset();
-  host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
 }
 
 BOOST_AUTO_TEST_CASE(a_process_of_another_job_on_the_same_port_is_refused_and_the_job_still_starts) {
   // Two jobs on one host, both on the default port: the other job's rank 1 reaches this job's
   // rank 0 first. It was taken as this job's rank 1 (two jobs' shards in one checkpoint), and
   // this job's own rank 1 then failed the start.
-  caf::actor_system_config host_cfg;
-  caf::actor_system host_system{wire_config(host_cfg)};
   caf::actor_system_config other_cfg;
   caf::actor_system other_system{wire_config(other_cfg)};
   caf::actor_system_config member_cfg;
   caf::actor_system member_system{wire_config(member_cfg)};
-  LaunchInfo info;
-  info.world_size = 2;
-  info.master_port = test::free_port();
-  info.join_timeout = std::chrono::seconds(10);
-  info.job = "/ckpt/job-a";
-  auto host = WorldHost::open(host_system, info);
-  BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
-  auto gathered =
-      std::async(std::launch::async, [&] { return (*host)->gather({worker_actor{}}, caf::actor{}, coordinator_actor{}); });
+  Rank0 rank0({worker_actor{}}, "/ckpt/job-a");
+  const LaunchInfo& info = rank0.info;
 
   LaunchInfo other = info;
   other.rank = 1;
@@ -144,30 +154,19 @@ BOOST_AUTO_TEST_CASE(a_process_of_another_job_on_the_same_port_is_refused_and_th
   WorldMember member(member_system, mine);
   joined = member.join({worker_actor{}});
   BOOST_TEST(joined.is_ok(), joined.status().to_string());
-  auto world = gathered.get();
+  auto world = rank0.gathered.get();
   BOOST_TEST(world.is_ok(), world.status().to_string());
   member.leave();
-  (*host)->shutdown(0);
-  host->reset();
-  host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
+  rank0.exit_code = 0;
 }
 
 BOOST_AUTO_TEST_CASE(a_join_of_the_previous_wire_shape_is_refused_naming_its_version) {
   // stagehand-wire/3 joined without the job; such a message matched no handler and was dropped,
   // and rank 0 failed only at its join limit, saying nothing of the version.
-  caf::actor_system_config host_cfg;
-  caf::actor_system host_system{wire_config(host_cfg)};
   caf::actor_system_config old_cfg;
   caf::actor_system old_system{wire_config(old_cfg)};
-  LaunchInfo info;
-  info.world_size = 2;
-  info.master_port = test::free_port();
-  info.join_timeout = std::chrono::seconds(10);
-  auto host = WorldHost::open(host_system, info);
-  BOOST_REQUIRE_MESSAGE(host.is_ok(), host.status().to_string());
-  auto gathered =
-      std::async(std::launch::async, [&] { return (*host)->gather({worker_actor{}}, caf::actor{}, coordinator_actor{}); });
-  auto world = connect_remote_actor(old_system, "127.0.0.1", static_cast<std::uint16_t>(info.master_port),
+  Rank0 rank0({worker_actor{}});
+  auto world = connect_remote_actor(old_system, "127.0.0.1", static_cast<std::uint16_t>(rank0.info.master_port),
                                     std::chrono::seconds(5));
   BOOST_REQUIRE_MESSAGE(world.is_ok(), world.status().to_string());
   std::string refused;
@@ -179,9 +178,5 @@ BOOST_AUTO_TEST_CASE(a_join_of_the_previous_wire_shape_is_refused_naming_its_ver
                   caf::after(std::chrono::seconds(5)) >> [&] { refused = "no answer within 5 s"; });
   }
   BOOST_TEST(refused.find("speaks stagehand-wire/3, rank 0 speaks stagehand-wire/4") != std::string::npos, refused);
-  auto formed = gathered.get();
-  BOOST_TEST(!formed.is_ok());
-  (*host)->shutdown(1);
-  host->reset();
-  host_system.middleman().close(static_cast<std::uint16_t>(info.master_port));
+  BOOST_TEST(!rank0.gathered.get().is_ok());
 }
