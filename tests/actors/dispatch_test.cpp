@@ -244,11 +244,11 @@ LocalPlan half_plan(int rank, std::int64_t step) {
 
 BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_its_step_made_again) {
   // Step 5's first save fails at 0.1 s (rank 1's dispatch aborts it); rank 0 saves it again at
-  // 0.3 s and rank 1 plans at 1.3 s, inside the new save's 1 s limit. The first save's limit,
-  // at 1 s, once failed the new one ("rank 1 did not begin saving").
+  // 1.1 s and rank 1 plans at 2.6 s, inside the new save's 2 s limit (3.1 s). The first save's
+  // limit, at 2 s, once failed the new one ("rank 1 did not begin saving").
   TempDir dir;
   caf::actor_system system{test::system_config()};
-  CoordinatorOptions options{dir.path(), 2, local_file_system(), std::chrono::seconds(1)};
+  CoordinatorOptions options{dir.path(), 2, local_file_system(), std::chrono::seconds(2)};
   auto coordinator = spawn_checkpoint_coordinator(system, options);
   auto plan = [&](int rank, std::chrono::milliseconds at) {
     return std::async(std::launch::async, [&system, coordinator, rank, at] {
@@ -265,8 +265,8 @@ BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_it
   caf::anon_send(coordinator, abort_atom::value, std::int64_t{5}, std::int32_t{1}, std::string("rank 1 failed"));
   Status failed = first.get();
   BOOST_TEST(failed.message().find("rank 1 failed") != std::string::npos, failed.to_string());
-  auto again = plan(0, std::chrono::milliseconds(200));
-  auto late = plan(1, std::chrono::milliseconds(1200));
+  auto again = plan(0, std::chrono::milliseconds(1000));
+  auto late = plan(1, std::chrono::milliseconds(2500));
   Status zero = again.get();
   Status one = late.get();
   BOOST_TEST(zero.is_ok(), zero.to_string());
