@@ -39,6 +39,9 @@ class CheckpointCoordinator : public coordinator_actor::base {
             if (!outcome->second.is_ok()) return to_caf_error(outcome->second.status());
             return *outcome->second;
           }
+          // While a save of the step made again forms, an await is about the failed one: a rank
+          // awaits its own save only once its plan was assigned, which opens the step.
+          if (auto failed = superseded_.find(step); failed != superseded_.end()) return to_caf_error(failed->second);
           if (open_step_ != step && !(forming_ && forming_->step == step)) {
             return to_caf_error({ErrorCode::invalid_argument, "step " + std::to_string(step) + " was never begun"});
           }
@@ -46,7 +49,9 @@ class CheckpointCoordinator : public coordinator_actor::base {
           waiters_[step].push_back(promise);
           return promise;
         },
-        [this](poll_atom, std::int64_t step) -> bool { return outcomes_.count(step) != 0; },
+        [this](poll_atom, std::int64_t step) -> bool {
+          return outcomes_.count(step) != 0 || superseded_.count(step) != 0;
+        },
         [this](abort_atom, std::int64_t step, std::int32_t rank, const std::string& reason) {
           const Status why{ErrorCode::aborted, reason};
           // A rank's abort of a failed save may come after another rank began saving the step
@@ -62,6 +67,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
         [this](rank_down_atom, std::int32_t rank, const std::string& reason) {
           const std::string what = "rank " + std::to_string(rank) + " died: " + reason;
           dead_.emplace(rank, what);
+          fail_deferred({ErrorCode::aborted, what + "; the job cannot save any more (restart it)"});
           if (draining_) stopped_writing(rank);
           if (forming_) fail_forming({ErrorCode::aborted, what});
           if (open_step_) finish(*open_step_, Status{ErrorCode::aborted, what + " (during the save)"});
@@ -224,6 +230,9 @@ class CheckpointCoordinator : public coordinator_actor::base {
         if (untold.count(r) == 0) forming_->again.insert(r);
       }
     }
+    if (auto failed = outcomes_.find(step); failed != outcomes_.end() && !failed->second.is_ok()) {
+      superseded_.insert_or_assign(step, failed->second.status());
+    }
     outcomes_.erase(step);
     untold_.erase(step);
     delayed_send(this, options_.plan_timeout, timeout_atom::value, step, forming_->id);
@@ -273,6 +282,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
       return;
     }
     open_step_ = forming.step;
+    superseded_.erase(forming.step);
     ++opening_;
     reports_.clear();
     reported_.clear();
@@ -394,6 +404,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
   void record_failure(std::int64_t step, const Status& why, const std::set<int>& told) {
     const Status outcome = why.with_context("checkpoint step " + std::to_string(step) + " not committed");
     logger()->error("{}", outcome.message());
+    superseded_.erase(step);
     outcomes_.insert_or_assign(step, Result<CommitInfo>(outcome));
     auto& untold = untold_[step];
     untold.clear();
@@ -488,6 +499,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
   /// For each failed step, the ranks that had not begun it when it failed: the first plan of
   /// each is answered with the failure ("too late"); a told rank's plan begins the step again.
   std::map<std::int64_t, std::set<int>> untold_;
+  /// The failure of a step saved again, while the new save forms: the answer to awaits and
+  /// polls of the failed save (rank_saved before its own await, a rank's write that ended the
+  /// drain would otherwise wait for the new save, which waits for that rank's plan).
+  std::map<std::int64_t, Status> superseded_;
   /// Plans of a step whose failed save still drains, taken once it has.
   std::vector<Deferred> deferred_;
   /// Counts the formings begun.

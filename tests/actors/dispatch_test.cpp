@@ -273,3 +273,52 @@ BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_it
   BOOST_TEST(one.is_ok(), one.to_string());
   caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
 }
+
+BOOST_AUTO_TEST_CASE(a_rank_whose_write_ends_the_drain_of_a_failed_save_hears_its_failure_not_the_new_save) {
+  // Ranks in two processes. Rank 0's write of step 5 fails and rank 0 saves it again at once,
+  // while rank 1 still writes: that plan waits for the drain. Rank 1's report ends the drain and
+  // the new save begins forming; rank 1's await of the failed save then waited for the new save,
+  // which waits for rank 1's next plan: both hung until the plan limit.
+  TempDir dir;
+  caf::actor_system system{test::system_config()};
+  auto coordinator = spawn_checkpoint_coordinator(system, {dir.path(), 2, local_file_system(), std::chrono::seconds(20)});
+  auto plan = [&](int rank) {
+    return std::async(std::launch::async, [&system, coordinator, rank] {
+      caf::scoped_actor self{system};
+      Status st = Status{ErrorCode::internal, "no answer"};
+      self->request(coordinator, std::chrono::seconds(30), plan_atom::value, half_plan(rank, 5), std::string())
+          .receive([&](WriteAssignment&) { st = Status::ok(); }, [&](caf::error& e) { st = from_caf_error(e); });
+      return st;
+    });
+  };
+  auto zero = plan(0), one = plan(1);
+  BOOST_REQUIRE(zero.get().is_ok());
+  BOOST_REQUIRE(one.get().is_ok());
+  RankSaveReport failed;
+  failed.rank = 0;
+  failed.step = 5;
+  failed.status = Status{ErrorCode::no_space, "no space left on rank 0's disk"};
+  caf::anon_send(coordinator, rank_saved_atom::value, failed);
+  auto again = plan(0);  // held: rank 1 still writes step 5
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  RankSaveReport written;
+  written.rank = 1;
+  written.step = 5;
+  caf::anon_send(coordinator, rank_saved_atom::value, written);
+  const auto start = std::chrono::steady_clock::now();
+  Status outcome = Status::ok();
+  {
+    caf::scoped_actor self{system};
+    self->request(coordinator, std::chrono::seconds(10), await_atom::value, std::int64_t{5})
+        .receive([&](CommitInfo&) { outcome = Status{ErrorCode::internal, "committed"}; },
+                 [&](caf::error& e) { outcome = from_caf_error(e); });
+  }
+  BOOST_TEST(outcome.message().find("no space left on rank 0's disk") != std::string::npos, outcome.to_string());
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(2)));
+  // Rank 1 saves step 5 again too: the held plan forms with it.
+  auto one_again = plan(1);
+  Status zero_again = again.get();
+  BOOST_TEST(zero_again.is_ok(), zero_again.to_string());
+  BOOST_TEST(one_again.get().is_ok());
+  caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+}
