@@ -41,7 +41,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
           }
           // While a save of the step made again forms, an await is about the failed one: a rank
           // awaits its own save only once its plan was assigned, which opens the step.
-          if (auto failed = superseded_.find(step); failed != superseded_.end()) return to_caf_error(failed->second);
+          if (forming_ && forming_->step == step && forming_->superseded) return to_caf_error(*forming_->superseded);
           if (open_step_ != step && !(forming_ && forming_->step == step)) {
             return to_caf_error({ErrorCode::invalid_argument, "step " + std::to_string(step) + " was never begun"});
           }
@@ -50,7 +50,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
           return promise;
         },
         [this](poll_atom, std::int64_t step) -> bool {
-          return outcomes_.count(step) != 0 || superseded_.count(step) != 0;
+          return outcomes_.count(step) != 0 || (forming_ && forming_->step == step && forming_->superseded);
         },
         [this](abort_atom, std::int64_t step, std::int32_t rank, const std::string& reason) {
           const Status why{ErrorCode::aborted, reason};
@@ -129,6 +129,10 @@ class CheckpointCoordinator : public coordinator_actor::base {
     std::set<int> again;
     /// Counts the formings: a plan limit of an earlier forming of the same step is ignored.
     std::uint64_t id = 0;
+    /// When this saves a failed step again: the failed save's outcome, the answer to its
+    /// awaits and polls meanwhile (a rank whose report ended the drain awaits the failed save;
+    /// the new save waits for that rank's next plan).
+    std::optional<Status> superseded;
   };
 
   caf::result<WriteAssignment> on_plan(LocalPlan plan, std::string trainer_state) {
@@ -225,13 +229,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
     forming_->plans.resize(static_cast<std::size_t>(options_.world_size));
     forming_->promises.resize(static_cast<std::size_t>(options_.world_size));
     if (auto failed = outcomes_.find(step); failed != outcomes_.end() && !failed->second.is_ok()) {
+      forming_->superseded = failed->second.status();
       const std::set<int>& untold = untold_[step];
       for (int r = 0; r < options_.world_size; ++r) {
         if (untold.count(r) == 0) forming_->again.insert(r);
       }
-    }
-    if (auto failed = outcomes_.find(step); failed != outcomes_.end() && !failed->second.is_ok()) {
-      superseded_.insert_or_assign(step, failed->second.status());
     }
     outcomes_.erase(step);
     untold_.erase(step);
@@ -282,7 +284,6 @@ class CheckpointCoordinator : public coordinator_actor::base {
       return;
     }
     open_step_ = forming.step;
-    superseded_.erase(forming.step);
     ++opening_;
     reports_.clear();
     reported_.clear();
@@ -404,7 +405,6 @@ class CheckpointCoordinator : public coordinator_actor::base {
   void record_failure(std::int64_t step, const Status& why, const std::set<int>& told) {
     const Status outcome = why.with_context("checkpoint step " + std::to_string(step) + " not committed");
     logger()->error("{}", outcome.message());
-    superseded_.erase(step);
     outcomes_.insert_or_assign(step, Result<CommitInfo>(outcome));
     auto& untold = untold_[step];
     untold.clear();
@@ -499,10 +499,6 @@ class CheckpointCoordinator : public coordinator_actor::base {
   /// For each failed step, the ranks that had not begun it when it failed: the first plan of
   /// each is answered with the failure ("too late"); a told rank's plan begins the step again.
   std::map<std::int64_t, std::set<int>> untold_;
-  /// The failure of a step saved again, while the new save forms: the answer to awaits and
-  /// polls of the failed save (rank_saved before its own await, a rank's write that ended the
-  /// drain would otherwise wait for the new save, which waits for that rank's plan).
-  std::map<std::int64_t, Status> superseded_;
   /// Plans of a step whose failed save still drains, taken once it has.
   std::vector<Deferred> deferred_;
   /// Counts the formings begun.

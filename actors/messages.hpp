@@ -17,6 +17,12 @@ inline std::chrono::milliseconds outer_limit(std::chrono::milliseconds inner) {
   return inner + std::max<std::chrono::milliseconds>(std::chrono::seconds(2), inner / 10);
 }
 
+/// How long a Worker waits for the coordinator's answer to its plan, with the coordinator's
+/// limit `timeout`: a plan may wait for a failed save of its step to drain (at most `timeout`),
+/// then for the other ranks' plans (`timeout` from the first one). Only the backstop of a lost
+/// coordinator.
+inline std::chrono::milliseconds plan_wait_limit(std::chrono::milliseconds timeout) { return outer_limit(2 * timeout); }
+
 // -- atoms of the protocols of actors/protocol.hpp (the typed interfaces say what each carries;
 // the checkpoint atoms save, finalize, load and ranksaved are strategy/messages.hpp's) --
 

@@ -103,10 +103,8 @@ class Worker : public worker_actor::base {
     auto rp = make_response_promise<SaveAck>();
     const bool full = !plan.cached;
     const std::uint64_t signature = plan.signature;
-    // The coordinator's limits pass first and name the rank that did not begin: a plan may wait
-    // for a failed save of its step to drain (at most `timeout_`), then for the other ranks'
-    // plans (`timeout_` from the first one). This wait is only the backstop of a lost coordinator.
-    request(coordinator_, outer_limit(2 * timeout_), plan_atom::value, std::move(plan), call.trainer_state)
+    // The coordinator's limits pass first and name the rank that did not begin.
+    request(coordinator_, plan_wait_limit(timeout_), plan_atom::value, std::move(plan), call.trainer_state)
         .then(
             [this, rp, call, full, signature](WriteAssignment& assigned) mutable {
               if (full) sent_signature_ = signature;

@@ -337,7 +337,7 @@ class WorkerDispatch : public dispatch_actor::base {
             if (r != 0) one.trainer_state.clear();
             // A Worker's save waits for the plan, then for its strategy's save, each limited
             // on its own: their errors name the late rank; this limit is only their backstop.
-            return request(workers_[r], outer_limit(outer_limit(2 * options_.timeout) + options_.timeout),
+            return request(workers_[r], outer_limit(plan_wait_limit(options_.timeout) + options_.timeout),
                            save_atom::value, std::move(one));
           },
           [async](int, SaveAck& ack) { *async = *async && ack.async; },

@@ -410,23 +410,29 @@ BOOST_AUTO_TEST_CASE(ranks_that_hold_different_tensors_load_their_own) {
 
 namespace {
 
-/// Creating any file under a `global_step_<step>` folder fails (a disk that filled up during
-/// that save's background writes), until heal().
-class FailingStep final : public FileSystemWrapper {
+/// Creating a file whose path holds any of `patterns` fails (a disk that filled up), until
+/// heal(); `step_files(N)` are the patterns of a `global_step_<N>` folder's files.
+class FullFor final : public FileSystemWrapper {
  public:
-  FailingStep(std::shared_ptr<FileSystem> inner, std::int64_t step)
-      : FileSystemWrapper(std::move(inner)), folder_("global_step_" + std::to_string(step)) {}
+  FullFor(std::shared_ptr<FileSystem> inner, std::vector<std::string> patterns)
+      : FileSystemWrapper(std::move(inner)), patterns_(std::move(patterns)) {}
+  static std::vector<std::string> step_files(std::int64_t step) {
+    const std::string folder = "global_step_" + std::to_string(step);
+    return {folder + "/", folder + "."};
+  }
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    if (full_ && (path.find(folder_ + "/") != std::string::npos || path.find(folder_ + ".") != std::string::npos)) {
-      return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
+    for (const auto& p : patterns_) {
+      if (full_ && path.find(p) != std::string::npos) {
+        return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
+      }
     }
     return FileSystemWrapper::create_file(path);
   }
-  /// Space was freed: the step's files can be created again.
+  /// Space was freed: the files can be created again.
   void heal() { full_ = false; }
 
  private:
-  const std::string folder_;
+  const std::vector<std::string> patterns_;
   std::atomic<bool> full_{true};
 };
 
@@ -435,7 +441,7 @@ class FailingStep final : public FileSystemWrapper {
 BOOST_AUTO_TEST_CASE(a_failed_async_save_fails_the_next_call_naming_both_steps_and_the_one_after_goes_ahead) {
   TempDir dir;
   UserModel model(0, 1, 1.0f);
-  Checkpointer ckpt({.root = dir.path(), .file_system = std::make_shared<FailingStep>(local_file_system(), 1)});
+  Checkpointer ckpt({.root = dir.path(), .file_system = std::make_shared<FullFor>(local_file_system(), FullFor::step_files(1))});
   auto pending = ckpt.async_save(1, model.state(0, 1));
   BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
   Status next = ckpt.save(2, model.state(0, 1));
@@ -462,7 +468,7 @@ BOOST_AUTO_TEST_CASE(a_step_whose_save_failed_is_saved_again_by_the_same_call) {
     BOOST_TEST_CONTEXT((async ? "async" : "sync")) {
       TempDir dir;
       UserModel model(0, 1, 1.0f);
-      auto disk = std::make_shared<FailingStep>(local_file_system(), 1);
+      auto disk = std::make_shared<FullFor>(local_file_system(), FullFor::step_files(1));
       Checkpointer ckpt({.root = dir.path(), .file_system = disk});
       auto save = [&] {
         if (!async) return ckpt.save(1, model.state(0, 1));
@@ -505,36 +511,16 @@ BOOST_AUTO_TEST_CASE(wait_staged_that_passes_its_limit_is_an_error_not_a_go_ahea
   BOOST_TEST(!pending->staged());
 }
 
-namespace {
-
-/// Rank 0's files cannot be created until heal() (a full disk); rank 1's take `delay` each.
-class FullForRankZero final : public FileSystemWrapper {
- public:
-  FullForRankZero(std::shared_ptr<FileSystem> inner, std::chrono::milliseconds delay)
-      : FileSystemWrapper(std::move(inner)), delay_(delay) {}
-  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    if (full_ && path.find("/__0_") != std::string::npos) {
-      return Status{ErrorCode::no_space, "no space left writing '" + path + "'"};
-    }
-    if (path.find("/__1_") != std::string::npos) std::this_thread::sleep_for(delay_);
-    return FileSystemWrapper::create_file(path);
-  }
-  void heal() { full_ = false; }
-
- private:
-  const std::chrono::milliseconds delay_;
-  std::atomic<bool> full_{true};
-};
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(a_step_saved_again_while_its_failed_save_still_writes_begins_once_the_writer_stopped) {
   // Rank 0's write fails at once, rank 1's takes about 1.5 s: the save fails, and is made again
   // while rank 1 still writes the failed one. The new save once removed the step's folder under
   // that writer and took its late report for the new save's.
   TempDir dir;
-  auto disk = std::make_shared<FullForRankZero>(local_file_system(), std::chrono::milliseconds(1500));
-  Checkpointer ckpt({.root = dir.path(), .world_size = 2, .file_system = disk});
+  // Rank 0's files cannot be created until heal(); rank 1's take 1.5 s each.
+  auto disk = std::make_shared<FullFor>(local_file_system(), std::vector<std::string>{"/__0_"});
+  Checkpointer ckpt({.root = dir.path(),
+                     .world_size = 2,
+                     .file_system = std::make_shared<SlowFiles>(disk, std::chrono::milliseconds(1500), "/__1_")});
   UserModel zero(0, 2, 1.0f), one(1, 2, 1.0f);
   std::vector<StateDict> states{zero.state(0, 2), one.state(1, 2)};
   Status first = ckpt.save(1, states);

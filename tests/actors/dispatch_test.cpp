@@ -240,6 +240,20 @@ LocalPlan half_plan(int rank, std::int64_t step) {
   return plan;
 }
 
+/// Sends rank `rank`'s plan of step 5 to `coordinator` `after` from now, in the background; its
+/// answer (ok: an assignment).
+std::future<Status> plan_later(caf::actor_system& system, coordinator_actor coordinator, int rank,
+                               std::chrono::milliseconds after = {}) {
+  return std::async(std::launch::async, [&system, coordinator, rank, after] {
+    std::this_thread::sleep_for(after);
+    caf::scoped_actor self{system};
+    Status st = Status{ErrorCode::internal, "no answer"};
+    self->request(coordinator, std::chrono::seconds(30), plan_atom::value, half_plan(rank, 5), std::string())
+        .receive([&](WriteAssignment&) { st = Status::ok(); }, [&](caf::error& e) { st = from_caf_error(e); });
+    return st;
+  });
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_its_step_made_again) {
@@ -250,16 +264,7 @@ BOOST_AUTO_TEST_CASE(the_plan_limit_of_a_failed_save_does_not_end_the_save_of_it
   caf::actor_system system{test::system_config()};
   CoordinatorOptions options{dir.path(), 2, local_file_system(), std::chrono::seconds(2)};
   auto coordinator = spawn_checkpoint_coordinator(system, options);
-  auto plan = [&](int rank, std::chrono::milliseconds at) {
-    return std::async(std::launch::async, [&system, coordinator, rank, at] {
-      std::this_thread::sleep_for(at);
-      caf::scoped_actor self{system};
-      Status st = Status{ErrorCode::internal, "no answer"};
-      self->request(coordinator, std::chrono::seconds(10), plan_atom::value, half_plan(rank, 5), std::string())
-          .receive([&](WriteAssignment&) { st = Status::ok(); }, [&](caf::error& e) { st = from_caf_error(e); });
-      return st;
-    });
-  };
+  auto plan = [&](int rank, std::chrono::milliseconds at) { return plan_later(system, coordinator, rank, at); };
   auto first = plan(0, std::chrono::milliseconds(0));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   caf::anon_send(coordinator, abort_atom::value, std::int64_t{5}, std::int32_t{1}, std::string("rank 1 failed"));
@@ -282,15 +287,7 @@ BOOST_AUTO_TEST_CASE(a_rank_whose_write_ends_the_drain_of_a_failed_save_hears_it
   TempDir dir;
   caf::actor_system system{test::system_config()};
   auto coordinator = spawn_checkpoint_coordinator(system, {dir.path(), 2, local_file_system(), std::chrono::seconds(20)});
-  auto plan = [&](int rank) {
-    return std::async(std::launch::async, [&system, coordinator, rank] {
-      caf::scoped_actor self{system};
-      Status st = Status{ErrorCode::internal, "no answer"};
-      self->request(coordinator, std::chrono::seconds(30), plan_atom::value, half_plan(rank, 5), std::string())
-          .receive([&](WriteAssignment&) { st = Status::ok(); }, [&](caf::error& e) { st = from_caf_error(e); });
-      return st;
-    });
-  };
+  auto plan = [&](int rank) { return plan_later(system, coordinator, rank); };
   auto zero = plan(0), one = plan(1);
   BOOST_REQUIRE(zero.get().is_ok());
   BOOST_REQUIRE(one.get().is_ok());
