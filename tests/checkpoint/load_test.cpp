@@ -493,8 +493,9 @@ BOOST_AUTO_TEST_CASE(coalesce_ranges_merges_neighbours_only) {
 
 BOOST_AUTO_TEST_CASE(neighbouring_chunks_are_read_in_one_read) {
   TempDir dir;
-  // One bucket file: every chunk of the rank lies back to back in it.
-  auto states = save_synthetic(dir.path(), 1, 1u << 20, 8, 1);
+  // One bucket file: every chunk of the rank lies back to back in it, as many bytes as one read
+  // from a local file system takes.
+  auto states = save_synthetic(dir.path(), 1, kCheapReadBytes, 8, 1);
   std::string ckpt = dir / "global_step_1";
   for (int threads : {1, 4}) {
     BOOST_TEST_CONTEXT("threads " << threads) {
