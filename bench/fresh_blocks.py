@@ -8,12 +8,14 @@ slowest / median of sets 3+.
   delete       the set before is removed after each set (as retention removes a step): the next
                set's blocks are freed ones, reused once the file system has committed the free
   delete_sync  the same, then `sync` (the free committed before the next set)
+  delete_fsync the same, then an fsync of the folder that held the set (on ext4 that commits the
+               journal's transaction, the free with it)
   keep         nothing removed: every set writes blocks never written in this run
   reuse        the set two before is renamed into place and written over (no O_TRUNC): the same
                blocks, still allocated to the files (what reuse_files does)
 
     python3 bench/fresh_blocks.py [--dir /work/fresh-blocks] [--sets 12] [--rounds 2]
-        [--files 8] [--file-mib 128] [--modes reuse,delete,delete_sync,keep]
+        [--files 8] [--file-mib 128] [--modes reuse,delete,delete_sync,delete_fsync,keep]
 """
 import argparse
 import os
@@ -51,6 +53,12 @@ def one_process(args):
             shutil.rmtree(os.path.join(base, "s%d" % (i - 1)))
             if args.child == "delete_sync":
                 os.sync()
+            elif args.child == "delete_fsync":
+                fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
     shutil.rmtree(base, ignore_errors=True)
     print(" ".join("%.4f" % t for t in times))
 
@@ -69,7 +77,7 @@ def main():
         return one_process(args)
     modes = args.modes.split(",")
     for m in modes:
-        if m not in ("reuse", "delete", "delete_sync", "keep"):
+        if m not in ("reuse", "delete", "delete_sync", "delete_fsync", "keep"):
             sys.exit(f"fresh_blocks: no mode '{m}'")
     os.makedirs(args.dir, exist_ok=True)
     print(f"{args.files} files x {args.file_mib} MiB per set, {args.sets} sets per process, {args.rounds} rounds, "

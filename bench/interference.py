@@ -10,7 +10,10 @@ the run without saves) / (GiB saved by the arm - GiB saved by the run without sa
 only its last step).
 
     python3 bench/interference.py [--bin build/bin] [--rounds 3] [--steps 40] [--interval 10]
-                                  [--state-mib 512] [--dir /work/interference]
+                                  [--state-mib 512] [--dir /work/interference] [--steady-after 30]
+With more steps than --steady-after, it also prints the same figures over the steps after it: the
+first saves of a run write new files (and, on a virtual machine, fill page-cache pages the host has
+to provide anew), the later ones write over the files retention removed.
 
 Target (issue 29): training with async saves every 10 steps at least 0.95x the steps per second
 of training without saves (median over rounds), for both staging settings.
@@ -66,7 +69,13 @@ def run_arm(args, name, settings):
             (steps if row.get("type") == "step" else saves).append(row)
     shutil.rmtree(os.path.join(out, "ckpt"), ignore_errors=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # From the step after `steady_after` on: the saves there write over the data files of the steps
+    # retention removed (trainer.ckpt_reuse_files), as every save of a long run does.
+    at = {row["step"]: row["elapsed_s"] for row in steps}
+    last = steps[-1]["step"]
+    steady = (last - args.steady_after) / (at[last] - at[args.steady_after]) if args.steady_after in at else None
     return {"steps_per_s": len(steps) / steps[-1]["elapsed_s"],
+            "steady_steps_per_s": steady,
             "cpu_s": cpu,
             "saved_bytes": sum(s.get("bytes", 0) for s in saves),
             "stall_s": [s.get("stall_s", 0.0) for s in saves]}
@@ -80,7 +89,12 @@ def main():
     ap.add_argument("--interval", type=int, default=10)
     ap.add_argument("--state-mib", type=int, default=512)
     ap.add_argument("--dir", default="/work/interference")
+    ap.add_argument("--steady-after", type=int, default=None,
+                    help="also report steps/s over the steps after this one (default: 3 x --interval, once "
+                         "retention keeps 2 steps and the saves write over the files of the ones it removed)")
     args = ap.parse_args()
+    if args.steady_after is None:
+        args.steady_after = 3 * args.interval
     if args.steps < 2 * args.interval:
         sys.exit("interference: --steps must allow at least two saves (2 x --interval)")
     arms = {
@@ -121,6 +135,16 @@ def main():
             stalls = [s for row in rows for s in row["stall_s"]]
             print(f"{'':<24}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s "
                   f"over {len(stalls)} saves")
+    if args.steps > args.steady_after:
+        print(f"\nfrom step {args.steady_after + 1} on (the saves there write over the files of the steps retention "
+              f"removed; the saves before wrote new files):")
+        steady = {name: [row["steady_steps_per_s"] / b["steady_steps_per_s"] for row, b in zip(results[name], base)]
+                  for name in names}
+        for name in names:
+            sps = [row["steady_steps_per_s"] for row in results[name]]
+            print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in steady[name]):<26}"
+                  f"{statistics.median(steady[name]):7.3f}")
+        print()
     worst = min(statistics.median(ratios[n]) for n in names[1:])
     print("target (>= 0.95x the steps per second without saves): " + ("met" if worst >= 0.95 else
           f"NOT met (worst median {worst:.3f})"))
