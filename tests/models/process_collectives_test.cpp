@@ -87,16 +87,22 @@ BOOST_AUTO_TEST_CASE(gloo_groups_give_the_host_groups_bits_for_every_layout) {
       auto host_sum = gloo_sum;
       auto gloo_gathered = gloo_sum;
       auto host_gathered = gloo_sum;
+      // A rank's first failed call: checked on the test's thread (a failed BOOST_REQUIRE on a
+      // rank's thread throws out of it and aborts the whole test, its message lost).
+      std::vector<Status> failed(static_cast<std::size_t>(layout.world_size()));
       auto body = [&](std::vector<RankGroups>& groups, std::vector<std::vector<float>>& sum,
                       std::vector<std::vector<float>>& gathered) {
         return [&](int r) {
           const auto i = static_cast<std::size_t>(r);
           const int dp = layout.data_index(r);
+          auto ok = [&](Status st) {
+            if (!st.is_ok() && failed[i].is_ok()) failed[i] = std::move(st);
+            return failed[i].is_ok();
+          };
           sum[i] = random_floats(n, static_cast<unsigned>(r));
           for (int repeat = 0; repeat < 3; ++repeat) {
-            BOOST_REQUIRE(
-                groups[i].tensor->all_reduce_sum(layout.tensor_index(r), sum[i].data(), n).is_ok());
-            BOOST_REQUIRE(groups[i].data->all_reduce_sum(dp, sum[i].data(), n).is_ok());
+            if (!ok(groups[i].tensor->all_reduce_sum(layout.tensor_index(r), sum[i].data(), n))) return;
+            if (!ok(groups[i].data->all_reduce_sum(dp, sum[i].data(), n))) return;
           }
           gathered[i] = random_floats(n, 100u + static_cast<unsigned>(layout.tensor_index(r)));
           const std::size_t lo =
@@ -107,11 +113,15 @@ BOOST_AUTO_TEST_CASE(gloo_groups_give_the_host_groups_bits_for_every_layout) {
               static_cast<std::size_t>(layout.data_parallel * layout.data_parallel);
           for (std::size_t k = lo; k < hi; ++k)
             gathered[i][k] += static_cast<float>(dp);
-          BOOST_REQUIRE(groups[i].data->all_gather(dp, gathered[i].data(), n, lo, hi - lo).is_ok());
+          ok(groups[i].data->all_gather(dp, gathered[i].data(), n, lo, hi - lo));
         };
       };
       world.run(body(world.groups, gloo_sum, gloo_gathered));
+      for (std::size_t r = 0; r < failed.size(); ++r)
+        BOOST_REQUIRE_MESSAGE(failed[r].is_ok(), "Gloo, rank " << r << ": " << failed[r].to_string());
       world.run(body(host, host_sum, host_gathered));
+      for (std::size_t r = 0; r < failed.size(); ++r)
+        BOOST_REQUIRE_MESSAGE(failed[r].is_ok(), "host groups, rank " << r << ": " << failed[r].to_string());
       for (std::size_t r = 0; r < gloo_sum.size(); ++r) {
         BOOST_TEST(std::memcmp(gloo_sum[r].data(), host_sum[r].data(), n * sizeof(float)) == 0,
                    "sum of rank " << r);
