@@ -240,9 +240,15 @@ BOOST_AUTO_TEST_CASE(parallel_layouts_agree_and_training_learns) {
 BOOST_AUTO_TEST_CASE(exported_weights_let_generators_sample_like_the_policy) {
   auto store = std::make_shared<WeightStore>(2, 16, 8, 32);
   Models world({2, 1}, store);
+  // Each rank's thread records its export's status; the test's thread checks them (Boost.Test's
+  // macros are not thread-safe).
+  std::vector<Status> exported(world.ranks.size(), Status::ok());
   std::vector<std::thread> threads;
-  for (auto& m : world.ranks) threads.emplace_back([&] { BOOST_TEST(m->export_weights(0).is_ok()); });
+  for (std::size_t r = 0; r < world.ranks.size(); ++r)
+    threads.emplace_back([&, r] { exported[r] = world.ranks[r]->export_weights(0); });
   for (auto& t : threads) t.join();
+  for (std::size_t r = 0; r < exported.size(); ++r)
+    BOOST_TEST(exported[r].is_ok(), "rank " << r << ": " << exported[r].to_string());
   auto weights = store->wait_for(0, std::chrono::seconds(5));
   BOOST_REQUIRE(weights.is_ok());
   BanditTask task(3, 16, 8);
