@@ -41,8 +41,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
           }
           // While a save of the step made again forms, an await is about the failed one: a rank
           // awaits its own save only once its plan was assigned, which opens the step.
-          if (forming_ && forming_->step == step && forming_->superseded) return to_caf_error(*forming_->superseded);
-          if (open_step_ != step && !(forming_ && forming_->step == step)) {
+          if (const Status* failed = superseded(step)) return to_caf_error(*failed);
+          if (open_step_ != step && !forming(step)) {
             return to_caf_error({ErrorCode::invalid_argument, "step " + std::to_string(step) + " was never begun"});
           }
           auto promise = make_response_promise<CommitInfo>();
@@ -50,14 +50,14 @@ class CheckpointCoordinator : public coordinator_actor::base {
           return promise;
         },
         [this](poll_atom, std::int64_t step) -> bool {
-          return outcomes_.count(step) != 0 || (forming_ && forming_->step == step && forming_->superseded);
+          return outcomes_.count(step) != 0 || superseded(step) != nullptr;
         },
         [this](abort_atom, std::int64_t step, std::int32_t rank, const std::string& reason) {
           const Status why{ErrorCode::aborted, reason};
           // A rank's abort of a failed save may come after another rank began saving the step
           // again: it ends the new save only if it is about it (the rank planned in it, or was
           // not in the failed one). A rank's abort always comes before its own next plan.
-          if (forming_ && forming_->step == step) {
+          if (forming(step)) {
             const bool stale = rank >= 0 && rank < options_.world_size &&
                                !forming_->plans[static_cast<std::size_t>(rank)] && forming_->again.count(rank) != 0;
             if (!stale) fail_forming(why);
@@ -135,6 +135,15 @@ class CheckpointCoordinator : public coordinator_actor::base {
     std::optional<Status> superseded;
   };
 
+  /// Whether a save of `step` forms (its plans are being gathered).
+  bool forming(std::int64_t step) const { return forming_ && forming_->step == step; }
+
+  /// While a save of `step` made again forms: the failed save's outcome, the answer to awaits
+  /// and polls of the step meanwhile; null otherwise.
+  const Status* superseded(std::int64_t step) const {
+    return forming(step) && forming_->superseded ? &*forming_->superseded : nullptr;
+  }
+
   caf::result<WriteAssignment> on_plan(LocalPlan plan, std::string trainer_state) {
     auto promise = make_response_promise<WriteAssignment>();
     take_plan(std::move(plan), std::move(trainer_state), promise);
@@ -157,7 +166,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
                                              " must finalize it before saving step " + std::to_string(plan.step)});
     }
     if (auto outcome = outcomes_.find(plan.step); outcome != outcomes_.end() && !outcome->second.is_ok() &&
-                                                  !(forming_ && forming_->step == plan.step)) {
+                                                  !forming(plan.step)) {
       // A rank that was not in the failed save (it came after the others failed) hears why, once;
       // a rank that was told (its call failed) saves the step again: a new save begins.
       auto& untold = untold_[plan.step];
@@ -166,7 +175,7 @@ class CheckpointCoordinator : public coordinator_actor::base {
                                                             " too late"));
       }
     }
-    if (draining_ && draining_->step == plan.step && !(forming_ && forming_->step == plan.step)) {
+    if (draining_ && draining_->step == plan.step && !forming(plan.step)) {
       // The failed save's last writers still write into the step's folder: the new save begins
       // once they stopped (or the drain limit passed), never under them.
       deferred_.push_back(Deferred{std::move(plan), std::move(trainer_state), std::move(promise)});
