@@ -53,6 +53,11 @@ class WritableFile {
     (void)bytes;
     return nullptr;
   }
+  /// The block size (4096) at which this file's writes go around the page cache: whole blocks
+  /// of memory that lies at the same offset within a block as the file bytes it is written to
+  /// (create_file_uncached where the store takes O_DIRECT); 0 when every write goes through the
+  /// cache or the store's own buffers.
+  virtual std::size_t direct_block() const { return 0; }
   /// Makes everything written so far durable: fsync, or the upload of an object.
   /// @post on an object store the object exists whole; nothing may be written after it.
   virtual Status sync() = 0;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -22,9 +23,12 @@ constexpr std::uint64_t kBlock = 4096;
 bool aligned(std::uint64_t v) { return v % kBlock == 0; }
 bool aligned(const void* p) { return aligned(reinterpret_cast<std::uintptr_t>(p)); }
 
-/// Whole blocks of aligned memory at aligned offsets go through `direct_` (O_DIRECT, no copy);
-/// the rest, a file's last partial block or unaligned writes, through `cached_`, a second
-/// descriptor of the same file (the kernel keeps the two coherent; fsync syncs the file).
+/// Whole blocks go through `direct_` (O_DIRECT, no copy) where the memory lies at the same
+/// offset within a block as the file bytes it is written to; the rest (the partial blocks at
+/// a write's ends, a file's last block, memory at other offsets) through `cached_`, a second
+/// descriptor of the same file (the kernel keeps the two coherent; fsync syncs the file). A
+/// writer that wants its bytes to go direct places its memory so (SaveEngineOptions::
+/// uncached_writes).
 class UncachedWritableFile final : public WritableFile {
  public:
   UncachedWritableFile(Fd direct, Fd cached, std::string path)
@@ -38,7 +42,15 @@ class UncachedWritableFile final : public WritableFile {
 
   Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
     const auto* p = static_cast<const std::uint8_t*>(data);
-    if (aligned(offset) && aligned(p)) {
+    // Unsigned arithmetic: the difference is taken modulo 2^64, which kBlock divides.
+    if ((offset - reinterpret_cast<std::uintptr_t>(p)) % kBlock == 0) {
+      // Cached up to the first block boundary: that block's other bytes (a header, the previous
+      // write's tail) are in the page cache.
+      const auto head = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, (kBlock - offset % kBlock) % kBlock));
+      SH_RETURN_IF_ERROR(pwrite_all(cached_.get(), offset, p, head, path_));
+      p += head;
+      offset += head;
+      bytes -= head;
       const std::size_t whole = bytes - bytes % kBlock;
       SH_RETURN_IF_ERROR(pwrite_all(direct_.get(), offset, p, whole, path_));
       p += whole;
@@ -47,6 +59,8 @@ class UncachedWritableFile final : public WritableFile {
     }
     return pwrite_all(cached_.get(), offset, p, bytes, path_);
   }
+
+  std::size_t direct_block() const override { return kBlock; }
 
   Status sync() override {
     if (::fsync(direct_.get()) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");

@@ -55,6 +55,8 @@ class RateLimitedFile final : public WritableFile {
   Status start_writeback(std::uint64_t offset, std::size_t bytes) override {
     return inner_->start_writeback(offset, bytes);
   }
+  // Paced in pieces of kPiece, a multiple of any such block: each piece keeps its place.
+  std::size_t direct_block() const override { return inner_->direct_block(); }
   Status sync() override { return inner_->sync(); }
   Status close() override { return inner_->close(); }
 
@@ -89,6 +91,10 @@ class RateLimitedFileSystem final : public FileSystemWrapper {
     SH_ASSIGN_OR_RETURN(auto file, inner().create_file(path));
     return std::unique_ptr<WritableFile>(
         std::make_unique<RateLimitedFile>(std::move(file), limiter_));
+  }
+  Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    SH_ASSIGN_OR_RETURN(auto file, inner().create_file_uncached(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<RateLimitedFile>(std::move(file), limiter_));
   }
 
  private:

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +42,35 @@ class GateLimit {
  private:
   std::chrono::milliseconds old_ = foreground_gate().limit();
 };
+
+/// Whether the file system of folder `dir` takes O_DIRECT.
+inline bool takes_direct_io(const std::string& dir) {
+  const std::string probe = dir + "/probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
+/// How many of the file's pages are in the page cache (mincore of a mapping); throws when the
+/// file cannot be mapped.
+inline std::size_t cached_pages(const std::string& path) {
+  const auto size = static_cast<std::size_t>(std::filesystem::file_size(path));
+  if (size == 0) return 0;
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "'");
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) throw std::runtime_error("cannot map '" + path + "'");
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  const int got = ::mincore(map, size, resident.data());
+  ::munmap(map, size);
+  if (got != 0) throw std::runtime_error("mincore of '" + path + "' failed");
+  std::size_t n = 0;
+  for (unsigned char r : resident) n += r & 1;
+  return n;
+}
 
 /// A fresh folder under /tmp, removed at the end of the test.
 class TempDir {

@@ -292,36 +292,6 @@ BOOST_AUTO_TEST_CASE(reused_files_in_memory_are_written_through_a_mapping_kept_f
   BOOST_TEST(test::read_file(dir / "holes_taken") == fresh.substr(0, kOld));
 }
 
-namespace {
-
-/// Whether the file system of folder `dir` takes O_DIRECT.
-bool takes_direct_io(const std::string& dir) {
-  const std::string probe = dir + "/probe";
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
-  if (fd >= 0) ::close(fd);
-  ::unlink(probe.c_str());
-  return fd >= 0;
-}
-
-/// How many of the file's pages are in the page cache.
-std::size_t cached_pages(const std::string& path) {
-  const auto size = static_cast<std::size_t>(fs::file_size(path));
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  BOOST_REQUIRE(fd >= 0);
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  BOOST_REQUIRE(map != MAP_FAILED);
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> resident((size + page - 1) / page);
-  BOOST_REQUIRE(::mincore(map, size, resident.data()) == 0);
-  ::munmap(map, size);
-  std::size_t n = 0;
-  for (unsigned char r : resident) n += r & 1;
-  return n;
-}
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(uncached_files_hold_every_byte_written_whatever_its_alignment_and_leave_no_cache_behind) {
   // On disk (O_DIRECT where the file system takes it, the usual files where it does not) and in
   // memory.
@@ -363,10 +333,41 @@ BOOST_AUTO_TEST_CASE(uncached_files_hold_every_byte_written_whatever_its_alignme
       BOOST_TEST((*in)->read(expected.size() - 10, back.get(), 11).code() == ErrorCode::corruption);
       // What went around the cache is not in it: at most the blocks written through it (a
       // file system on a device; tmpfs, which takes O_DIRECT since Linux 6.6, is its cache).
-      if (!in_memory(parent) && takes_direct_io(dir.path())) {
-        BOOST_TEST(cached_pages(path) <= 3u);
+      if (!in_memory(parent) && test::takes_direct_io(dir.path())) {
+        BOOST_TEST(test::cached_pages(path) <= 3u);
       }
       BOOST_TEST(test::read_file(path) == expected);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(uncached_writes_go_around_the_cache_wherever_memory_and_file_share_the_offset_within_a_block) {
+  // As a bucket file is written with uncached staging (SaveEngineOptions::uncached_writes): a
+  // header of no particular size, then the data in pieces whose memory lies at the offset
+  // within a 4096-byte block that their file bytes have.
+  constexpr std::size_t kMiB = 1u << 20;
+  constexpr std::size_t kHeader = 4096 + 123;
+  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
+  BOOST_REQUIRE(memory);
+  const std::string bytes = pattern(3 * kMiB + 777, 'd');
+  char* at = memory.get() + kHeader % 4096;
+  std::memcpy(at, bytes.data(), bytes.size());
+  TempDir dir(fs::temp_directory_path().string());
+  const std::string path = dir / "bucket";
+  auto file = local_file_system()->create_file_uncached(path);
+  BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+  const std::string header = pattern(kHeader, 'h');
+  BOOST_REQUIRE((*file)->append(header.data(), header.size()).is_ok());
+  // Pieces of 1 MiB (the last one shorter), each at its own file offset.
+  for (std::size_t done = 0; done < bytes.size(); done += kMiB) {
+    const std::size_t n = std::min(kMiB, bytes.size() - done);
+    BOOST_REQUIRE((*file)->write_at(kHeader + done, at + done, n).is_ok());
+  }
+  BOOST_REQUIRE((*file)->sync().is_ok());
+  BOOST_REQUIRE((*file)->close().is_ok());
+  if (test::takes_direct_io(dir.path())) {
+    // The blocks holding the header and each piece's ends at most: the rest went to the device.
+    BOOST_TEST(test::cached_pages(path) <= 2u + 4u);
+  }
+  BOOST_TEST(test::read_file(path) == header + bytes);
 }
