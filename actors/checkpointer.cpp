@@ -170,6 +170,7 @@ class PendingSave::Impl {
     strategy.thread_count = options.thread_count;
     strategy.load_thread_count = options.load_thread_count;
     strategy.staging_buckets = options.staging_buckets;
+    strategy.uncached_writes = options.uncached_writes;
     // Async saves to an object store run as sync saves, which write host tensors straight from
     // them: no staging to reserve there.
     strategy.async_save = prepare_async && !fs->capabilities(options.root).uploads;

@@ -67,6 +67,10 @@ struct CheckpointerOptions {
   /// next save writes over them instead of creating new files: no disk blocks freed and
   /// allocated again at every save. false: freed at once.
   bool reuse_files = true;
+  /// New data files are written around the page cache (O_DIRECT) where the file system takes
+  /// it (megatron_config.ckpt_save_uncached): no page allocated, copied into or left dirty, so
+  /// the first saves are as fast as later ones; a load right after then reads from the device.
+  bool uncached_writes = true;
   /// Where every file goes through; null: the default (local paths, and s3:// or gs:// through
   /// the object store). A test's fault-injecting or slowed file system goes here.
   std::shared_ptr<FileSystem> file_system = nullptr;

@@ -37,26 +37,14 @@ class ReusingFileSystem final : public FileSystemWrapper {
     }
   }
 
-  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override {
-    const std::string* root = root_of(path);
-    if (root != nullptr && reuse_works_.load() && data_file_rank(path) >= 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const std::string spare = spares(*root) + "/" + base_name(path);
-      auto reused = inner().reuse_file(spare, path, &mappings_[spare]);
-      if (reused.is_ok()) {
-        ++reused_;
-        return reused;
-      }
-      // None to take (not_found) or it cannot be taken: created as usual.
-      if (reused.status().code() == ErrorCode::unsupported) reuse_works_ = false;
-    }
-    return inner().create_file(path);
-  }
+  Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override { return create(path, false); }
 
-  /// Outside the local tier (the durable tier beside it) as `inner` does it.
+  /// A retired step's file is written over (cached, as create_file does); with none to take,
+  /// the file is created uncached.
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
-    return root_of(path) != nullptr ? create_file(path) : inner().create_file_uncached(path);
+    return create(path, true);
   }
+  /// Outside the local tier (the durable tier beside it) as `inner` does it.
   Result<std::unique_ptr<ReadableFile>> open_file_uncached(const std::string& path) override {
     return root_of(path) != nullptr ? open_file(path) : inner().open_file_uncached(path);
   }
@@ -79,6 +67,23 @@ class ReusingFileSystem final : public FileSystemWrapper {
   }
 
  private:
+  /// A data file below a root takes a retired step's file to write over, when there is one.
+  Result<std::unique_ptr<WritableFile>> create(const std::string& path, bool uncached) {
+    const std::string* root = root_of(path);
+    if (root != nullptr && reuse_works_.load() && data_file_rank(path) >= 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const std::string spare = spares(*root) + "/" + base_name(path);
+      auto reused = inner().reuse_file(spare, path, &mappings_[spare]);
+      if (reused.is_ok()) {
+        ++reused_;
+        return reused;
+      }
+      // None to take (not_found) or it cannot be taken: created as usual.
+      if (reused.status().code() == ErrorCode::unsupported) reuse_works_ = false;
+    }
+    return uncached ? inner().create_file_uncached(path) : inner().create_file(path);
+  }
+
   static std::string spares(const std::string& root) { return root + "/" + kSpareFilesDir; }
 
   bool is_root(const std::string& path) const {

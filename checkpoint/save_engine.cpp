@@ -17,10 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Bytes hashed and then written at once: small enough to stay in the CPU cache between the
-/// hash and the write's copy into the page cache.
-constexpr std::size_t kBlockBytes = 2u << 20;
-
 /// Bytes an async save copies at a time into a bucket's file (begin_async with the file in
 /// memory) when the bucket is copied in pieces: pieces enough for every writer thread to take some.
 constexpr std::size_t kInFilePieceBytes = 8u << 20;
@@ -29,15 +25,6 @@ constexpr std::size_t kInFilePieceBytes = 8u << 20;
 /// the whole bucket: small enough that the source just read is still in the core's cache (the
 /// copy's stores bypass it) when it is hashed.
 constexpr std::size_t kCopyAndHashBytes = 512u << 10;
-
-/// Adds the seconds `work` takes to `phase`.
-template <class F>
-auto timed(double& phase, F&& work) {
-  auto start = Clock::now();
-  auto result = work();
-  phase += std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
-}
 
 /// Whether some tensor of `state` lives on a GPU.
 bool on_device(const StateDict& state) {
@@ -99,7 +86,7 @@ SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<File
     : rank_(rank),
       options_(std::move(options)),
       fs_(std::move(fs)),
-      staging_(options_.pinned),
+      staging_(options_.pinned, options_.uncached_writes),
       writers_(options_.thread_count, options_.writer_thread_start) {}
 
 Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
@@ -128,6 +115,10 @@ Status SaveEngine::prepare(const StateDict& state, bool async) {
   // first-touched inside that save's stall; an eighth more is reserved now (the slack the pool
   // keeps anyway), so that up to that much more is already there.
   return reserve_staging(state, async, async && options_.staging_buckets == 0);
+}
+
+std::uint8_t* SaveEngine::piece_memory(std::size_t slot, const PlannedBucket& bucket, std::uint64_t begin) {
+  return staging_.data(slot) + staging_.block_offset(bucket.header.size() + begin);
 }
 
 RankSaveReport SaveEngine::make_report(std::int64_t step) const {
@@ -262,7 +253,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         std::size_t slot = 0;
         room = staging_.try_acquire(static_cast<std::size_t>(end - begin), slot);
         if (room) {
-          staged.push_back({b, begin, end, staging_.data(slot), slot});
+          staged.push_back({b, begin, end, piece_memory(slot, bucket, begin), slot});
           prestaged_[b].push_back(slot);
           ++into_slots;
         }
@@ -400,25 +391,11 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   in_file_.clear();
   hashed_.clear();
   copy_later_.clear();
-  if (options_.release_after_save) staging_.release_all();
-  return report;
-}
-
-Status SaveEngine::hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher,
-                                  std::uint64_t at, const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
-                                  BackgroundWriteback* writeback) {
-  for (std::size_t done = 0; done < bytes;) {
-    const std::size_t n = std::min(kBlockBytes, bytes - done);
-    timed(phases.hash_s, [&] {
-      hasher.consume(data + done, n);
-      return 0;
-    });
-    SH_RETURN_IF_ERROR(timed(phases.write_s, [&] {
-      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n, writeback);
-    }));
-    done += n;
+  if (options_.release_after_save) {
+    staging_.release_all();
+    bounces_.release_all();
   }
-  return Status::ok();
+  return report;
 }
 
 BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
@@ -441,8 +418,10 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     if (b < opened_.size() && opened_[b]) {
       file = std::move(opened_[b]);
     } else {
-      SH_ASSIGN_OR_RETURN(file,
-                          timed(result.phases.write_s, [&] { return open_bucket_file(*fs_, policy_dir, bucket); }));
+      // Not a file begin_async() staged into (its memory is the file's).
+      const bool uncached = options_.uncached_writes && (b >= in_file_.size() || in_file_[b] == nullptr);
+      SH_ASSIGN_OR_RETURN(file, timed(result.phases.write_s,
+                                      [&] { return open_bucket_file(*fs_, policy_dir, bucket, uncached); }));
     }
     std::uint8_t* in_file = b < in_file_.size() ? in_file_[b] : nullptr;
     // No write-back of the file is left running or queued once this scope ends (before the file
@@ -482,7 +461,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       for (std::uint64_t done = 0; done < bucket.data_bytes;) {
         if (failed_.load()) return stopped_by_another_bucket();
         yield_to_foreground();
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, bucket.data_bytes - done));
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kHashBlockBytes, bucket.data_bytes - done));
         timed(result.phases.hash_s, [&] {
           hasher->consume(in_file + done, n);
           return 0;
@@ -490,12 +469,26 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
         done += n;
       }
     } else if (direct) {
+      // Into a file that takes writes around the page cache, through a bounce block of the
+      // engine's (the tensors' memory does not lie at their file bytes' offsets within a block):
+      // a copy as the page cache's would be, without its page allocations and dirty pages.
+      HostBuffer bounce;
+      if (file->direct_block() == StagingPool::kBlockBytes) bounce = bounces_.take();
+      struct GiveBack {
+        SaveEngine& engine;
+        HostBuffer& bounce;
+        ~GiveBack() {
+          if (bounce.valid()) engine.bounces_.give_back(std::move(bounce));
+        }
+      } give_back{*this, bounce};
       for (const PlannedItem& item : bucket.items) {
         if (failed_.load()) return stopped_by_another_bucket();
-        const Tensor& tensor = state.tensors[item.tensor_index].tensor;
-        SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, *hasher, item.data_offset,
-                                          static_cast<const std::uint8_t*>(tensor.data()),
-                                          static_cast<std::size_t>(item.nbytes), result.phases, writeback));
+        const auto* data = static_cast<const std::uint8_t*>(state.tensors[item.tensor_index].tensor.data());
+        const auto bytes = static_cast<std::size_t>(item.nbytes);
+        SH_RETURN_IF_ERROR(bounce.valid() ? bounce_and_write(*file, bucket, *hasher, item.data_offset, data, bytes,
+                                                             bounce.data(), result.phases, writeback)
+                                          : hash_and_write(*file, bucket, *hasher, item.data_offset, data, bytes,
+                                                           result.phases, writeback));
       }
     } else {
       const std::size_t piece = staging_.piece_bytes();
@@ -512,8 +505,8 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
           slot = staging_.acquire(bytes);
           Status staged = timed(result.phases.copy_s,
                                 [&] {
-                                  return stage_range(bucket, begin, begin + bytes, state, staging_.data(slot), copies_,
-                                                     stream_of(bucket));
+                                  return stage_range(bucket, begin, begin + bytes, state,
+                                                     piece_memory(slot, bucket, begin), copies_, stream_of(bucket));
                                 });
           if (unstaged_.fetch_sub(1) == 1) all_staged();
           if (!staged.is_ok()) {
@@ -522,7 +515,8 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
           }
         }
         Status written =
-            hash_and_write(*file, bucket, *hasher, begin, staging_.data(slot), bytes, result.phases, writeback);
+            hash_and_write(*file, bucket, *hasher, begin, piece_memory(slot, bucket, begin), bytes, result.phases,
+                           writeback);
         staging_.give_back(slot);
         written_pieces = k + 1;
         SH_RETURN_IF_ERROR(written);

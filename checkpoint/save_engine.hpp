@@ -38,13 +38,22 @@ struct SaveEngineOptions {
   /// save's own: BackgroundWriteback), so that the fsync at the end has little left to do and
   /// dirty pages never pile up.
   bool early_writeback = true;
+  /// Write new bucket files around the page cache (O_DIRECT, FileSystem::create_file_uncached;
+  /// megatron_config.ckpt_save_uncached): no page allocated, copied into or left dirty. Staged
+  /// pieces are placed at the offset within a 4096-byte block that their file bytes have and go
+  /// to the device from their slot; a sync save of host-resident tensors copies each
+  /// kDirectWriteBytes through a bounce block of the engine's (one per bucket being written).
+  /// The partial blocks at a write's ends go through the cache. Files the file system gives
+  /// otherwise (a retired step's, written over; a store without O_DIRECT) are written as usual.
+  bool uncached_writes = false;
 };
 
 /// One rank's checkpoint writer: plans the rank's chunks into buckets and writes each bucket file
 /// on its own writer thread, streaming: chunk and file checksums are taken in the same pass.
 ///
 /// Where the bytes come from:
-/// - a sync save of host-resident tensors writes straight from the tensors' memory: no copy;
+/// - a sync save of host-resident tensors writes straight from the tensors' memory: no copy
+///   (into uncached files, through one bounce block per writer thread);
 /// - device memory, and every async save (a snapshot), passes through a ring of host staging
 ///   slots: a piece of a bucket is staged as soon as any slot is free, then hashed and written,
 ///   and its slot is free again; copies, checksums and writes of different buckets overlap.
@@ -66,6 +75,9 @@ class SaveEngine {
   const SaveEngineOptions& options() const { return options_; }
   /// Bytes of host staging buffers held now; may be read from any thread.
   std::size_t staging_bytes() const { return staging_.bytes(); }
+  /// Bytes of the blocks a sync save of host memory copies through into uncached files
+  /// (uncached_writes): at most one block per writer thread.
+  std::size_t bounce_bytes() const { return bounces_.bytes(); }
   /// Whether the last begin_async() left pieces to stage in the background, so that the state
   /// must not change before write_async()'s `on_all_staged`.
   bool stages_in_background() const { return unstaged_.load() > 0; }
@@ -135,11 +147,10 @@ class SaveEngine {
   BucketWriteResult write_bucket(const PlannedBucket& bucket, const StateDict& state, bool direct,
                                  const std::string& policy_dir, bool uploads, const std::function<void()>& all_staged,
                                  BackgroundWriteback* writeback, bool background);
-  /// Hashes and writes `bytes` of `bucket`'s data section from `data`, at data offset `at`.
-  Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                        const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
-                        BackgroundWriteback* writeback);
   std::string bucket_context(const PlannedBucket& bucket) const;
+  /// Where staging slot `slot` holds the piece of `bucket` that starts at data byte `begin`
+  /// (StagingPool::block_offset of its file offset).
+  std::uint8_t* piece_memory(std::size_t slot, const PlannedBucket& bucket, std::uint64_t begin);
   /// Drops what a begin_async() prepared for its write_async(): gives back its slots, closes
   /// the files it opened.
   void drop_begun();
@@ -180,6 +191,9 @@ class SaveEngine {
   double prestage_open_s_ = 0;
   /// Pieces of the current save not staged yet.
   std::atomic<std::size_t> unstaged_{0};
+  /// Bounce blocks (bounce_and_write) free for the next bucket, kept from save to save unless
+  /// release_after_save.
+  BlockPool bounces_{kBounceBytes};
   /// Set by the first bucket that fails: the others stop at their next piece.
   std::atomic<bool> failed_{false};
   ThreadPool writers_;

@@ -56,10 +56,14 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
   return sizes;
 }
 
+std::size_t StagingPool::footprint(std::size_t size) const {
+  return block_aligned_ && size > 0 ? round_up(size, kBlockBytes) + kBlockBytes : size;
+}
+
 Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t total = 0;
-  for (std::size_t s : sizes) total += s;
+  for (std::size_t s : sizes) total += footprint(s);
   const std::size_t most = total + total / kSlackDivisor;
   std::size_t held = 0;
   for (const auto& b : buffers_) held += b.size();
@@ -79,14 +83,14 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom
   for (std::size_t j : order) {
     if (sizes[j] == 0) continue;
     std::size_t b = 0;
-    while (b < buffers_.size() && buffers_[b].size() - used[b] < sizes[j]) ++b;
+    while (b < buffers_.size() && buffers_[b].size() - used[b] < footprint(sizes[j])) ++b;
     if (b == buffers_.size()) {
       rest.push_back(j);
-      rest_bytes += sizes[j];
+      rest_bytes += footprint(sizes[j]);
       continue;
     }
     starts_[j] = buffers_[b].data() + used[b];
-    used[b] += sizes[j];
+    used[b] += footprint(sizes[j]);
   }
   // Buffers no slot took are freed (moving a HostBuffer keeps its memory where it is).
   std::vector<HostBuffer> kept;
@@ -129,7 +133,7 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom
     std::size_t at = 0;
     for (std::size_t j : rest) {
       starts_[j] = buffer.data() + at;
-      at += sizes[j];
+      at += footprint(sizes[j]);
     }
     buffers_.push_back(std::move(buffer));
   }
@@ -137,6 +141,33 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom
   for (const auto& b : buffers_) held += b.size();
   bytes_.store(held, std::memory_order_relaxed);
   return Status::ok();
+}
+
+HostBuffer BlockPool::take() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!free_.empty()) {
+      HostBuffer block = std::move(free_.back());
+      free_.pop_back();
+      return block;
+    }
+  }
+  return HostBuffer(block_bytes_, false, &staging_memory());
+}
+
+void BlockPool::give_back(HostBuffer block) {
+  std::lock_guard lock(mutex_);
+  free_.push_back(std::move(block));
+}
+
+std::size_t BlockPool::bytes() const {
+  std::lock_guard lock(mutex_);
+  return free_.size() * block_bytes_;
+}
+
+void BlockPool::release_all() {
+  std::lock_guard lock(mutex_);
+  free_.clear();
 }
 
 void StagingPool::clear_locked() {

@@ -39,7 +39,17 @@ std::size_t piece_count(const PlannedBucket& bucket, std::size_t piece_bytes);
 /// give_back() and data() from any thread.
 class StagingPool {
  public:
-  explicit StagingPool(bool pinned) : pinned_(pinned) {}
+  /// @param block_aligned each slot starts at a 4096-byte boundary and has room for that many
+  ///   more bytes than its size, so that a piece can be placed at the offset within a block that
+  ///   its file bytes have (block_offset()): written with O_DIRECT (uncached writes), no copy.
+  explicit StagingPool(bool pinned, bool block_aligned = false) : pinned_(pinned), block_aligned_(block_aligned) {}
+
+  /// Where in its slot a piece that is written to file offset `file_offset` starts: that
+  /// offset's place within a 4096-byte block with block_aligned slots, else 0.
+  std::size_t block_offset(std::uint64_t file_offset) const {
+    return block_aligned_ ? static_cast<std::size_t>(file_offset % kBlockBytes) : 0;
+  }
+  static constexpr std::size_t kBlockBytes = 4096;
 
   /// Makes the slots have `sizes`; every slot is free afterwards. The slots are laid into the
   /// buffers held (largest first, each into the first with room), and only the ones that do not
@@ -51,7 +61,8 @@ class StagingPool {
   /// slot takes are given back to the system (HostBuffer::trim), so that a shrink allocates and
   /// touches nothing; pinned memory, which cannot be trimmed, is freed first and one buffer of
   /// exactly the sum allocated.
-  /// @post bytes() is at least the sum of `sizes` and at most 9/8 of it
+  /// @post bytes() is at least the sum of `sizes` and at most 9/8 of it (of the slots'
+  ///   footprints, with block_aligned slots)
   /// With `headroom`, a buffer this allocates is an eighth of the sum larger (touched too, free
   /// for later slots), while what is held stays within the bound: a later reserve() of up to that
   /// much more then takes it without allocating.
@@ -77,8 +88,11 @@ class StagingPool {
  private:
   bool take_locked(std::size_t bytes, std::size_t& slot);
   void clear_locked();
+  /// The memory a slot of `size` bytes takes.
+  std::size_t footprint(std::size_t size) const;
 
   bool pinned_;
+  bool block_aligned_;
   std::vector<HostBuffer> buffers_;
   /// Each slot's size and where it starts, in one of `buffers_`.
   std::vector<std::size_t> sizes_;
@@ -87,6 +101,27 @@ class StagingPool {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::atomic<std::size_t> bytes_{0};
+};
+
+/// Host blocks of one size, taken by whoever writes through one (a bucket's writer thread) and
+/// given back for the next; allocated when none is free, counted as staging memory, kept until
+/// release_all().
+///
+/// Thread-safety: every member from any thread.
+class BlockPool {
+ public:
+  explicit BlockPool(std::size_t block_bytes) : block_bytes_(block_bytes) {}
+  /// A free block, or a new one (invalid when it cannot be allocated).
+  HostBuffer take();
+  void give_back(HostBuffer block);
+  /// Bytes of the blocks free in the pool.
+  std::size_t bytes() const;
+  void release_all();
+
+ private:
+  std::size_t block_bytes_;
+  mutable std::mutex mutex_;
+  std::vector<HostBuffer> free_;
 };
 
 /// Copies bytes [begin, end) of `bucket`'s data section from the tensors of `state` (device or

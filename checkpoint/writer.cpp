@@ -1,12 +1,14 @@
 #include "stagehand/checkpoint/writer.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace stagehand {
 
 Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std::string& dir,
-                                                       const PlannedBucket& bucket) {
-  SH_ASSIGN_OR_RETURN(auto file, fs.create_file(dir + "/" + bucket.file_name));
+                                                       const PlannedBucket& bucket, bool uncached) {
+  const std::string path = dir + "/" + bucket.file_name;
+  SH_ASSIGN_OR_RETURN(auto file, uncached ? fs.create_file_uncached(path) : fs.create_file(path));
   SH_RETURN_IF_ERROR(file->append(bucket.header.data(), bucket.header.size()));
   return file;
 }
@@ -109,6 +111,53 @@ Status write_and_start_writeback(WritableFile& file, std::uint64_t offset, const
                                  std::size_t bytes, BackgroundWriteback* writeback) {
   SH_RETURN_IF_ERROR(file.write_at(offset, data, bytes));
   if (writeback != nullptr) writeback->request(file, offset, bytes);
+  return Status::ok();
+}
+
+Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
+                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
+                      BackgroundWriteback* writeback) {
+  const std::size_t write_bytes = file.direct_block() > 0 ? kDirectWriteBytes : kHashBlockBytes;
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t n = std::min(write_bytes, bytes - done);
+    timed(phases.hash_s, [&] {
+      for (std::size_t k = 0; k < n; k += kHashBlockBytes) {
+        hasher.consume(data + done + k, std::min(kHashBlockBytes, n - k));
+      }
+      return 0;
+    });
+    SH_RETURN_IF_ERROR(timed(phases.write_s, [&] {
+      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n, writeback);
+    }));
+    done += n;
+  }
+  return Status::ok();
+}
+
+Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
+                        const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
+                        BackgroundWriteback* writeback) {
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t n = std::min(kDirectWriteBytes, bytes - done);
+    const std::uint64_t offset = bucket.header.size() + at + done;
+    std::uint8_t* block = bounce + offset % 4096;
+    for (std::size_t k = 0; k < n; k += kHashBlockBytes) {
+      const std::size_t m = std::min(kHashBlockBytes, n - k);
+      // Hashed from the source, then copied: the hash reads it into the cache the copy reads
+      // from.
+      timed(phases.hash_s, [&] {
+        hasher.consume(data + done + k, m);
+        return 0;
+      });
+      timed(phases.copy_s, [&] {
+        std::memcpy(block + k, data + done + k, m);
+        return 0;
+      });
+    }
+    SH_RETURN_IF_ERROR(
+        timed(phases.write_s, [&] { return write_and_start_writeback(file, offset, block, n, writeback); }));
+    done += n;
+  }
   return Status::ok();
 }
 

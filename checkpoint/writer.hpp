@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -18,9 +19,9 @@
 namespace stagehand {
 
 /// Creates bucket file `bucket.file_name` in `dir` and writes its planned header: the first step
-/// of writing a bucket.
+/// of writing a bucket. `uncached`: created with FileSystem::create_file_uncached.
 Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std::string& dir,
-                                                       const PlannedBucket& bucket);
+                                                       const PlannedBucket& bucket, bool uncached = false);
 
 /// Hashes a bucket file's bytes in one pass, in file order: every chunk's XXH3 (into `chunks`,
 /// with its place in the file) and the whole file's (its header, then its data section).
@@ -94,5 +95,38 @@ class BackgroundWriteback {
 /// of that range started, so that dirty pages do not pile up until the fsync.
 Status write_and_start_writeback(WritableFile& file, std::uint64_t offset, const std::uint8_t* data,
                                  std::size_t bytes, BackgroundWriteback* writeback);
+
+/// Bytes hashed and then written at once: small enough to stay in the CPU cache between the
+/// hash and the write's copy into the page cache.
+inline constexpr std::size_t kHashBlockBytes = 2u << 20;
+/// Bytes written at once into a file that takes writes around the page cache
+/// (WritableFile::direct_block): such a write does not read the bytes through the CPU's cache,
+/// and the thread waits for the device, so fewer, larger writes.
+inline constexpr std::size_t kDirectWriteBytes = 4 * kHashBlockBytes;
+/// A bounce block (bounce_and_write): kDirectWriteBytes at any offset within a 4096-byte block.
+inline constexpr std::size_t kBounceBytes = kDirectWriteBytes + 4096;
+
+/// Adds the seconds `work` takes to `phase`; returns what it returns.
+template <class F>
+auto timed(double& phase, F&& work) {
+  const auto start = std::chrono::steady_clock::now();
+  auto result = work();
+  phase += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+/// Hashes `bytes` of `bucket`'s data section at data offset `at` from `data` into `hasher`, and
+/// writes them to `file` (write_and_start_writeback), adding the seconds to `phases`.
+Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
+                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
+                      BackgroundWriteback* writeback);
+
+/// The same, written through `bounce` (kBounceBytes), where each write's bytes are placed at
+/// their file offset's place within a 4096-byte block: a file that takes writes around the page
+/// cache then takes them whole, whatever the alignment of `data`. Hashed from `data`, then
+/// copied (copy_s).
+Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
+                        const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
+                        BackgroundWriteback* writeback);
 
 }  // namespace stagehand

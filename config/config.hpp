@@ -124,6 +124,9 @@ struct MegatronConfig {
   std::int64_t ckpt_load_thread_count = 4;
   /// Writer threads run at lowered CPU and I/O priority (nice 10, best-effort I/O level 7).
   bool ckpt_writer_low_priority = true;
+  /// New data files are written around the page cache (O_DIRECT) where the file system takes it:
+  /// no page allocated, copied into or left dirty (SaveEngineOptions::uncached_writes).
+  bool ckpt_save_uncached = true;
   /// Where saves to an object store are written before upload.
   std::string local_work_dir = "/tmp/stagehand-work";
   /// Each rank's checkpoint writes together move at most this many MiB/s; 0: unlimited.

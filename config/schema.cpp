@@ -142,6 +142,7 @@ std::vector<ConfigKey> make_config_keys() {
        integer<kMegatron, &MegatronConfig::ckpt_load_thread_count>(1, 256)},
       {"megatron_config.ckpt_writer_low_priority",
        boolean<kMegatron, &MegatronConfig::ckpt_writer_low_priority>()},
+      {"megatron_config.ckpt_save_uncached", boolean<kMegatron, &MegatronConfig::ckpt_save_uncached>()},
       {"megatron_config.local_work_dir", string<kMegatron, &MegatronConfig::local_work_dir>(false)},
       {"megatron_config.ckpt_write_rate_limit_mib_s",
        real<kMegatron, &MegatronConfig::ckpt_write_rate_limit_mib_s>(

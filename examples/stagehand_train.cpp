@@ -219,6 +219,7 @@ StrategyOptions strategy_options(const Config& c, int rank, const std::shared_pt
   options.staging_buckets = static_cast<int>(c.megatron_config.ckpt_save_staging_buckets);
   options.async_save = c.megatron_config.async_dist_ckpt_save;
   options.low_priority_writers = c.megatron_config.ckpt_writer_low_priority;
+  options.uncached_writes = c.megatron_config.ckpt_save_uncached;
   options.file_system = rate_limited(fs, c.megatron_config.ckpt_write_rate_limit_mib_s * 1048576.0);
   options.staging_per_save = c.megatron_config.ckpt_staging_memory == StagingMemory::per_save;
   options.load_thread_count = static_cast<int>(c.megatron_config.ckpt_load_thread_count);

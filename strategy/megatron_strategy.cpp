@@ -187,7 +187,8 @@ Result<strategy_actor> spawn_megatron_strategy(caf::actor_system& system, Strate
                                                std::shared_ptr<StateDict> state, report_listener_actor listener) {
   if (!state) return Status{ErrorCode::invalid_argument, "a strategy needs the rank's state"};
   SaveEngineOptions engine_options{options.thread_count, options.staging_buckets, false, nullptr,
-                                   options.staging_per_save, options.stage_host_memory, options.early_writeback};
+                                   options.staging_per_save, options.stage_host_memory, options.early_writeback,
+                                   options.uncached_writes};
   for (const auto& t : state->tensors) engine_options.pinned |= t.tensor.device().is_cuda();
   if (options.low_priority_writers) {
     engine_options.writer_thread_start = [] {

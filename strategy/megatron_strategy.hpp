@@ -37,6 +37,8 @@ struct StrategyOptions {
   bool stage_host_memory = false;
   /// Start each written range's write-back at once (SaveEngineOptions::early_writeback).
   bool early_writeback = true;
+  /// megatron_config.ckpt_save_uncached (SaveEngineOptions::uncached_writes).
+  bool uncached_writes = true;
   /// megatron_config.ckpt_load_thread_count: threads reading a checkpoint at once in a load.
   int load_thread_count = kDefaultLoadThreadCount;
   /// The ranks of this process that load together (one per Checkpointer, CheckpointCluster or

@@ -450,7 +450,7 @@ NB_MODULE(_stagehand, m) {
           [](PyCheckpointer* self, const std::string& root, std::optional<int> rank, std::optional<int> world_size,
              std::optional<std::string> master_addr, std::optional<int> port, int thread_count, int load_thread_count,
              int staging_buckets, double timeout_s, double join_timeout_s, std::optional<std::string> local_work_dir,
-             double write_rate_limit_mib_s, int max_to_keep, bool reuse_files) {
+             double write_rate_limit_mib_s, int max_to_keep, bool reuse_files, bool uncached_writes) {
             CheckpointerOptions options;
             if (!rank && !world_size) {
               auto from_env = CheckpointerOptions::from_environment(root);
@@ -473,6 +473,7 @@ NB_MODULE(_stagehand, m) {
             options.write_rate_limit_mib_s = write_rate_limit_mib_s;
             options.max_to_keep = max_to_keep;
             options.reuse_files = reuse_files;
+            options.uncached_writes = uncached_writes;
             const int first = options.rank;
             const int world = options.world_size;
             const auto timeout = options.timeout;
@@ -482,7 +483,8 @@ NB_MODULE(_stagehand, m) {
           nb::arg("master_addr").none() = nb::none(), nb::arg("port").none() = nb::none(), nb::arg("thread_count") = 2,
           nb::arg("load_thread_count") = 4, nb::arg("staging_buckets") = 0, nb::arg("timeout_s") = 600.0,
           nb::arg("join_timeout_s") = 60.0, nb::arg("local_work_dir").none() = nb::none(),
-          nb::arg("write_rate_limit_mib_s") = 0.0, nb::arg("max_to_keep") = 0, nb::arg("reuse_files") = true)
+          nb::arg("write_rate_limit_mib_s") = 0.0, nb::arg("max_to_keep") = 0, nb::arg("reuse_files") = true,
+          nb::arg("uncached_writes") = true)
       .def(
           "prepare",
           [](PyCheckpointer& self, const std::vector<const Entry*>& entries,

@@ -302,6 +302,8 @@ class Checkpointer:
     ``max_to_keep`` > 0 removes the oldest committed steps beyond that many once a save commits;
     with ``reuse_files`` (the default) and a local root, the next saves write over their data
     files (kept in ``<root>/.spare_files`` until ``close()``) instead of creating new ones.
+    ``uncached_writes`` (the default) writes new data files around the page cache (O_DIRECT)
+    where the file system takes it; ``False`` writes them through the page cache.
 
     One Checkpointer serves one structure of state (the same tensor names and shapes each call).
     The arrays of the last call are kept referenced until the next call or ``close()``.
@@ -311,7 +313,8 @@ class Checkpointer:
                  master_addr: str | None = None, port: int | None = None, thread_count: int = 2,
                  load_thread_count: int = 4, staging_buckets: int = 0, timeout: float = 600.0,
                  join_timeout: float = 60.0, local_work_dir: str | None = None,
-                 write_rate_limit_mib_s: float = 0.0, max_to_keep: int = 0, reuse_files: bool = True):
+                 write_rate_limit_mib_s: float = 0.0, max_to_keep: int = 0, reuse_files: bool = True,
+                 uncached_writes: bool = True):
         self.root = os.fspath(root)
         if (rank is None) != (world_size is None):
             raise ValueError("Checkpointer: pass both rank and world_size, or neither (then RANK and WORLD_SIZE)")
@@ -339,7 +342,8 @@ class Checkpointer:
             thread_count=thread_count, load_thread_count=load_thread_count,
             staging_buckets=staging_buckets, timeout_s=timeout, join_timeout_s=join_timeout,
             local_work_dir=local_work_dir, write_rate_limit_mib_s=float(write_rate_limit_mib_s),
-            max_to_keep=int(max_to_keep), reuse_files=bool(reuse_files))
+            max_to_keep=int(max_to_keep), reuse_files=bool(reuse_files),
+            uncached_writes=bool(uncached_writes))
         self._bound: _Bound | None = None
         # The arrays of calls that failed: a failed call may leave an earlier save still reading
         # them (a finalize that timed out); they stay referenced until a call succeeds (saves run

@@ -299,19 +299,82 @@ BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_source_and_staging) {
     }
   };
   for (bool copy_out : {false, true}) {
-    for (int staging : {0, 1, 2, threads}) {
-      BOOST_TEST_CONTEXT("sync, copied out " << copy_out << ", staging " << staging) {
-        TempDir dir;
-        SaveEngineOptions options{threads, staging, false, {}};
-        options.stage_host_memory = copy_out;
-        Ranks ranks(kSpec, options);
-        BOOST_REQUIRE(ranks.save(dir.path(), 4).is_ok());
-        compare(test::files_of(dir.path()));
+    for (bool uncached : {false, true}) {
+      for (int staging : {0, 1, 2, threads}) {
+        BOOST_TEST_CONTEXT("sync, copied out " << copy_out << ", uncached " << uncached << ", staging " << staging) {
+          TempDir dir;
+          SaveEngineOptions options{threads, staging, false, {}};
+          options.stage_host_memory = copy_out;
+          options.uncached_writes = uncached;
+          Ranks ranks(kSpec, options);
+          BOOST_REQUIRE(ranks.save(dir.path(), 4).is_ok());
+          compare(test::files_of(dir.path()));
+        }
       }
     }
   }
-  for (int staging : {0, 1, 2, threads}) {
-    BOOST_TEST_CONTEXT("async, staging " << staging) { compare(async_files({threads, staging, false, {}})); }
+  for (bool uncached : {false, true}) {
+    for (int staging : {0, 1, 2, threads}) {
+      BOOST_TEST_CONTEXT("async, uncached " << uncached << ", staging " << staging) {
+        SaveEngineOptions options{threads, staging, false, {}};
+        options.uncached_writes = uncached;
+        compare(async_files(options));
+      }
+    }
+  }
+}
+
+namespace {
+
+/// A precondition: the temporary folder's file system takes O_DIRECT (reported as skipped
+/// where it does not).
+boost::test_tools::assertion_result temp_takes_direct_io(boost::unit_test::test_unit_id) {
+  TempDir dir;
+  boost::test_tools::assertion_result result(test::takes_direct_io(dir.path()));
+  result.message() << dir.path() << " does not take O_DIRECT";
+  return result;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(uncached_writes_leave_the_staged_bytes_out_of_the_page_cache,
+                     *boost::unit_test::precondition(temp_takes_direct_io)) {
+  // Pieces of a bucket are staged at their file bytes' offset within a block and go to the
+  // device from there; only the blocks at a piece's ends (and the header's) pass the cache. A
+  // sync save of host memory copies each block through a bounce block placed so.
+  const SyntheticStateSpec spec{1, 24u << 20, 7, 5};
+  for (int staging : {0, 2}) {
+    for (bool copy_out : {false, true}) {
+      BOOST_TEST_CONTEXT("staging " << staging << ", copied out " << copy_out) {
+        for (bool uncached : {false, true}) {
+          TempDir root;
+          SaveEngineOptions options{4, staging, false, {}};
+          options.stage_host_memory = copy_out;
+          options.uncached_writes = uncached;
+          Ranks ranks(spec, options);
+          BOOST_REQUIRE(ranks.save(root.path(), 1).is_ok());
+          std::size_t pages = 0;
+          std::size_t cached = 0;
+          for (const auto& entry : std::filesystem::directory_iterator(root / "global_step_1/policy")) {
+            if (entry.path().extension() != ".safetensors") continue;
+            pages += (std::filesystem::file_size(entry.path()) + 4095) / 4096;
+            cached += test::cached_pages(entry.path().string());
+          }
+          BOOST_TEST_CONTEXT("uncached " << uncached << ": " << cached << " of " << pages << " pages cached") {
+            BOOST_TEST(pages >= 6000u);
+            if (uncached) {
+              BOOST_TEST(cached * 20 < pages);
+            } else {
+              BOOST_TEST(cached * 2 > pages);
+            }
+          }
+          // Sync saves of host memory hold a bounce block per writer thread at most, and only
+          // when uncached.
+          BOOST_TEST(ranks.engines[0]->bounce_bytes() <= (uncached && !copy_out ? 4u * kBounceBytes : 0u));
+          if (uncached && !copy_out) BOOST_TEST(ranks.engines[0]->bounce_bytes() > 0u);
+        }
+      }
+    }
   }
 }
 

@@ -66,6 +66,7 @@ BOOST_AUTO_TEST_CASE(defaults_when_empty) {
   BOOST_TEST(c->megatron_config.ckpt_save_thread_count == 2);
   BOOST_TEST(c->megatron_config.ckpt_load_thread_count == 4);
   BOOST_TEST(c->megatron_config.ckpt_writer_low_priority);
+  BOOST_TEST(c->megatron_config.ckpt_save_uncached);
   BOOST_TEST((c->megatron_config.ckpt_staging_memory == StagingMemory::persistent));
   BOOST_TEST((c->trainer.kind == TrainerKind::sync));
   BOOST_TEST(c->parallel.tensor_parallel == 1);
@@ -103,6 +104,7 @@ megatron_config:
   ckpt_save_thread_count: 8
   ckpt_load_thread_count: 16
   ckpt_writer_low_priority: false
+  ckpt_save_uncached: false
   local_work_dir: /tmp/work
 parallel:
   tensor_parallel: 2
@@ -141,6 +143,7 @@ storage:
   BOOST_TEST((c->megatron_config.ckpt_staging_memory == StagingMemory::per_save));
   BOOST_TEST(c->megatron_config.local_work_dir == "/tmp/work");
   BOOST_TEST(!c->megatron_config.ckpt_writer_low_priority);
+  BOOST_TEST(!c->megatron_config.ckpt_save_uncached);
   BOOST_TEST(c->parallel.tensor_parallel == 2);
   BOOST_TEST(c->parallel.data_parallel == 4);
   BOOST_TEST(c->fully_async.max_staleness_steps == 2);
