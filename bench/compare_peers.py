@@ -23,6 +23,9 @@ Systems (--systems picks a subset, comma-separated):
   stagehand_s0_reuse, stagehand_s2_reuse, stagehand_async_reuse
                     the same with --reuse-files: from the third save on, each save writes over the data files
                     of the step retired after the save before it (trainer.ckpt_reuse_files)
+  stagehand_s0_cached, stagehand_s2_cached, stagehand_async_cached
+                    the same with --cached: new files written through the page cache
+                    (megatron_config.ckpt_save_uncached false; the others write them around it)
   stagehand_dev_s0  stagehand-bench save --source device --staging-buckets 0   (only if --source exists)
   stagehand_dev_s2  stagehand-bench save --source device --staging-buckets 2   (only if --source exists)
   stagehand_load    stagehand-bench load --cold, after an untimed save      (only if `load` exists)
@@ -78,7 +81,8 @@ import peer_common  # noqa: E402
 TIME = "/usr/bin/time"
 ALL = ["raw_write1", "raw_writeT", "raw_readT", "dcp_save", "dcp_async", "dcp_load", "megatron_save",
        "stagehand_s0", "stagehand_s2", "stagehand_nowb", "stagehand_async", "stagehand_s0_reuse",
-       "stagehand_s2_reuse", "stagehand_async_reuse", "stagehand_dev_s0", "stagehand_dev_s2",
+       "stagehand_s2_reuse", "stagehand_async_reuse", "stagehand_s0_cached", "stagehand_s2_cached",
+       "stagehand_async_cached", "stagehand_dev_s0", "stagehand_dev_s2",
        "stagehand_load", "stagehand_load_warm", "stagehand_spmd_save", "stagehand_spmd_async", "stagehand_spmd_load"]
 SPMD = {"stagehand_spmd_save": "save", "stagehand_spmd_async": "async", "stagehand_spmd_load": "load"}
 TORCH_DEPS = ["filelock", "typing-extensions>=4.13.0", "sympy>=1.13.3", "mpmath", "networkx>=2.5.1", "jinja2", "MarkupSafe",
@@ -409,9 +413,12 @@ def run_stagehand(args, bench, system, directory):
                  "stagehand_nowb": (*source, "--staging-buckets", "0", "--no-early-writeback"),
                  "stagehand_async": (*source, "--async", "--staging-buckets", "0"),
                  "stagehand_dev_s0": ("--source", "device", "--staging-buckets", "0"),
-                 "stagehand_dev_s2": ("--source", "device", "--staging-buckets", "2")}[system.removesuffix("_reuse")]
+                 "stagehand_dev_s2": ("--source", "device", "--staging-buckets", "2")}[
+                     system.removesuffix("_reuse").removesuffix("_cached")]
         if system.endswith("_reuse"):
             flags = (*flags, "--reuse-files")
+        if system.endswith("_cached"):
+            flags = (*flags, "--cached")
         if system.startswith("stagehand_dev") and not bench.has_source():
             return None, "stagehand-bench save has no --source (yet)"
         cmd = bench_common.save_command(args, directory, args.repeat, *flags)
@@ -563,13 +570,15 @@ def report(args, res, systems):
             out.append("Staged save (--source device), staging 2 / staging 0, by save: " + ", ".join(
                 "%s: %s" % (l, fmt(ratio(res.med("stagehand_dev_s2", "save_s", l), res.med("stagehand_dev_s0", "save_s", l)),
                                    2)) for l in labels))
-    if any(s in systems for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_spmd_async")):
+    if any(s in systems for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_async_cached",
+                                  "stagehand_spmd_async")):
         out.append("")
         out.append("### Async: blocking part (DCP: async_save's return; stagehand: stall_s)")
         out.append("")
         out.append("| system | save | n | blocking s | / DCP async blocking | total s | / DCP async total |")
         out.append("|---|---|---|---|---|---|---|")
-        for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_spmd_async"):
+        for s in ("dcp_async", "stagehand_async", "stagehand_async_reuse", "stagehand_async_cached",
+                  "stagehand_spmd_async"):
             if s not in systems:
                 continue
             labels = res.labels(s, "block_s")

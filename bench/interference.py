@@ -73,7 +73,9 @@ def run_arm(args, name, settings):
     # retention removed (trainer.ckpt_reuse_files), as every save of a long run does.
     at = {row["step"]: row["elapsed_s"] for row in steps}
     last = steps[-1]["step"]
-    steady = (last - args.steady_after) / (at[last] - at[args.steady_after]) if args.steady_after in at else None
+    steady = None
+    if args.steady_after in at and last > args.steady_after:
+        steady = (last - args.steady_after) / (at[last] - at[args.steady_after])
     return {"steps_per_s": len(steps) / steps[-1]["elapsed_s"],
             "steady_steps_per_s": steady,
             "cpu_s": cpu,
@@ -92,20 +94,24 @@ def main():
     ap.add_argument("--steady-after", type=int, default=None,
                     help="also report steps/s over the steps after this one (default: 3 x --interval, once "
                          "retention keeps 2 steps and the saves write over the files of the ones it removed)")
+    ap.add_argument("--uncached", choices=["default", "on", "off", "both"], default="default",
+                    help="megatron_config.ckpt_save_uncached of the save arms: as the config has it, on, off, "
+                         "or an arm of each")
     args = ap.parse_args()
     if args.steady_after is None:
         args.steady_after = 3 * args.interval
     if args.steps < 2 * args.interval:
         sys.exit("interference: --steps must allow at least two saves (2 x --interval)")
-    arms = {
-        "no saves": {"trainer.ckpt_interval": 0, "megatron_config.async_dist_ckpt_save": True},
-        "async, staging 0": {"trainer.ckpt_interval": args.interval,
-                             "megatron_config.async_dist_ckpt_save": True,
-                             "megatron_config.ckpt_save_staging_buckets": 0},
-        "async, staging 2 of 8": {"trainer.ckpt_interval": args.interval,
-                                  "megatron_config.async_dist_ckpt_save": True,
-                                  "megatron_config.ckpt_save_staging_buckets": 2},
-    }
+    arms = {"no saves": {"trainer.ckpt_interval": 0, "megatron_config.async_dist_ckpt_save": True}}
+    uncached = {"default": [None], "on": [True], "off": [False], "both": [False, True]}[args.uncached]
+    for staging, label in ((0, "staging 0"), (2, "staging 2 of 8")):
+        for u in uncached:
+            arm = {"trainer.ckpt_interval": args.interval, "megatron_config.async_dist_ckpt_save": True,
+                   "megatron_config.ckpt_save_staging_buckets": staging}
+            if u is not None:
+                arm["megatron_config.ckpt_save_uncached"] = u
+            suffix = "" if len(uncached) == 1 else (", uncached" if u else ", cached")
+            arms[f"async, {label}{suffix}"] = arm
     results = {name: [] for name in arms}
     names = list(arms)
     for r in range(args.rounds):
@@ -113,11 +119,12 @@ def main():
             results[name].append(run_arm(args, name.replace(" ", "_").replace(",", ""), arms[name]))
             time.sleep(1)
     base = results["no saves"]
+    w = max(24, max(len(n) for n in names) + 2)
     model = model_for(args.state_mib)
     print(f"stagehand-train sync_rl, 4 ranks in one process, hidden {model['model.hidden']} "
           f"(a {base[0]['saved_bytes'] / 2**20:.0f} MiB checkpoint), {args.steps} steps, async saves "
           f"every {args.interval} steps, 8 writer threads, {args.rounds} interleaved rounds")
-    print(f"{'arm':<24}{'steps/s by round':<28}{'ratio to no saves':<26}{'median':>7}"
+    print(f"{'arm':<{w}}{'steps/s by round':<28}{'ratio to no saves':<26}{'median':>7}"
           f"{'CPU s/GiB saved':>17}")
     ratios = {name: [row["steps_per_s"] / b["steps_per_s"] for row, b in zip(results[name], base)] for name in names}
     for name in names:
@@ -129,11 +136,11 @@ def main():
             per_gib = [(row["cpu_s"] - b["cpu_s"]) / ((row["saved_bytes"] - b["saved_bytes"]) / 2**30)
                        for row, b in zip(rows, base)]
             cpu = f"{statistics.median(per_gib):.2f}"
-        print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in ratios[name]):<26}"
+        print(f"{name:<{w}}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in ratios[name]):<26}"
               f"{statistics.median(ratios[name]):7.3f}{cpu:>17}")
         if name != "no saves":
             stalls = [s for row in rows for s in row["stall_s"]]
-            print(f"{'':<24}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s "
+            print(f"{'':<{w}}save stall median {statistics.median(stalls):.3f} s, max {max(stalls):.3f} s "
                   f"over {len(stalls)} saves")
     if args.steps > args.steady_after:
         print(f"\nfrom step {args.steady_after + 1} on (the saves there write over the files of the steps retention "
@@ -142,7 +149,7 @@ def main():
                   for name in names}
         for name in names:
             sps = [row["steady_steps_per_s"] for row in results[name]]
-            print(f"{name:<24}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in steady[name]):<26}"
+            print(f"{name:<{w}}{' '.join(f'{x:6.3f}' for x in sps):<28}{' '.join(f'{x:5.2f}' for x in steady[name]):<26}"
                   f"{statistics.median(steady[name]):7.3f}")
         print()
     worst = min(statistics.median(ratios[n]) for n in names[1:])

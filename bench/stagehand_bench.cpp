@@ -136,6 +136,8 @@ struct SaveArgs {
   /// visible, else in host memory copied out through staging buffers as device memory is.
   std::string source = "host";
   bool early_writeback = true;
+  /// megatron_config.ckpt_save_uncached (on unless --cached).
+  bool uncached = true;
   /// Print the raw baselines only, no saves (for scripts that run them in their own process).
   bool baseline_only = false;
   /// Each save writes over the data files of the step removed after the one before
@@ -153,6 +155,7 @@ nlohmann::json save_line(const SaveArgs& args, const char* mode, int repeat, std
   line["host_staging_peak_bytes"] = staging_memory().peak();
   line["source"] = args.source;
   line["early_writeback"] = args.early_writeback;
+  line["uncached"] = args.uncached;
   line["reuse_files"] = args.reuse_files;
   return line;
 }
@@ -241,6 +244,7 @@ int run_save(const SaveArgs& args) {
   // Without a GPU, "device" copies host memory out through the staging path a GPU uses.
   options.strategy.stage_host_memory = device && device_info().gpu_count == 0;
   options.strategy.early_writeback = args.early_writeback;
+  options.strategy.uncached_writes = args.uncached;
   options.timeout = std::chrono::minutes(30);
   auto cluster = CheckpointCluster::spawn(system, std::move(ranks), options);
   if (!cluster.is_ok()) {
@@ -352,6 +356,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "device"}));
   save->add_flag("!--no-early-writeback", args.early_writeback,
                  "leave write-back to the kernel until the fsync (no sync_file_range while writing)");
+  save->add_flag("!--cached", args.uncached,
+                 "ckpt_save_uncached false: every save's bytes pass through the page cache (else new files are "
+                 "written with O_DIRECT)");
   save->add_flag("--async", args.async, "async_dist_ckpt_save: the caller waits only for staging (stall_s)");
   save->add_option("--compute-s", args.compute_s,
                    "seconds of simulated training between a save's return and the fence (fence_wait_s)")
