@@ -39,8 +39,8 @@ class ReusingFileSystem final : public FileSystemWrapper {
 
   Result<std::unique_ptr<WritableFile>> create_file(const std::string& path) override { return create(path, false); }
 
-  /// A retired step's file is written over (cached, as create_file does); with none to take,
-  /// the file is created uncached.
+  /// A retired step's file written over around the page cache (reuse_file_uncached), or with
+  /// none to take, a new file created so.
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
     return create(path, true);
   }
@@ -73,7 +73,8 @@ class ReusingFileSystem final : public FileSystemWrapper {
     if (root != nullptr && reuse_works_.load() && data_file_rank(path) >= 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       const std::string spare = spares(*root) + "/" + base_name(path);
-      auto reused = inner().reuse_file(spare, path, &mappings_[spare]);
+      auto reused = uncached ? inner().reuse_file_uncached(spare, path, &mappings_[spare])
+                             : inner().reuse_file(spare, path, &mappings_[spare]);
       if (reused.is_ok()) {
         ++reused_;
         return reused;

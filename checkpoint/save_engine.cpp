@@ -357,7 +357,10 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   if (options_.early_writeback) writeback.emplace(options_.writer_thread_start);
   BackgroundWriteback* early = writeback ? &*writeback : nullptr;
   // Asked once a save (a statfs on a local folder), not once a bucket.
-  const bool uploads = fs_->capabilities(policy_dir).uploads;
+  const FileSystemCapabilities capabilities = fs_->capabilities(policy_dir);
+  const bool uploads = capabilities.uploads;
+  // A folder kept in memory (tmpfs) is the page cache: O_DIRECT there only adds a copy.
+  uncached_files_ = options_.uncached_writes && !capabilities.in_memory;
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
@@ -419,7 +422,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       file = std::move(opened_[b]);
     } else {
       // Not a file begin_async() staged into (its memory is the file's).
-      const bool uncached = options_.uncached_writes && (b >= in_file_.size() || in_file_[b] == nullptr);
+      const bool uncached = uncached_files_ && (b >= in_file_.size() || in_file_[b] == nullptr);
       SH_ASSIGN_OR_RETURN(file, timed(result.phases.write_s,
                                       [&] { return open_bucket_file(*fs_, policy_dir, bucket, uncached); }));
     }

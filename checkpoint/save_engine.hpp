@@ -43,8 +43,9 @@ struct SaveEngineOptions {
   /// pieces are placed at the offset within a 4096-byte block that their file bytes have and go
   /// to the device from their slot; a sync save of host-resident tensors copies each
   /// kDirectWriteBytes through a bounce block of the engine's (one per bucket being written).
-  /// The partial blocks at a write's ends go through the cache. Files the file system gives
-  /// otherwise (a retired step's, written over; a store without O_DIRECT) are written as usual.
+  /// The partial blocks at a write's ends go through the cache. A retired step's file written
+  /// over (reusing_file_system) goes around the cache too (reuse_file_uncached); a folder kept in
+  /// memory, and a store without O_DIRECT, are written as usual.
   bool uncached_writes = false;
 };
 
@@ -52,8 +53,8 @@ struct SaveEngineOptions {
 /// on its own writer thread, streaming: chunk and file checksums are taken in the same pass.
 ///
 /// Where the bytes come from:
-/// - a sync save of host-resident tensors writes straight from the tensors' memory: no copy
-///   (into uncached files, through one bounce block per writer thread);
+/// - a sync save of host-resident tensors writes from the tensors' memory with no staging slots:
+///   straight from it into cached files, through one bounce block per bucket into uncached ones;
 /// - device memory, and every async save (a snapshot), passes through a ring of host staging
 ///   slots: a piece of a bucket is staged as soon as any slot is free, then hashed and written,
 ///   and its slot is free again; copies, checksums and writes of different buckets overlap.
@@ -194,6 +195,9 @@ class SaveEngine {
   /// Bounce blocks (bounce_and_write) free for the next bucket, kept from save to save unless
   /// release_after_save.
   BlockPool bounces_{kBounceBytes};
+  /// Whether this save creates its bucket files uncached (uncached_writes, and a folder not
+  /// kept in memory); set before its buckets are written.
+  bool uncached_files_ = false;
   /// Set by the first bucket that fails: the others stop at their next piece.
   std::atomic<bool> failed_{false};
   ThreadPool writers_;

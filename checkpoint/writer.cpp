@@ -138,9 +138,10 @@ Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketH
                         const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
                         BackgroundWriteback* writeback) {
   for (std::size_t done = 0; done < bytes;) {
-    const std::size_t n = std::min(kDirectWriteBytes, bytes - done);
     const std::uint64_t offset = bucket.header.size() + at + done;
-    std::uint8_t* block = bounce + offset % 4096;
+    const auto lead = static_cast<std::size_t>(offset % 4096);
+    const std::size_t n = std::min(kBounceBytes - lead, bytes - done);
+    std::uint8_t* block = bounce + lead;
     for (std::size_t k = 0; k < n; k += kHashBlockBytes) {
       const std::size_t m = std::min(kHashBlockBytes, n - k);
       // Hashed from the source, then copied: the hash reads it into the cache the copy reads

@@ -103,8 +103,9 @@ inline constexpr std::size_t kHashBlockBytes = 2u << 20;
 /// (WritableFile::direct_block): such a write does not read the bytes through the CPU's cache,
 /// and the thread waits for the device, so fewer, larger writes.
 inline constexpr std::size_t kDirectWriteBytes = 4 * kHashBlockBytes;
-/// A bounce block (bounce_and_write): kDirectWriteBytes at any offset within a 4096-byte block.
-inline constexpr std::size_t kBounceBytes = kDirectWriteBytes + 4096;
+/// A bounce block (bounce_and_write). Its writes end at block boundaries: the first of a range
+/// is up to 4095 bytes shorter, the others kDirectWriteBytes.
+inline constexpr std::size_t kBounceBytes = kDirectWriteBytes;
 
 /// Adds the seconds `work` takes to `phase`; returns what it returns.
 template <class F>
@@ -121,10 +122,10 @@ Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHas
                       const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
                       BackgroundWriteback* writeback);
 
-/// The same, written through `bounce` (kBounceBytes), where each write's bytes are placed at
-/// their file offset's place within a 4096-byte block: a file that takes writes around the page
-/// cache then takes them whole, whatever the alignment of `data`. Hashed from `data`, then
-/// copied (copy_s).
+/// The same, written through `bounce` (kBounceBytes, 4096-aligned), where each write's bytes
+/// are placed at their file offset's place within a 4096-byte block: a file that takes writes
+/// around the page cache then takes them whole, whatever the alignment of `data`. Hashed from
+/// `data`, then copied (copy_s).
 Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
                         const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
                         BackgroundWriteback* writeback);

@@ -186,10 +186,11 @@ class FileSystem {
   /// Removes the file `path`; one that is not there is no error.
   virtual Status remove_file(const std::string& path) = 0;
   /// As create_file(), but writing around the page cache where the store can (O_DIRECT on a
-  /// local file system), for bytes that are not read again soon (a copy into a durable tier):
-  /// they then take no page-cache memory and cost no copy into it. Writes of any size, offset
-  /// and alignment work; 4096-aligned memory written at 4096-aligned offsets goes to the device
-  /// with no copy. Where the store cannot (the default, and every FileSystemWrapper unless it
+  /// local file system), for bytes that are not read again soon (a checkpoint's data files, a
+  /// copy into a durable tier): they then take no page-cache memory and cost no copy into it.
+  /// Writes of any size, offset and alignment work; the whole blocks of memory that lies at its
+  /// file offset's place within a block (WritableFile::direct_block) go to the device with no
+  /// copy. Where the store cannot (the default, and every FileSystemWrapper unless it
   /// says otherwise), it is create_file().
   virtual Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) {
     return create_file(path);
@@ -218,6 +219,14 @@ class FileSystem {
     (void)to;
     (void)mappings;
     return Status{ErrorCode::unsupported, "cannot reuse '" + from + "' here"};
+  }
+  /// As reuse_file(), but writing around the page cache where the store can, as a file of
+  /// create_file_uncached() does (not through a mapping: a file kept in memory is written as
+  /// reuse_file() writes it). Where the store cannot (the default, and every FileSystemWrapper
+  /// unless it says otherwise), it is reuse_file().
+  virtual Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
+                                                                    FileMappings* mappings) {
+    return reuse_file(from, to, mappings);
   }
 
   // -- folders --

@@ -309,6 +309,11 @@ class DefaultFileSystem final : public FileSystem {
     if (&at(from) != &at(to)) return no_rename(from);
     return at(from).reuse_file(from, to, mappings);
   }
+  Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
+                                                            FileMappings* mappings) override {
+    if (&at(from) != &at(to)) return no_rename(from);
+    return at(from).reuse_file_uncached(from, to, mappings);
+  }
   Status create_dir(const std::string& path) override { return at(path).create_dir(path); }
   Result<bool> is_dir(const std::string& path) override { return at(path).is_dir(path); }
   Result<std::vector<DirEntry>> list_dir(const std::string& path) override {

@@ -111,11 +111,14 @@ std::shared_ptr<PosixFileMapping> map_whole(const std::string& path, const struc
 
 /// `reused`: the file held other bytes before (FileSystem::reuse_file); it is cut where the
 /// bytes written end before it is synced or closed. `mapping`: the file mapped whole, at its
-/// size when it was opened; bytes written within it are copied there.
+/// size when it was opened; bytes written within it are copied there. `direct`: the file opened
+/// again with O_DIRECT (reuse_file_uncached); writes go around the page cache where they can
+/// (posix::pwrite_around_cache).
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(int fd, std::string path, bool reused = false, std::shared_ptr<PosixFileMapping> mapping = nullptr)
-      : fd_(fd), path_(std::move(path)), reused_(reused), mapping_(std::move(mapping)) {}
+  PosixWritableFile(int fd, std::string path, bool reused = false, std::shared_ptr<PosixFileMapping> mapping = nullptr,
+                    posix::Fd direct = posix::Fd())
+      : fd_(fd), path_(std::move(path)), reused_(reused), mapping_(std::move(mapping)), direct_(std::move(direct)) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -136,10 +139,13 @@ class PosixWritableFile final : public WritableFile {
       offset += n;
       bytes -= n;
     }
-    SH_RETURN_IF_ERROR(posix::pwrite_all(fd_, offset, p, bytes, path_));
+    SH_RETURN_IF_ERROR(direct_.valid() ? posix::pwrite_around_cache(direct_.get(), fd_, offset, p, bytes, path_)
+                                       : posix::pwrite_all(fd_, offset, p, bytes, path_));
     written_to(offset + bytes);
     return Status::ok();
   }
+
+  std::size_t direct_block() const override { return direct_.valid() ? posix::kDirectBlock : 0; }
 
   std::uint8_t* memory_at(std::uint64_t offset, std::size_t bytes) override {
     if (!mapping_ || offset > mapping_->size() || bytes > mapping_->size() - offset) return nullptr;
@@ -165,8 +171,9 @@ class PosixWritableFile final : public WritableFile {
     Status cut_st = fd_ >= 0 ? cut() : Status::ok();
     if (!cut_st.is_ok()) return cut_st;
     int fd = std::exchange(fd_, -1);
+    Status direct = direct_.valid() ? direct_.close(path_) : Status::ok();
     if (fd >= 0 && ::close(fd) != 0) return Status::from_errno(errno, "close of '" + path_ + "'");
-    return Status::ok();
+    return direct;
   }
 
  private:
@@ -193,6 +200,7 @@ class PosixWritableFile final : public WritableFile {
   std::string path_;
   bool reused_;
   std::shared_ptr<PosixFileMapping> mapping_;
+  posix::Fd direct_;
   /// Where append() writes next (writes at a position leave it alone).
   std::uint64_t position_ = 0;
   /// The end of the bytes written (a reused file only).
@@ -285,6 +293,17 @@ class PosixFileSystem final : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> reuse_file(const std::string& from, const std::string& to,
                                                    FileMappings* mappings) override {
+    return reuse(from, to, mappings, false);
+  }
+
+  Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
+                                                            FileMappings* mappings) override {
+    return reuse(from, to, mappings, true);
+  }
+
+ private:
+  Result<std::unique_ptr<WritableFile>> reuse(const std::string& from, const std::string& to, FileMappings* mappings,
+                                              bool uncached) {
     // Taken first under a name of this call's own beside it: another process may put another
     // file under `from` at any moment (a retention moving a retired step's file there), and the
     // file moved to `to` must be the one opened and written. Then opened and checked, and moved
@@ -330,8 +349,17 @@ class PosixFileSystem final : public FileSystem {
         if (mapping) mappings->push_back(mapping);
       }
     }
-    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd.release(), to, true, std::move(mapping)));
+    // The same file again with O_DIRECT (by descriptor: the name may change meanwhile); where
+    // the file system refuses it, written through the cache.
+    posix::Fd direct;
+    if (uncached && !mapping) {
+      direct = posix::Fd(::open(("/proc/self/fd/" + std::to_string(fd.get())).c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC));
+    }
+    return std::unique_ptr<WritableFile>(
+        std::make_unique<PosixWritableFile>(fd.release(), to, true, std::move(mapping), std::move(direct)));
   }
+
+ public:
 
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
     SH_ASSIGN_OR_RETURN(auto file, posix::create_uncached(path));

@@ -46,9 +46,20 @@ Status preadv_exact(int fd, std::uint64_t offset, const std::vector<ReadSegment>
 /// Writes all `bytes` at `offset`, again after a short write or EINTR; an error names `path`.
 Status pwrite_all(int fd, std::uint64_t offset, const void* data, std::size_t bytes, const std::string& path);
 
+/// The alignment O_DIRECT asks of memory, offsets and lengths here (the largest logical block
+/// size in use).
+inline constexpr std::uint64_t kDirectBlock = 4096;
+
+/// Writes all `bytes` at `offset` of one file, open twice: through `direct` (O_DIRECT) the whole
+/// blocks, when `data` lies at the same offset within a kDirectBlock block as `offset` does;
+/// through `cached` the partial blocks at the ends, and everything when it does not lie so (the
+/// kernel keeps the two descriptors coherent).
+Status pwrite_around_cache(int direct, int cached, std::uint64_t offset, const void* data, std::size_t bytes,
+                           const std::string& path);
+
 /// The local file `path` created for writing around the page cache (O_DIRECT): whole blocks of
-/// 4096-aligned memory at 4096-aligned offsets with no copy, the rest through the page cache.
-/// Null (no error) where the file system refuses O_DIRECT.
+/// memory at its file offset's place within a block with no copy (pwrite_around_cache), the rest
+/// through the page cache. Null (no error) where the file system refuses O_DIRECT.
 Result<std::unique_ptr<WritableFile>> create_uncached(const std::string& path);
 
 /// The local regular file `path` opened for reading around the page cache (O_DIRECT): every byte

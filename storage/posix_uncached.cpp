@@ -16,19 +16,14 @@ namespace stagehand::posix {
 
 namespace {
 
-/// The alignment O_DIRECT asks of memory, offsets and lengths (the largest logical block size
-/// in use).
-constexpr std::uint64_t kBlock = 4096;
+constexpr std::uint64_t kBlock = kDirectBlock;
 
 bool aligned(std::uint64_t v) { return v % kBlock == 0; }
 bool aligned(const void* p) { return aligned(reinterpret_cast<std::uintptr_t>(p)); }
 
-/// Whole blocks go through `direct_` (O_DIRECT, no copy) where the memory lies at the same
-/// offset within a block as the file bytes it is written to; the rest (the partial blocks at
-/// a write's ends, a file's last block, memory at other offsets) through `cached_`, a second
-/// descriptor of the same file (the kernel keeps the two coherent; fsync syncs the file). A
-/// writer that wants its bytes to go direct places its memory so (SaveEngineOptions::
-/// uncached_writes).
+/// Writes through two descriptors of the file (pwrite_around_cache): `direct_` (O_DIRECT) and
+/// `cached_`; fsync syncs the file. A writer that wants its bytes to go direct places its memory
+/// at its file offset's place within a block (SaveEngineOptions::uncached_writes).
 class UncachedWritableFile final : public WritableFile {
  public:
   UncachedWritableFile(Fd direct, Fd cached, std::string path)
@@ -41,23 +36,7 @@ class UncachedWritableFile final : public WritableFile {
   }
 
   Status write_at(std::uint64_t offset, const void* data, std::size_t bytes) override {
-    const auto* p = static_cast<const std::uint8_t*>(data);
-    // Unsigned arithmetic: the difference is taken modulo 2^64, which kBlock divides.
-    if ((offset - reinterpret_cast<std::uintptr_t>(p)) % kBlock == 0) {
-      // Cached up to the first block boundary: that block's other bytes (a header, the previous
-      // write's tail) are in the page cache.
-      const auto head = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, (kBlock - offset % kBlock) % kBlock));
-      SH_RETURN_IF_ERROR(pwrite_all(cached_.get(), offset, p, head, path_));
-      p += head;
-      offset += head;
-      bytes -= head;
-      const std::size_t whole = bytes - bytes % kBlock;
-      SH_RETURN_IF_ERROR(pwrite_all(direct_.get(), offset, p, whole, path_));
-      p += whole;
-      offset += whole;
-      bytes -= whole;
-    }
-    return pwrite_all(cached_.get(), offset, p, bytes, path_);
+    return pwrite_around_cache(direct_.get(), cached_.get(), offset, data, bytes, path_);
   }
 
   std::size_t direct_block() const override { return kBlock; }
@@ -132,6 +111,34 @@ class UncachedReadableFile final : public ReadableFile {
 };
 
 }  // namespace
+
+Status pwrite_around_cache(int direct, int cached, std::uint64_t offset, const void* data, std::size_t bytes,
+                           const std::string& path) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  // Unsigned arithmetic: the difference is taken modulo 2^64, which kBlock divides.
+  if ((offset - reinterpret_cast<std::uintptr_t>(p)) % kBlock == 0) {
+    // Cached up to the first block boundary: that block's other bytes (a header, the previous
+    // write's tail) are in the page cache.
+    const auto head = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, (kBlock - offset % kBlock) % kBlock));
+    SH_RETURN_IF_ERROR(pwrite_all(cached, offset, p, head, path));
+    p += head;
+    offset += head;
+    bytes -= head;
+    // A file system that asks more alignment of O_DIRECT than it refuses at open (a larger
+    // logical block or page) refuses the write (EINVAL): those bytes go through the cache.
+    for (std::size_t whole = bytes - bytes % kBlock; whole > 0;) {
+      const ssize_t n = ::pwrite(direct, p, whole, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL) break;
+      if (n < 0) return Status::from_errno(errno, "write to '" + path + "'");
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::size_t>(n);
+      whole -= static_cast<std::size_t>(n);
+    }
+  }
+  return pwrite_all(cached, offset, p, bytes, path);
+}
 
 Result<std::unique_ptr<WritableFile>> create_uncached(const std::string& path) {
   Fd direct(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644));

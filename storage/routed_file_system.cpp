@@ -77,6 +77,11 @@ class Router final : public RoutedFileSystem {
     SH_ASSIGN_OR_RETURN(auto fs, of_both(from, to));
     return fs->reuse_file(from, to, mappings);
   }
+  Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
+                                                            FileMappings* mappings) override {
+    SH_ASSIGN_OR_RETURN(auto fs, of_both(from, to));
+    return fs->reuse_file_uncached(from, to, mappings);
+  }
   Result<std::optional<FileVersion>> stat_file(const std::string& path) override {
     SH_ASSIGN_OR_RETURN(auto fs, of(path));
     return fs->stat_file(path);

@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE save_engine
 #include <boost/test/unit_test.hpp>
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +15,7 @@
 #include "bench/synthetic_state.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "stagehand/checkpoint/in_process_save.hpp"
+#include "stagehand/checkpoint/file_reuse.hpp"
 #include "stagehand/checkpoint/global_plan.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
 #include "stagehand/checkpoint/stager.hpp"
@@ -326,13 +329,27 @@ BOOST_AUTO_TEST_CASE(files_are_byte_identical_whatever_the_source_and_staging) {
 
 namespace {
 
-/// A precondition: the temporary folder's file system takes O_DIRECT (reported as skipped
-/// where it does not).
+/// A precondition: the temporary folder is on a device whose file system takes O_DIRECT
+/// (reported as skipped where it is not: tmpfs, whose pages are all in memory, takes O_DIRECT
+/// since Linux 6.6).
 boost::test_tools::assertion_result temp_takes_direct_io(boost::unit_test::test_unit_id) {
   TempDir dir;
-  boost::test_tools::assertion_result result(test::takes_direct_io(dir.path()));
-  result.message() << dir.path() << " does not take O_DIRECT";
+  boost::test_tools::assertion_result result(test::takes_direct_io(dir.path()) &&
+                                             !local_file_system()->capabilities(dir.path()).in_memory);
+  result.message() << dir.path() << " is in memory or does not take O_DIRECT";
   return result;
+}
+
+/// Pages of the data files in `dir`, and how many of them are in the page cache.
+std::pair<std::size_t, std::size_t> data_file_pages(const std::string& dir) {
+  std::size_t pages = 0;
+  std::size_t cached = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    pages += (std::filesystem::file_size(entry.path()) + 4095) / 4096;
+    cached += test::cached_pages(entry.path().string());
+  }
+  return {pages, cached};
 }
 
 }  // namespace
@@ -353,13 +370,7 @@ BOOST_AUTO_TEST_CASE(uncached_writes_leave_the_staged_bytes_out_of_the_page_cach
           options.uncached_writes = uncached;
           Ranks ranks(spec, options);
           BOOST_REQUIRE(ranks.save(root.path(), 1).is_ok());
-          std::size_t pages = 0;
-          std::size_t cached = 0;
-          for (const auto& entry : std::filesystem::directory_iterator(root / "global_step_1/policy")) {
-            if (entry.path().extension() != ".safetensors") continue;
-            pages += (std::filesystem::file_size(entry.path()) + 4095) / 4096;
-            cached += test::cached_pages(entry.path().string());
-          }
+          const auto [pages, cached] = data_file_pages(root / "global_step_1/policy");
           BOOST_TEST_CONTEXT("uncached " << uncached << ": " << cached << " of " << pages << " pages cached") {
             BOOST_TEST(pages >= 6000u);
             if (uncached) {
@@ -373,6 +384,52 @@ BOOST_AUTO_TEST_CASE(uncached_writes_leave_the_staged_bytes_out_of_the_page_cach
           BOOST_TEST(ranks.engines[0]->bounce_bytes() <= (uncached && !copy_out ? 4u * kBounceBytes : 0u));
           if (uncached && !copy_out) BOOST_TEST(ranks.engines[0]->bounce_bytes() > 0u);
         }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(uncached_saves_write_over_retired_files_around_the_cache_too,
+                     *boost::unit_test::precondition(temp_takes_direct_io)) {
+  // With retention, a save writes over the data files of a removed step (reusing_file_system):
+  // around the cache as well, cut where its bytes end, the same bytes as a save into new files.
+  const SyntheticStateSpec spec{1, 24u << 20, 7, 5};
+  for (bool copy_out : {false, true}) {
+    BOOST_TEST_CONTEXT("copied out " << copy_out) {
+      TempDir plain;
+      TempDir root;
+      SaveEngineOptions options{4, 0, false, {}};
+      options.stage_host_memory = copy_out;
+      options.uncached_writes = true;
+      BOOST_REQUIRE(Ranks(spec, options).save(plain.path(), 2).is_ok());
+      auto reusing = reusing_file_system(local_file_system(), {root.path()});
+      Ranks ranks(spec, options, reusing);
+      BOOST_REQUIRE(ranks.save(root.path(), 1).is_ok());
+      // Longer old files than the new ones, so that a file not cut shows; their inodes, to see
+      // them written over.
+      std::map<std::string, ino_t> inodes;
+      for (const auto& entry : std::filesystem::directory_iterator(root / "global_step_1/policy")) {
+        if (entry.path().extension() != ".safetensors") continue;
+        std::filesystem::resize_file(entry.path(), 30u << 20);
+        struct stat st {};
+        BOOST_REQUIRE(::stat(entry.path().c_str(), &st) == 0);
+        inodes[entry.path().filename().string()] = st.st_ino;
+      }
+      BOOST_REQUIRE(!inodes.empty());
+      BOOST_REQUIRE(reusing->remove_tree(root / "global_step_1").is_ok());
+      BOOST_REQUIRE(ranks.save(root.path(), 2).is_ok());
+      BOOST_TEST(!std::filesystem::exists(root / "global_step_1"));
+      const auto [pages, cached] = data_file_pages(root / "global_step_2/policy");
+      BOOST_TEST_CONTEXT(cached << " of " << pages << " pages cached") { BOOST_TEST(cached * 20 < pages); }
+      for (const auto& entry : std::filesystem::directory_iterator(plain / "global_step_2/policy")) {
+        if (entry.path().extension() != ".safetensors") continue;
+        const std::string name = entry.path().filename().string();
+        const std::string over = root / ("global_step_2/policy/" + name);
+        BOOST_TEST((test::read_file(entry.path().string()) == test::read_file(over)),
+                   name << " differs from the same save into a new file");
+        struct stat st {};
+        BOOST_REQUIRE(::stat(over.c_str(), &st) == 0);
+        BOOST_TEST((inodes.count(name) == 1 && inodes[name] == st.st_ino), name << " is not step 1's file written over");
       }
     }
   }
