@@ -360,7 +360,6 @@ class PosixFileSystem final : public FileSystem {
   }
 
  public:
-
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
     SH_ASSIGN_OR_RETURN(auto file, posix::create_uncached(path));
     if (file) return file;

@@ -129,7 +129,8 @@ Status pwrite_around_cache(int direct, int cached, std::uint64_t offset, const v
     for (std::size_t whole = bytes - bytes % kBlock; whole > 0;) {
       const ssize_t n = ::pwrite(direct, p, whole, static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EINVAL) break;
+      // Refused, or nothing written (which a regular file does not do): through the cache.
+      if ((n < 0 && errno == EINVAL) || n == 0) break;
       if (n < 0) return Status::from_errno(errno, "write to '" + path + "'");
       p += n;
       offset += static_cast<std::uint64_t>(n);
