@@ -357,10 +357,7 @@ RankSaveReport SaveEngine::write_buckets(const StateDict& state, bool direct, co
   if (options_.early_writeback) writeback.emplace(options_.writer_thread_start);
   BackgroundWriteback* early = writeback ? &*writeback : nullptr;
   // Asked once a save (a statfs on a local folder), not once a bucket.
-  const FileSystemCapabilities capabilities = fs_->capabilities(policy_dir);
-  const bool uploads = capabilities.uploads;
-  // A folder kept in memory (tmpfs) is the page cache: O_DIRECT there only adds a copy.
-  uncached_files_ = options_.uncached_writes && !capabilities.in_memory;
+  const bool uploads = fs_->capabilities(policy_dir).uploads;
   std::vector<std::future<void>> done;
   for (std::size_t b = 0; b < buckets; ++b) {
     done.push_back(writers_.submit([&, b] {
@@ -422,7 +419,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       file = std::move(opened_[b]);
     } else {
       // Not a file begin_async() staged into (its memory is the file's).
-      const bool uncached = uncached_files_ && (b >= in_file_.size() || in_file_[b] == nullptr);
+      const bool uncached = options_.uncached_writes && (b >= in_file_.size() || in_file_[b] == nullptr);
       SH_ASSIGN_OR_RETURN(file, timed(result.phases.write_s,
                                       [&] { return open_bucket_file(*fs_, policy_dir, bucket, uncached); }));
     }
@@ -476,7 +473,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
       // engine's (the tensors' memory does not lie at their file bytes' offsets within a block):
       // a copy as the page cache's would be, without its page allocations and dirty pages.
       HostBuffer bounce;
-      if (file->direct_block() == StagingPool::kBlockBytes) bounce = bounces_.take();
+      if (file->direct_block() == kDirectIoBlock) bounce = bounces_.take();
       struct GiveBack {
         SaveEngine& engine;
         HostBuffer& bounce;
@@ -488,10 +485,8 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
         if (failed_.load()) return stopped_by_another_bucket();
         const auto* data = static_cast<const std::uint8_t*>(state.tensors[item.tensor_index].tensor.data());
         const auto bytes = static_cast<std::size_t>(item.nbytes);
-        SH_RETURN_IF_ERROR(bounce.valid() ? bounce_and_write(*file, bucket, *hasher, item.data_offset, data, bytes,
-                                                             bounce.data(), result.phases, writeback)
-                                          : hash_and_write(*file, bucket, *hasher, item.data_offset, data, bytes,
-                                                           result.phases, writeback));
+        SH_RETURN_IF_ERROR(hash_and_write(*file, bucket, *hasher, item.data_offset, data, bytes, result.phases,
+                                          writeback, bounce.valid() ? bounce.data() : nullptr));
       }
     } else {
       const std::size_t piece = staging_.piece_bytes();

@@ -192,12 +192,9 @@ class SaveEngine {
   double prestage_open_s_ = 0;
   /// Pieces of the current save not staged yet.
   std::atomic<std::size_t> unstaged_{0};
-  /// Bounce blocks (bounce_and_write) free for the next bucket, kept from save to save unless
+  /// Bounce blocks (hash_and_write) free for the next bucket, kept from save to save unless
   /// release_after_save.
   BlockPool bounces_{kBounceBytes};
-  /// Whether this save creates its bucket files uncached (uncached_writes, and a folder not
-  /// kept in memory); set before its buckets are written.
-  bool uncached_files_ = false;
   /// Set by the first bucket that fails: the others stop at their next piece.
   std::atomic<bool> failed_{false};
   ThreadPool writers_;

@@ -11,6 +11,7 @@
 #include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/storage/file_system.hpp"
 
 namespace stagehand {
 
@@ -49,7 +50,7 @@ class StagingPool {
   std::size_t block_offset(std::uint64_t file_offset) const {
     return block_aligned_ ? static_cast<std::size_t>(file_offset % kBlockBytes) : 0;
   }
-  static constexpr std::size_t kBlockBytes = 4096;
+  static constexpr std::size_t kBlockBytes = kDirectIoBlock;
 
   /// Makes the slots have `sizes`; every slot is free afterwards. The slots are laid into the
   /// buffers held (largest first, each into the first with room), and only the ones that do not

@@ -115,33 +115,16 @@ Status write_and_start_writeback(WritableFile& file, std::uint64_t offset, const
 }
 
 Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
-                      BackgroundWriteback* writeback) {
+                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases, BackgroundWriteback* writeback,
+                      std::uint8_t* bounce) {
   const std::size_t write_bytes = file.direct_block() > 0 ? kDirectWriteBytes : kHashBlockBytes;
   for (std::size_t done = 0; done < bytes;) {
-    const std::size_t n = std::min(write_bytes, bytes - done);
-    timed(phases.hash_s, [&] {
-      for (std::size_t k = 0; k < n; k += kHashBlockBytes) {
-        hasher.consume(data + done + k, std::min(kHashBlockBytes, n - k));
-      }
-      return 0;
-    });
-    SH_RETURN_IF_ERROR(timed(phases.write_s, [&] {
-      return write_and_start_writeback(file, bucket.header.size() + at + done, data + done, n, writeback);
-    }));
-    done += n;
-  }
-  return Status::ok();
-}
-
-Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                        const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
-                        BackgroundWriteback* writeback) {
-  for (std::size_t done = 0; done < bytes;) {
     const std::uint64_t offset = bucket.header.size() + at + done;
-    const auto lead = static_cast<std::size_t>(offset % 4096);
-    const std::size_t n = std::min(kBounceBytes - lead, bytes - done);
-    std::uint8_t* block = bounce + lead;
+    // Through the bounce block: at the offset's place within a block, each write ending at a
+    // block boundary.
+    const auto lead = static_cast<std::size_t>(offset % kDirectIoBlock);
+    const std::size_t n = std::min(bounce != nullptr ? kBounceBytes - lead : write_bytes, bytes - done);
+    const std::uint8_t* from = bounce != nullptr ? bounce + lead : data + done;
     for (std::size_t k = 0; k < n; k += kHashBlockBytes) {
       const std::size_t m = std::min(kHashBlockBytes, n - k);
       // Hashed from the source, then copied: the hash reads it into the cache the copy reads
@@ -150,13 +133,15 @@ Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketH
         hasher.consume(data + done + k, m);
         return 0;
       });
-      timed(phases.copy_s, [&] {
-        std::memcpy(block + k, data + done + k, m);
-        return 0;
-      });
+      if (bounce != nullptr) {
+        timed(phases.copy_s, [&] {
+          std::memcpy(bounce + lead + k, data + done + k, m);
+          return 0;
+        });
+      }
     }
     SH_RETURN_IF_ERROR(
-        timed(phases.write_s, [&] { return write_and_start_writeback(file, offset, block, n, writeback); }));
+        timed(phases.write_s, [&] { return write_and_start_writeback(file, offset, from, n, writeback); }));
     done += n;
   }
   return Status::ok();

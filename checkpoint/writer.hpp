@@ -103,7 +103,7 @@ inline constexpr std::size_t kHashBlockBytes = 2u << 20;
 /// (WritableFile::direct_block): such a write does not read the bytes through the CPU's cache,
 /// and the thread waits for the device, so fewer, larger writes.
 inline constexpr std::size_t kDirectWriteBytes = 4 * kHashBlockBytes;
-/// A bounce block (bounce_and_write). Its writes end at block boundaries: the first of a range
+/// A bounce block (hash_and_write). Its writes end at block boundaries: the first of a range
 /// is up to 4095 bytes shorter, the others kDirectWriteBytes.
 inline constexpr std::size_t kBounceBytes = kDirectWriteBytes;
 
@@ -117,17 +117,12 @@ auto timed(double& phase, F&& work) {
 }
 
 /// Hashes `bytes` of `bucket`'s data section at data offset `at` from `data` into `hasher`, and
-/// writes them to `file` (write_and_start_writeback), adding the seconds to `phases`.
+/// writes them to `file` (write_and_start_writeback), adding the seconds to `phases`. With
+/// `bounce` (kBounceBytes, kDirectIoBlock-aligned), the bytes are copied there first (copy_s),
+/// each write's at its file offset's place within a block: a file that takes writes around the
+/// page cache then takes them whole, whatever the alignment of `data`.
 Status hash_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases,
-                      BackgroundWriteback* writeback);
-
-/// The same, written through `bounce` (kBounceBytes, 4096-aligned), where each write's bytes
-/// are placed at their file offset's place within a 4096-byte block: a file that takes writes
-/// around the page cache then takes them whole, whatever the alignment of `data`. Hashed from
-/// `data`, then copied (copy_s).
-Status bounce_and_write(WritableFile& file, const PlannedBucket& bucket, BucketHasher& hasher, std::uint64_t at,
-                        const std::uint8_t* data, std::size_t bytes, std::uint8_t* bounce, SavePhases& phases,
-                        BackgroundWriteback* writeback);
+                      const std::uint8_t* data, std::size_t bytes, SavePhases& phases, BackgroundWriteback* writeback,
+                      std::uint8_t* bounce = nullptr);
 
 }  // namespace stagehand

@@ -25,6 +25,10 @@ struct ReadSegment {
   std::size_t bytes = 0;
 };
 
+/// The block of O_DIRECT here: memory, file offsets and lengths that go around the page cache
+/// are multiples of it (WritableFile::direct_block), and writers place memory by it.
+inline constexpr std::size_t kDirectIoBlock = 4096;
+
 /// A file being written.
 ///
 /// Thread-safety: one thread at a time, except write_at() of disjoint ranges.
@@ -53,7 +57,7 @@ class WritableFile {
     (void)bytes;
     return nullptr;
   }
-  /// The block size (4096) at which this file's writes go around the page cache: whole blocks
+  /// The block size (kDirectIoBlock) at which this file's writes go around the page cache: whole blocks
   /// of memory that lies at the same offset within a block as the file bytes it is written to
   /// (create_file_uncached where the store takes O_DIRECT); 0 when every write goes through the
   /// cache or the store's own buffers.
@@ -191,7 +195,8 @@ class FileSystem {
   /// Writes of any size, offset and alignment work; the whole blocks of memory that lies at its
   /// file offset's place within a block (WritableFile::direct_block) go to the device with no
   /// copy. Where the store cannot (the default, and every FileSystemWrapper unless it
-  /// says otherwise), it is create_file().
+  /// says otherwise), and in a folder kept in memory (FileSystemCapabilities::in_memory), it is
+  /// create_file().
   virtual Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) {
     return create_file(path);
   }
@@ -221,8 +226,7 @@ class FileSystem {
     return Status{ErrorCode::unsupported, "cannot reuse '" + from + "' here"};
   }
   /// As reuse_file(), but writing around the page cache where the store can, as a file of
-  /// create_file_uncached() does (not through a mapping: a file kept in memory is written as
-  /// reuse_file() writes it). Where the store cannot (the default, and every FileSystemWrapper
+  /// create_file_uncached() does (a file kept in memory is written as reuse_file() writes it). Where the store cannot (the default, and every FileSystemWrapper
   /// unless it says otherwise), it is reuse_file().
   virtual Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
                                                                     FileMappings* mappings) {

@@ -350,9 +350,9 @@ class PosixFileSystem final : public FileSystem {
       }
     }
     // The same file again with O_DIRECT (by descriptor: the name may change meanwhile); where
-    // the file system refuses it, written through the cache.
+    // the file system refuses it, or keeps it in memory, written through the cache.
     posix::Fd direct;
-    if (uncached && !mapping) {
+    if (uncached && !in_memory(fd.get())) {
       direct = posix::Fd(::open(("/proc/self/fd/" + std::to_string(fd.get())).c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC));
     }
     return std::unique_ptr<WritableFile>(
@@ -361,6 +361,9 @@ class PosixFileSystem final : public FileSystem {
 
  public:
   Result<std::unique_ptr<WritableFile>> create_file_uncached(const std::string& path) override {
+    // A folder kept in memory (tmpfs, which takes O_DIRECT since Linux 6.6) is the page cache:
+    // O_DIRECT there would only add a copy.
+    if (capabilities(path).in_memory) return create_file(path);
     SH_ASSIGN_OR_RETURN(auto file, posix::create_uncached(path));
     if (file) return file;
     return create_file(path);

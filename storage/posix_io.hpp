@@ -48,7 +48,7 @@ Status pwrite_all(int fd, std::uint64_t offset, const void* data, std::size_t by
 
 /// The alignment O_DIRECT asks of memory, offsets and lengths here (the largest logical block
 /// size in use).
-inline constexpr std::uint64_t kDirectBlock = 4096;
+inline constexpr std::uint64_t kDirectBlock = kDirectIoBlock;
 
 /// Writes all `bytes` at `offset` of one file, open twice: through `direct` (O_DIRECT) the whole
 /// blocks, when `data` lies at the same offset within a kDirectBlock block as `offset` does;
