@@ -150,10 +150,12 @@ class ParallelLoad {
   }
 
   /// Reads the task's range straight into the tensors in reads of at most read_bytes_ (one
-  /// vectored read each), hashing what each read brought while it is still in the CPU's cache.
+  /// vectored read each), hashing what each read brought, and copying it into the chunk's other
+  /// blocks, while it is still in the CPU's cache.
   Status read_direct(const ReadTask& task, PhaseTimes& times, DeviceCopies& device) {
     std::size_t k = 0;
     auto hash = std::make_unique<Xxh3Stream>();
+    std::int64_t copied = 0;  // elements of piece k already copied into its other blocks
     std::vector<ReadSegment> segments;
     announce(task, read_bytes_);
     for (std::uint64_t pos = task.begin(); pos < task.end();) {
@@ -177,25 +179,33 @@ class ParallelLoad {
         const Piece& p = task.pieces[k];
         const std::uint64_t lo = std::max(pos, p.begin);
         const std::uint64_t hi = std::min(end, p.end);
-        hash->update(jobs_[p.job].direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
+        const ChunkJob& j = jobs_[p.job];
+        hash->update(j.direct + (lo - p.begin), static_cast<std::size_t>(hi - lo));
+        if (!j.copies.empty()) {
+          // The whole elements read so far go from the first block into the others now, while
+          // this read's bytes are in the cache (a failed check leaves every block unspecified,
+          // the first one too).
+          const std::size_t elem = dtype_size(j.saved);
+          const auto upto = static_cast<std::int64_t>((hi - p.begin) / elem);
+          if (upto > copied) {
+            times.verify_s += seconds_since(start);
+            start = Clock::now();
+            for (ShardedTensor* target : j.copies) {
+              SH_RETURN_IF_ERROR(fill(j, *target, copied, upto,
+                                      j.direct + static_cast<std::uint64_t>(copied) * elem, device, true));
+            }
+            times.copy_s += seconds_since(start);
+            start = Clock::now();
+            copied = upto;
+          }
+        }
         if (hi < p.end) break;
-        if (verify_ && hash->digest() != jobs_[p.job].chunk->xxh3) {
+        if (verify_ && hash->digest() != j.chunk->xxh3) {
           times.verify_s += seconds_since(start);
           return checksum_mismatch(p.job, hash->digest());
         }
-        if (!jobs_[p.job].copies.empty()) {
-          // The chunk is whole in its first block's memory: copied from there into the others.
-          times.verify_s += seconds_since(start);
-          const ChunkJob& j = jobs_[p.job];
-          const auto count = static_cast<std::int64_t>((p.end - p.begin) / dtype_size(j.saved));
-          start = Clock::now();
-          for (ShardedTensor* target : j.copies) {
-            SH_RETURN_IF_ERROR(fill(j, *target, 0, count, j.direct, device));
-          }
-          times.copy_s += seconds_since(start);
-          start = Clock::now();
-        }
         hash = std::make_unique<Xxh3Stream>();
+        copied = 0;
         ++k;
       }
       times.verify_s += seconds_since(start);
@@ -262,7 +272,7 @@ class ParallelLoad {
         const auto last = static_cast<std::int64_t>((hi - p.begin) / elem);
         SH_RETURN_IF_ERROR(fill(j, *j.live, first, last, src, device));
         for (ShardedTensor* target : j.copies) {
-          SH_RETURN_IF_ERROR(fill(j, *target, first, last, src, device));
+          SH_RETURN_IF_ERROR(fill(j, *target, first, last, src, device, true));
         }
         times.copy_s += seconds_since(start);
         if (hi < p.end) break;
@@ -278,8 +288,9 @@ class ParallelLoad {
 
   /// Copies the chunk's elements [first, last), held at `src` in the saved dtype, into the
   /// part of `target`'s block that they overlap, converted to its dtype where it differs.
+  /// `cold`: the block is one of the chunk's copies, not read again soon (copy_overlap_part).
   static Status fill(const ChunkJob& job, ShardedTensor& target, std::int64_t first, std::int64_t last,
-                     const std::uint8_t* src, DeviceCopies& device) {
+                     const std::uint8_t* src, DeviceCopies& device, bool cold = false) {
     std::vector<std::uint8_t>& converted = device.converted;
     const DType live = target.desc.dtype;
     const bool on_device = target.tensor.device().is_cuda();
@@ -295,7 +306,7 @@ class ParallelLoad {
     }
     const CopyStream* stream = on_device ? device.enqueue() : nullptr;
     if (!copy_overlap_part(*job.chunk, target.desc, dtype_size(live), first, last, src,
-                           static_cast<std::uint8_t*>(target.tensor.data()), target.tensor.device(), stream)) {
+                           static_cast<std::uint8_t*>(target.tensor.data()), target.tensor.device(), stream, cold)) {
       return Status{ErrorCode::io_error, "host-to-device copy into tensor '" + target.desc.name + "' on " +
                                              target.tensor.device().to_string() + " failed"};
     }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "stagehand/core/stream_copy.hpp"
+
 namespace stagehand {
 
 Shape row_major_strides(const Shape& shape) {
@@ -49,13 +51,17 @@ std::optional<std::int64_t> contiguous_offset(const ChunkMeta& chunk,
 
 bool copy_overlap_part(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
                        std::int64_t first, std::int64_t last, const std::uint8_t* src,
-                       std::uint8_t* dst, Device device, const CopyStream* stream) {
+                       std::uint8_t* dst, Device device, const CopyStream* stream, bool cold) {
   auto copy = [&](std::int64_t from, std::int64_t to, std::int64_t dst_elem) {
     const std::uint8_t* from_ptr = src + static_cast<std::size_t>(from - first) * elem;
     std::uint8_t* to_ptr = dst + static_cast<std::size_t>(dst_elem) * elem;
     const auto bytes = static_cast<std::size_t>(to - from) * elem;
     if (stream != nullptr && device.is_cuda()) {
       return copy_engine().copy_async(*stream, CopyKind::host_to_device, to_ptr, from_ptr, bytes).is_ok();
+    }
+    if (cold && !device.is_cuda()) {
+      stream_copy(to_ptr, from_ptr, bytes, kColdCopyMinBytes);
+      return true;
     }
     return copy_from_host(device, from_ptr, to_ptr, bytes);
   };

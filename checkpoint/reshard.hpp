@@ -30,10 +30,13 @@ std::optional<std::int64_t> contiguous_offset(const ChunkMeta& chunk,
 /// index in the chunk lies in [first, last): `src` holds the chunk's elements from `first` on,
 /// `dst` is the block's memory on `device`; `elem` is the live element size. With `stream`, the
 /// copies into device memory are enqueued on it (`src` must then stay as it is until an event
-/// recorded after them completes); without, each is a blocking copy.
+/// recorded after them completes); without, each is a blocking copy. With `cold`, the block is
+/// not read again soon (another rank's copy of a chunk one rank read): copies into host memory
+/// bypass the caches (stream_copy from kColdCopyMinBytes on).
 /// @return false when a copy to the device failed.
 bool copy_overlap_part(const ChunkMeta& chunk, const ShardedTensorDesc& block, std::size_t elem,
                        std::int64_t first, std::int64_t last, const std::uint8_t* src,
-                       std::uint8_t* dst, Device device, const CopyStream* stream = nullptr);
+                       std::uint8_t* dst, Device device, const CopyStream* stream = nullptr,
+                       bool cold = false);
 
 }  // namespace stagehand

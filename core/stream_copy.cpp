@@ -1,6 +1,7 @@
 // Large copies with non-temporal stores (stream_copy.hpp).
 #include "stagehand/core/stream_copy.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -59,11 +60,14 @@ bool has_avx2() {
 }  // namespace
 #endif
 
-void stream_copy(void* dst, const void* src, std::size_t bytes) { stream_copy_with(dst, src, bytes, true); }
+void stream_copy(void* dst, const void* src, std::size_t bytes, std::size_t min_bytes) {
+  stream_copy_with(dst, src, bytes, true, min_bytes);
+}
 
-void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2) {
+void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2, std::size_t min_bytes) {
 #ifdef STAGEHAND_STREAM_COPY_X86
-  if (bytes >= kStreamCopyMinBytes) {
+  // Below 256 bytes the head and the groups of four vectors would not fit.
+  if (bytes >= std::max<std::size_t>(min_bytes, 256)) {
     auto* d = static_cast<std::uint8_t*>(dst);
     const auto* s = static_cast<const std::uint8_t*>(src);
     avx2 = avx2 && has_avx2();
@@ -82,6 +86,7 @@ void stream_copy_with(void* dst, const void* src, std::size_t bytes, bool avx2) 
   }
 #else
   (void)avx2;
+  (void)min_bytes;
 #endif
   std::memcpy(dst, src, bytes);
 }

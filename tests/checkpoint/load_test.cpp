@@ -684,6 +684,67 @@ BOOST_AUTO_TEST_CASE(buffered_pieces_end_on_element_boundaries) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_chunk_read_in_many_reads_is_copied_whole_into_its_other_blocks) {
+  // Each saved chunk fills three live blocks: one it is read straight into, the same tensor in
+  // another layout under another name, and (for the f16 tensor) an f32 copy. The other blocks
+  // take their copies read by read, and reads of odd sizes cut elements: each copy must take
+  // whole elements only, and every block end up whole.
+  TempDir dir;
+  std::vector<StateDict> saved(2);
+  std::uint32_t seed = 21;
+  const DType dtypes[] = {DType::u8, DType::f16, DType::f32, DType::i64};
+  for (std::size_t i = 0; i < std::size(dtypes); ++i) {
+    for (int r = 0; r < 2; ++r) {
+      saved[static_cast<std::size_t>(r)].add("t" + std::to_string(i), test::random_tensor(dtypes[i], Shape{97, 7}, seed++),
+                                             Shape{194, 7}, Shape{97 * r, 0});
+    }
+  }
+  BOOST_REQUIRE(save_states(dir.path(), 1, saved, 1).is_ok());
+  for (std::uint64_t read : {std::uint64_t{999}, std::uint64_t{1000}, std::uint64_t{4099}, kCheapReadBytes}) {
+    for (int threads : {1, 3}) {
+      BOOST_TEST_CONTEXT(threads << " threads, reads of " << read << " bytes") {
+        StateDict live = live_layout(saved, "whole", 0, 1);
+        LoadOptions options;
+        options.thread_count = threads;
+        options.max_read_bytes = read;
+        options.convert_dtypes = true;
+        for (const auto& t : live_layout(saved, "cols", 1, 3).tensors) {
+          live.add("cols." + t.desc.name, t.tensor, t.desc.global_shape, t.desc.global_offset);
+          options.sources["cols." + t.desc.name] = t.desc.name;
+        }
+        live.add_full("f32.t1", test::zero_tensor(DType::f32, Shape{194, 7}));
+        options.sources["f32.t1"] = "t1";
+        fill_bytes(live, 0x5a);  // bytes not yet read are not zeros, which the saved ones may be
+        LoadReport report;
+        Status st = load_checkpoint(*local_file_system(), dir / "global_step_1", live, options, &report);
+        BOOST_REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+        // 8 saved chunks, each read once, in more reads than chunks.
+        BOOST_TEST(report.chunks == 8u);
+        BOOST_TEST(report.direct_chunks == 8u);
+        if (read <= 1000) BOOST_TEST(report.reads > 8u);
+        for (const auto& t : live.tensors) {
+          ShardedTensorDesc desc = t.desc;
+          if (desc.name.rfind("cols.", 0) == 0) desc.name = desc.name.substr(5);
+          if (desc.name == "f32.t1") {
+            desc.name = "t1";
+            desc.dtype = DType::f16;
+          }
+          auto expected = expected_block(saved, desc);
+          if (t.desc.dtype != desc.dtype) {
+            std::vector<std::uint8_t> converted(t.tensor.nbytes());
+            BOOST_REQUIRE(convert_elements(expected.data(), desc.dtype, converted.data(), t.desc.dtype,
+                                           static_cast<std::size_t>(t.desc.local_shape.numel()))
+                              .is_ok());
+            expected = std::move(converted);
+          }
+          const auto* bytes = static_cast<const std::uint8_t*>(t.tensor.data());
+          BOOST_TEST(std::equal(bytes, bytes + t.tensor.nbytes(), expected.begin(), expected.end()), t.desc.name);
+        }
+      }
+    }
+  }
+}
+
 // -- what a load fills: selections, conversions, safetensors folders --
 
 namespace {

@@ -323,22 +323,24 @@ BOOST_AUTO_TEST_CASE(xxh3_digests_equal_the_scalar_reference_at_every_length_and
 BOOST_AUTO_TEST_CASE(stream_copy_equals_memcpy_at_every_alignment_and_length_and_touches_nothing_else) {
   // Lengths around the threshold and the vector groups, at every misalignment of either side,
   // into a destination whose bytes around the copy must stay as they were; both vector codes
-  // (AVX2 where this CPU has it, and SSE2).
+  // (AVX2 where this CPU has it, and SSE2), from the default threshold and from lower ones.
   const std::size_t t = kStreamCopyMinBytes;
-  const std::vector<std::size_t> lengths = {0, 1, 63, 4096, t - 1, t, t + 1, t + 31, t + 127, t + 129, 3 * t + 77};
+  const std::vector<std::size_t> lengths = {0,     1,      63,      255,     256,     257,        4096,
+                                            t - 1, t,      t + 1,   t + 31,  t + 127, t + 129, 3 * t + 77};
   std::vector<std::uint8_t> src(3 * t + 77 + 64 + 64);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 131 + (i >> 9) * 7 + 1);
   std::vector<std::uint8_t> dst(src.size() + 128);
   const auto untouched = [](auto begin, auto end) {
     return std::all_of(begin, end, [](std::uint8_t b) { return b == 0xA5; });
   };
-  for (bool avx2 : {true, false}) {
+  for (auto [avx2, from] : {std::pair{true, t}, std::pair{false, t}, std::pair{true, kColdCopyMinBytes},
+                            std::pair{false, std::size_t{0}}}) {
     for (std::size_t n : lengths) {
       for (std::size_t s_off : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{33}}) {
         for (std::size_t d_off = 0; d_off < 64; d_off += 7) {
           std::fill(dst.begin(), dst.end(), std::uint8_t{0xA5});
-          stream_copy_with(dst.data() + 64 + d_off, src.data() + s_off, n, avx2);
-          BOOST_TEST_CONTEXT("AVX2 " << avx2 << ", length " << n << ", source offset " << s_off
+          stream_copy_with(dst.data() + 64 + d_off, src.data() + s_off, n, avx2, from);
+          BOOST_TEST_CONTEXT("AVX2 " << avx2 << ", from " << from << ", length " << n << ", source offset " << s_off
                                      << ", destination offset " << d_off) {
             BOOST_TEST(std::equal(src.begin() + s_off, src.begin() + s_off + n, dst.begin() + 64 + d_off));
             BOOST_TEST(untouched(dst.begin(), dst.begin() + 64 + d_off));
