@@ -371,3 +371,47 @@ BOOST_AUTO_TEST_CASE(uncached_writes_go_around_the_cache_wherever_memory_and_fil
   }
   BOOST_TEST(test::read_file(path) == header + bytes);
 }
+
+BOOST_AUTO_TEST_CASE(an_uncached_file_names_its_block_where_it_goes_around_the_cache_and_none_in_memory) {
+  // create_file_uncached() and reuse_file_uncached() give files whose direct_block() is
+  // kDirectIoBlock where their writes go to the device, and 0 in a folder kept in memory (tmpfs
+  // is the cache: written through it). A rate-limited file system passes the file on with its
+  // block, and its paced writes still go around the cache.
+  constexpr std::size_t kMiB = 1u << 20;
+  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 2 * kMiB)), &std::free);
+  BOOST_REQUIRE(memory);
+  const std::string bytes = pattern(2 * kMiB, 'r');
+  std::memcpy(memory.get(), bytes.data(), bytes.size());
+  const auto limited = rate_limited(local_file_system(), 512.0 * kMiB);
+  BOOST_REQUIRE(limited != local_file_system());
+  std::vector<std::string> parents{fs::temp_directory_path().string()};
+  if (in_memory(kMemoryFolder)) parents.emplace_back(kMemoryFolder);
+  for (const std::string& parent : parents) {
+    for (const bool paced : {false, true}) {
+      BOOST_TEST_CONTEXT("in " << parent << (paced ? ", rate-limited" : "")) {
+        TempDir dir(parent);
+        FileSystem& files = paced ? *limited : *local_file_system();
+        const bool device = !in_memory(dir.path()) && test::takes_direct_io(dir.path());
+        const std::string path = dir / "data";
+        auto file = files.create_file_uncached(path);
+        BOOST_REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+        BOOST_TEST((*file)->direct_block() == (device ? kDirectIoBlock : 0u));
+        BOOST_REQUIRE((*file)->append(memory.get(), bytes.size()).is_ok());
+        BOOST_REQUIRE((*file)->sync().is_ok());
+        BOOST_REQUIRE((*file)->close().is_ok());
+        if (device) BOOST_TEST(test::cached_pages(path) == 0u);
+        BOOST_TEST(test::read_file(path) == bytes);
+        if (paced) continue;  // a wrapper does not reuse files (FileSystem::reuse_file)
+        // Written over in place: the same kind of file.
+        const std::string again = dir / "again";
+        auto reused = files.reuse_file_uncached(path, again, nullptr);
+        BOOST_REQUIRE_MESSAGE(reused.is_ok(), reused.status().to_string());
+        BOOST_TEST((*reused)->direct_block() == (device ? kDirectIoBlock : 0u));
+        BOOST_REQUIRE((*reused)->write_at(0, memory.get() + kMiB, kMiB).is_ok());
+        BOOST_REQUIRE((*reused)->close().is_ok());
+        if (device) BOOST_TEST(test::cached_pages(again) == 0u);
+        BOOST_TEST(test::read_file(again) == bytes.substr(kMiB));
+      }
+    }
+  }
+}
