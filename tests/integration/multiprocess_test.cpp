@@ -251,7 +251,10 @@ BOOST_AUTO_TEST_CASE(hosts_whose_disks_only_they_see_replicate_over_the_network_
   fs::remove_all(dir / "disk1");
   fs::create_directories(dir / "disk1");
   auto resumed = start_hosts(true);
-  for (auto& rank : resumed) BOOST_TEST(rank->wait_for(std::chrono::seconds(120)) == 0, rank->output());
+  for (std::size_t r = 0; r < resumed.size(); ++r) {
+    const int code = resumed[r]->wait_for(std::chrono::seconds(120));
+    BOOST_TEST(code == 0, "resumed rank " << r << " exited with " << code << ": " << resumed[r]->output());
+  }
   const std::string from = dir / ("disk{host}/local/global_step_" + std::to_string(at_kill));
   BOOST_TEST(resumed[0]->output().find(from + ": 4 part(s) whose own host has no copy are read from their replicas: "
                                               "rank 2's part '__2_0.safetensors' from host 0 (host 1's folder lacks the "
