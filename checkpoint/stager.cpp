@@ -57,7 +57,7 @@ std::vector<std::size_t> staging_slot_sizes(const SavePlan& plan, int thread_cou
 }
 
 std::size_t StagingPool::footprint(std::size_t size) const {
-  return block_aligned_ && size > 0 ? round_up(size, kBlockBytes) + kBlockBytes : size;
+  return block_aligned_ && size > 0 ? round_up(size, kDirectIoBlock) + kDirectIoBlock : size;
 }
 
 Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom) {

@@ -48,9 +48,8 @@ class StagingPool {
   /// Where in its slot a piece that is written to file offset `file_offset` starts: that
   /// offset's place within a 4096-byte block with block_aligned slots, else 0.
   std::size_t block_offset(std::uint64_t file_offset) const {
-    return block_aligned_ ? static_cast<std::size_t>(file_offset % kBlockBytes) : 0;
+    return block_aligned_ ? static_cast<std::size_t>(file_offset % kDirectIoBlock) : 0;
   }
-  static constexpr std::size_t kBlockBytes = kDirectIoBlock;
 
   /// Makes the slots have `sizes`; every slot is free afterwards. The slots are laid into the
   /// buffers held (largest first, each into the first with room), and only the ones that do not

@@ -57,8 +57,8 @@ class WritableFile {
     (void)bytes;
     return nullptr;
   }
-  /// The block size (kDirectIoBlock) at which this file's writes go around the page cache: whole blocks
-  /// of memory that lies at the same offset within a block as the file bytes it is written to
+  /// The block size (kDirectIoBlock) at which this file's writes go around the page cache: whole
+  /// blocks of memory that lies at the same offset within a block as the file bytes it is written to
   /// (create_file_uncached where the store takes O_DIRECT); 0 when every write goes through the
   /// cache or the store's own buffers.
   virtual std::size_t direct_block() const { return 0; }
@@ -226,8 +226,9 @@ class FileSystem {
     return Status{ErrorCode::unsupported, "cannot reuse '" + from + "' here"};
   }
   /// As reuse_file(), but writing around the page cache where the store can, as a file of
-  /// create_file_uncached() does (a file kept in memory is written as reuse_file() writes it). Where the store cannot (the default, and every FileSystemWrapper
-  /// unless it says otherwise), it is reuse_file().
+  /// create_file_uncached() does (a file kept in memory is written as reuse_file() writes it).
+  /// Where the store cannot (the default, and every FileSystemWrapper unless it says
+  /// otherwise), it is reuse_file().
   virtual Result<std::unique_ptr<WritableFile>> reuse_file_uncached(const std::string& from, const std::string& to,
                                                                     FileMappings* mappings) {
     return reuse_file(from, to, mappings);

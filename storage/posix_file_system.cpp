@@ -145,7 +145,7 @@ class PosixWritableFile final : public WritableFile {
     return Status::ok();
   }
 
-  std::size_t direct_block() const override { return direct_.valid() ? posix::kDirectBlock : 0; }
+  std::size_t direct_block() const override { return direct_.valid() ? kDirectIoBlock : 0; }
 
   std::uint8_t* memory_at(std::uint64_t offset, std::size_t bytes) override {
     if (!mapping_ || offset > mapping_->size() || bytes > mapping_->size() - offset) return nullptr;
@@ -335,8 +335,10 @@ class PosixFileSystem final : public FileSystem {
       (void)::unlink(taken.c_str());
       return Status::from_errno(err, "cannot rename '" + from + "' to '" + to + "'");
     }
+    // A file kept in memory is written through a mapping (with `mappings`), never with O_DIRECT.
+    const bool memory = (mappings != nullptr || uncached) && in_memory(fd.get());
     std::shared_ptr<PosixFileMapping> mapping;
-    if (mappings != nullptr && in_memory(fd.get())) {
+    if (mappings != nullptr && memory) {
       std::erase_if(*mappings, [&](const std::shared_ptr<FileMapping>& m) {
         const auto* posix = dynamic_cast<const PosixFileMapping*>(m.get());
         return posix == nullptr || !posix->linked() || (posix->of(st) && !posix->maps(st));
@@ -352,7 +354,7 @@ class PosixFileSystem final : public FileSystem {
     // The same file again with O_DIRECT (by descriptor: the name may change meanwhile); where
     // the file system refuses it, or keeps it in memory, written through the cache.
     posix::Fd direct;
-    if (uncached && !in_memory(fd.get())) {
+    if (uncached && !memory) {
       direct = posix::Fd(::open(("/proc/self/fd/" + std::to_string(fd.get())).c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC));
     }
     return std::unique_ptr<WritableFile>(

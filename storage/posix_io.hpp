@@ -46,12 +46,8 @@ Status preadv_exact(int fd, std::uint64_t offset, const std::vector<ReadSegment>
 /// Writes all `bytes` at `offset`, again after a short write or EINTR; an error names `path`.
 Status pwrite_all(int fd, std::uint64_t offset, const void* data, std::size_t bytes, const std::string& path);
 
-/// The alignment O_DIRECT asks of memory, offsets and lengths here (the largest logical block
-/// size in use).
-inline constexpr std::uint64_t kDirectBlock = kDirectIoBlock;
-
 /// Writes all `bytes` at `offset` of one file, open twice: through `direct` (O_DIRECT) the whole
-/// blocks, when `data` lies at the same offset within a kDirectBlock block as `offset` does;
+/// blocks, when `data` lies at the same offset within a kDirectIoBlock block as `offset` does;
 /// through `cached` the partial blocks at the ends, and everything when it does not lie so (the
 /// kernel keeps the two descriptors coherent).
 Status pwrite_around_cache(int direct, int cached, std::uint64_t offset, const void* data, std::size_t bytes,

@@ -16,9 +16,7 @@ namespace stagehand::posix {
 
 namespace {
 
-constexpr std::uint64_t kBlock = kDirectBlock;
-
-bool aligned(std::uint64_t v) { return v % kBlock == 0; }
+bool aligned(std::uint64_t v) { return v % kDirectIoBlock == 0; }
 bool aligned(const void* p) { return aligned(reinterpret_cast<std::uintptr_t>(p)); }
 
 /// Writes through two descriptors of the file (pwrite_around_cache): `direct_` (O_DIRECT) and
@@ -39,7 +37,7 @@ class UncachedWritableFile final : public WritableFile {
     return pwrite_around_cache(direct_.get(), cached_.get(), offset, data, bytes, path_);
   }
 
-  std::size_t direct_block() const override { return kBlock; }
+  std::size_t direct_block() const override { return kDirectIoBlock; }
 
   Status sync() override {
     if (::fsync(direct_.get()) != 0) return Status::from_errno(errno, "fsync of '" + path_ + "'");
@@ -71,7 +69,7 @@ class UncachedReadableFile final : public ReadableFile {
   Status read(std::uint64_t offset, void* dst, std::size_t bytes) override {
     auto* p = static_cast<std::uint8_t*>(dst);
     if (aligned(offset) && aligned(p)) {
-      const std::size_t whole = bytes - bytes % kBlock;
+      const std::size_t whole = bytes - bytes % kDirectIoBlock;
       SH_RETURN_IF_ERROR(pread_exact(fd_.get(), offset, p, whole, path_));
       p += whole;
       offset += whole;
@@ -79,16 +77,16 @@ class UncachedReadableFile final : public ReadableFile {
     }
     if (bytes == 0) return Status::ok();
     std::unique_ptr<std::uint8_t, decltype(&std::free)> block(
-        static_cast<std::uint8_t*>(std::aligned_alloc(kBlock, kBlock)), &std::free);
+        static_cast<std::uint8_t*>(std::aligned_alloc(kDirectIoBlock, kDirectIoBlock)), &std::free);
     if (!block) return Status{ErrorCode::no_space, "cannot allocate a block to read '" + path_ + "'"};
     while (bytes > 0) {
-      const std::uint64_t start = offset - offset % kBlock;
+      const std::uint64_t start = offset - offset % kDirectIoBlock;
       const auto skip = static_cast<std::size_t>(offset - start);
-      const std::size_t n = std::min<std::size_t>(bytes, kBlock - skip);
+      const std::size_t n = std::min<std::size_t>(bytes, kDirectIoBlock - skip);
       // A block that holds the file's end reads short: only the bytes asked for must be there.
       ssize_t got;
       do {
-        got = ::pread(fd_.get(), block.get(), kBlock, static_cast<off_t>(start));
+        got = ::pread(fd_.get(), block.get(), kDirectIoBlock, static_cast<off_t>(start));
       } while (got < 0 && errno == EINTR);
       if (got < 0) return Status::from_errno(errno, "read of '" + path_ + "'");
       if (static_cast<std::size_t>(got) < skip + n) {
@@ -115,18 +113,18 @@ class UncachedReadableFile final : public ReadableFile {
 Status pwrite_around_cache(int direct, int cached, std::uint64_t offset, const void* data, std::size_t bytes,
                            const std::string& path) {
   const auto* p = static_cast<const std::uint8_t*>(data);
-  // Unsigned arithmetic: the difference is taken modulo 2^64, which kBlock divides.
-  if ((offset - reinterpret_cast<std::uintptr_t>(p)) % kBlock == 0) {
+  // Unsigned arithmetic: the difference is taken modulo 2^64, which kDirectIoBlock divides.
+  if ((offset - reinterpret_cast<std::uintptr_t>(p)) % kDirectIoBlock == 0) {
     // Cached up to the first block boundary: that block's other bytes (a header, the previous
     // write's tail) are in the page cache.
-    const auto head = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, (kBlock - offset % kBlock) % kBlock));
+    const auto head = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, (kDirectIoBlock - offset % kDirectIoBlock) % kDirectIoBlock));
     SH_RETURN_IF_ERROR(pwrite_all(cached, offset, p, head, path));
     p += head;
     offset += head;
     bytes -= head;
     // A file system that asks more alignment of O_DIRECT than it refuses at open (a larger
     // logical block or page) refuses the write (EINVAL): those bytes go through the cache.
-    for (std::size_t whole = bytes - bytes % kBlock; whole > 0;) {
+    for (std::size_t whole = bytes - bytes % kDirectIoBlock; whole > 0;) {
       const ssize_t n = ::pwrite(direct, p, whole, static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
       // Refused, or nothing written (which a regular file does not do): through the cache.

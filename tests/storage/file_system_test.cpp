@@ -59,6 +59,15 @@ void age(const std::string& path) {
   BOOST_REQUIRE(::utimensat(AT_FDCWD, path.c_str(), old, 0) == 0);
 }
 
+using AlignedMemory = std::unique_ptr<char, decltype(&std::free)>;
+
+/// `bytes` (a multiple of kDirectIoBlock) of memory aligned as staging memory is.
+AlignedMemory aligned_memory(std::size_t bytes) {
+  AlignedMemory memory(static_cast<char*>(std::aligned_alloc(kDirectIoBlock, bytes)), &std::free);
+  BOOST_REQUIRE(memory);
+  return memory;
+}
+
 std::string pattern(std::size_t bytes, char seed) {
   std::string s(bytes, '\0');
   for (std::size_t i = 0; i < bytes; ++i) s[i] = static_cast<char>(seed + static_cast<char>(i % 61));
@@ -296,8 +305,7 @@ BOOST_AUTO_TEST_CASE(uncached_files_hold_every_byte_written_whatever_its_alignme
   // On disk (O_DIRECT where the file system takes it, the usual files where it does not) and in
   // memory.
   constexpr std::size_t kMiB = 1u << 20;
-  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
-  BOOST_REQUIRE(memory);
+  const AlignedMemory memory = aligned_memory(4 * kMiB);
   const std::string bytes = pattern(4 * kMiB, 'c');
   std::memcpy(memory.get(), bytes.data(), bytes.size());
   for (const std::string& parent : {fs::temp_directory_path().string(), std::string(kMemoryFolder)}) {
@@ -323,7 +331,7 @@ BOOST_AUTO_TEST_CASE(uncached_files_hold_every_byte_written_whatever_its_alignme
       auto in = local->open_file_uncached(path);
       BOOST_REQUIRE_MESSAGE(in.is_ok(), in.status().to_string());
       BOOST_TEST((*in)->size() == expected.size());
-      std::unique_ptr<char, decltype(&std::free)> back(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
+      const AlignedMemory back = aligned_memory(4 * kMiB);
       BOOST_REQUIRE((*in)->read(0, back.get(), expected.size()).is_ok());
       BOOST_TEST(std::string(back.get(), expected.size()) == expected);
       BOOST_REQUIRE((*in)->read(4096 * 3, back.get() + 1, 10000).is_ok());
@@ -347,8 +355,7 @@ BOOST_AUTO_TEST_CASE(uncached_writes_go_around_the_cache_wherever_memory_and_fil
   // within a 4096-byte block that their file bytes have.
   constexpr std::size_t kMiB = 1u << 20;
   constexpr std::size_t kHeader = 4096 + 123;
-  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 4 * kMiB)), &std::free);
-  BOOST_REQUIRE(memory);
+  const AlignedMemory memory = aligned_memory(4 * kMiB);
   const std::string bytes = pattern(3 * kMiB + 777, 'd');
   char* at = memory.get() + kHeader % 4096;
   std::memcpy(at, bytes.data(), bytes.size());
@@ -378,8 +385,7 @@ BOOST_AUTO_TEST_CASE(an_uncached_file_names_its_block_where_it_goes_around_the_c
   // is the cache: written through it). A rate-limited file system passes the file on with its
   // block, and its paced writes still go around the cache.
   constexpr std::size_t kMiB = 1u << 20;
-  std::unique_ptr<char, decltype(&std::free)> memory(static_cast<char*>(std::aligned_alloc(4096, 2 * kMiB)), &std::free);
-  BOOST_REQUIRE(memory);
+  const AlignedMemory memory = aligned_memory(2 * kMiB);
   const std::string bytes = pattern(2 * kMiB, 'r');
   std::memcpy(memory.get(), bytes.data(), bytes.size());
   const auto limited = rate_limited(local_file_system(), 512.0 * kMiB);
