@@ -439,7 +439,8 @@ bool simulated_gpu_requested() {
 CopyEngine& copy_engine() {
   // Never destroyed: threads of static objects may still copy at exit.
   static CopyEngine* engine = [] () -> CopyEngine* {
-    if (simulated_gpu_requested()) {
+    // device_info() decides: STAGEHAND_FORCE_HOST=1 wins over the simulated device.
+    if (device_info().simulated) {
       SimulatedDeviceOptions options;
       options.bytes_per_s = env_double("STAGEHAND_SIMULATED_GPU_GBPS", 20) * 1e9;
       options.latency_s = env_double("STAGEHAND_SIMULATED_GPU_LATENCY_US", 10) * 1e-6;

@@ -114,11 +114,13 @@ std::unique_ptr<CopyEngine> make_simulated_engine(SimulatedDeviceOptions options
 /// Copies with memcpy at once.
 std::unique_ptr<CopyEngine> make_host_engine();
 
-/// Whether STAGEHAND_SIMULATED_GPU=1: then device_info() reports one simulated GPU, device memory
-/// and copies of the whole process go through the process's simulated engine.
+/// Whether STAGEHAND_SIMULATED_GPU=1: then, unless STAGEHAND_FORCE_HOST=1, device_info() reports
+/// one simulated GPU, device memory and copies of the whole process go through the process's
+/// simulated engine.
 bool simulated_gpu_requested();
 
-/// The process's engine: simulated when requested, CUDA when a GPU is visible, else host.
+/// The process's engine: host with STAGEHAND_FORCE_HOST=1, else simulated when requested, CUDA
+/// when a GPU is visible, else host.
 CopyEngine& copy_engine();
 
 }  // namespace stagehand

@@ -23,21 +23,21 @@ constexpr std::size_t kHugePage = 2u << 20;
 
 DeviceInfo detect() {
   DeviceInfo info;
-  if (simulated_gpu_requested()) {
-    info.simulated = true;
-    info.gpu_count = 1;
-#ifdef STAGEHAND_HAVE_CUDA
-    info.cuda_compiled = true;
-#endif
-    return info;
-  }
 #ifdef STAGEHAND_HAVE_CUDA
   info.cuda_compiled = true;
+#endif
+  // Host memory when asked, whatever else is there: a real GPU or the simulated one.
   const char* force_host = std::getenv("STAGEHAND_FORCE_HOST");
   if (force_host != nullptr && std::strcmp(force_host, "1") == 0) {
     info.reason = "STAGEHAND_FORCE_HOST=1";
     return info;
   }
+  if (simulated_gpu_requested()) {
+    info.simulated = true;
+    info.gpu_count = 1;
+    return info;
+  }
+#ifdef STAGEHAND_HAVE_CUDA
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {

@@ -28,8 +28,9 @@ struct DeviceInfo {
   int gpu_count = 0;
   /// Why no GPU is used, when gpu_count is 0 ("no GPU visible: cudaGetDeviceCount ...").
   std::string reason;
-  /// STAGEHAND_SIMULATED_GPU=1: gpu_count is 1, a simulated device (copy_engine.hpp) whose
-  /// memory is host memory allocated through it; copies to and from it take time and are checked.
+  /// STAGEHAND_SIMULATED_GPU=1 (and not STAGEHAND_FORCE_HOST=1): gpu_count is 1, a simulated
+  /// device (copy_engine.hpp) whose memory is host memory allocated through it; copies to and
+  /// from it take time and are checked.
   bool simulated = false;
 };
 

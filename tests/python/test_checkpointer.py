@@ -770,10 +770,12 @@ with stagehand.Checkpointer(sys.argv[1]) as ckpt:
 """
 
 
-def test_cuda_tensors_in_a_process_that_uses_no_gpu_are_refused_naming_them(tmp_path):
+@pytest.mark.parametrize("simulated", ["0", "1"])
+def test_cuda_tensors_in_a_process_that_uses_no_gpu_are_refused_naming_them(tmp_path, simulated):
     # Without a GPU the host copy engine would read the device pointer as host memory (a crash,
-    # or wrong bytes); STAGEHAND_FORCE_HOST=1 makes this process use none wherever it runs.
-    env = {**os.environ, "STAGEHAND_FORCE_HOST": "1"}
+    # or wrong bytes); STAGEHAND_FORCE_HOST=1 makes this process use none wherever it runs, the
+    # simulated device too (issue 58).
+    env = {**os.environ, "STAGEHAND_FORCE_HOST": "1", "STAGEHAND_SIMULATED_GPU": simulated}
     child = subprocess.run([sys.executable, "-c", FAKE_CUDA, tmp_path], capture_output=True, text=True, env=env,
                            timeout=120)
     assert child.returncode == 0, child.stderr
