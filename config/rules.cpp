@@ -5,6 +5,7 @@
 #include <string>
 
 #include "stagehand/config/schema.hpp"
+#include "stagehand/storage/destination.hpp"
 
 namespace stagehand {
 
@@ -42,8 +43,20 @@ Status check_resume(const TrainerConfig& t, const ConfigOrigins& origins) {
                        "from_path needs trainer.resume_path");
 }
 
-/// Whether `path` names an object store rather than a local folder.
-bool is_object_store_url(const std::string& path) { return path.starts_with("s3://") || path.starts_with("gs://"); }
+/// Whether `path` names an object store rather than a local folder: storage's test, the one
+/// that routes the path to its file system.
+bool is_object_store_url(const std::string& path) { return is_cloud(path); }
+
+/// `path` made absolute, with symbolic links, "." and ".." resolved where it exists, ending in
+/// one '/', for comparing two settings' folders.
+std::string normalized(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  if (ec) p = std::filesystem::path(path).lexically_normal();
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out + "/";
+}
 
 Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
   if (t.export_interval > 0 && (t.ckpt_interval == 0 || t.export_interval % t.ckpt_interval != 0)) {
@@ -60,18 +73,20 @@ Status check_exports(const TrainerConfig& t, const ConfigOrigins& origins) {
   if (is_object_store_url(t.export_path)) {
     return origins.error({"trainer.export_path"}, "must be a local folder, got '" + t.export_path + "'");
   }
+  if (t.export_path.empty()) return Status::ok();
+  // Exports inside a tier's root would lie among the files (global_step_N folders among them)
+  // that its retention, resumes and verify take for the tier's own.
+  const std::string exports = normalized(t.export_path);
+  for (const auto& [key, root] : {std::pair{"trainer.ckpt_path", &t.ckpt_path},
+                                  std::pair{"trainer.local_ckpt_path", &t.local_ckpt_path}}) {
+    if (root->empty() || is_object_store_url(*root) || root->find(kHost) != std::string::npos) continue;
+    if (exports.starts_with(normalized(*root))) {
+      return origins.error({"trainer.export_path", key}, "must be a folder outside " + std::string(key) + " '" + *root +
+                                                             "', whose files its retention and resumes take for "
+                                                             "checkpoints, got '" + t.export_path + "'");
+    }
+  }
   return Status::ok();
-}
-
-/// `path` made absolute, with symbolic links, "." and ".." resolved where it exists, ending in
-/// one '/', for comparing two settings' folders.
-std::string normalized(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
-  if (ec) p = std::filesystem::path(path).lexically_normal();
-  std::string out = p.lexically_normal().string();
-  while (out.size() > 1 && out.back() == '/') out.pop_back();
-  return out + "/";
 }
 
 /// The local tier's hosts and copies: "{host}" in local_ckpt_path for more than one copy, and

@@ -29,6 +29,7 @@
 #include "stagehand/models/host_servers.hpp"
 #include "stagehand/checkpoint/load_group.hpp"
 #include "stagehand/config/load.hpp"
+#include "stagehand/config/storage_options.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/models/bandit_limits.hpp"
 #include "stagehand/models/bandit_mlp.hpp"
@@ -172,7 +173,7 @@ HostPlacement host_placement_of_config(const Config& c) {
 /// Null (the error printed) when the local tier's host folders cannot be made.
 std::shared_ptr<FileSystem> config_file_system(const Config& c, int rank = 0,
                                                std::shared_ptr<RoutedFileSystem>* routes = nullptr) {
-  ObjectStoreOptions store = ObjectStoreOptions::from_config(c.storage.s3);
+  ObjectStoreOptions store = object_store_options(c.storage.s3);
   store.spool_dir = c.megatron_config.local_work_dir;
   std::shared_ptr<FileSystem> fs = default_file_system(store);
   const TrainerConfig& t = c.trainer;

@@ -6,7 +6,8 @@ responsibility a file); and that only storage/ (the file systems and their route
 (the rule that names a cloud ckpt_path) know object-store URLs: everything else asks a
 FileSystem's capabilities.
 
-The layers, lowest first (DESIGN.md "Folders"; README "Code layout"). Programs (tools/, bench/,
+The layers, lowest first (docs/architecture.md "Code layout"; storage comes before config, whose
+rules use storage's test of a URL). Programs (tools/, bench/,
 examples/) and tests/ may include any layer. Prints each violation and exits 1 when there is one.
 
   scripts/check-layers.py [SOURCE_DIR]
@@ -15,7 +16,7 @@ import os
 import re
 import sys
 
-LAYERS = ["core", "config", "storage", "checkpoint", "strategy", "actors", "models", "trainers"]
+LAYERS = ["core", "storage", "config", "checkpoint", "strategy", "actors", "models", "trainers"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(stagehand/)?([a-z_]+)/')
 MAX_LINES = 600
 URL_SCHEME = re.compile(r'"(s3|gs)://')

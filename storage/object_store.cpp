@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "stagehand/config/config.hpp"
 #include "stagehand/storage/s3_request.hpp"
 
 namespace stagehand {
@@ -32,18 +31,6 @@ ObjectStoreOptions ObjectStoreOptions::from_environment() {
   o.access_key_id = env_or("AWS_ACCESS_KEY_ID");
   o.secret_access_key = env_or("AWS_SECRET_ACCESS_KEY");
   o.session_token = env_or("AWS_SESSION_TOKEN");
-  return o;
-}
-
-ObjectStoreOptions ObjectStoreOptions::from_config(const S3Config& config) {
-  ObjectStoreOptions o = from_environment();
-  if (!config.endpoint.empty()) o.endpoint = config.endpoint;
-  if (!config.region.empty()) o.region = config.region;
-  o.path_style = config.path_style;
-  o.max_attempts = static_cast<int>(config.max_attempts);
-  o.multipart_threshold = static_cast<std::uint64_t>(config.multipart_threshold_mib) << 20;
-  o.part_size = static_cast<std::uint64_t>(config.part_size_mib) << 20;
-  o.upload_threads = static_cast<int>(config.upload_threads);
   return o;
 }
 

@@ -12,8 +12,6 @@
 
 namespace stagehand {
 
-struct S3Config;
-
 /// How to reach an S3-compatible object store (AWS S3, MinIO, Ceph, R2, or Google Cloud Storage
 /// through its XML API with HMAC keys), and how hard to try.
 struct ObjectStoreOptions {
@@ -54,8 +52,6 @@ struct ObjectStoreOptions {
   /// (AWS_ENDPOINT_URL, AWS_REGION or AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID,
   /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN).
   static ObjectStoreOptions from_environment();
-  /// from_environment(), with the `storage.s3` keys taking precedence where they are set.
-  static ObjectStoreOptions from_config(const S3Config& config);
 };
 
 /// `s3://bucket/key`, `gs://bucket/key` or `gcs://bucket/key`.

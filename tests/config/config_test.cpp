@@ -216,11 +216,33 @@ BOOST_AUTO_TEST_CASE(malformed_configs_give_their_own_error) {
        {"bad.yaml:3", "trainer.export_interval", "needs trainer.export_path"}},
       {"export to an object store", "trainer:\n  export_path: s3://b/hf\n",
        {"bad.yaml:2", "trainer.export_path", "must be a local folder"}},
+      // Issue 59: storage's test of a URL, gcs:// with the others.
+      {"export to gcs", "trainer:\n  export_path: gcs://b/hf\n",
+       {"bad.yaml:2", "trainer.export_path", "must be a local folder, got 'gcs://b/hf'"}},
+      {"local tier on gcs", "trainer:\n  local_ckpt_path: gcs://b/l\n",
+       {"bad.yaml:2", "trainer.local_ckpt_path", "must be a node-local folder"}},
+      {"export into the checkpoints", "trainer:\n  ckpt_path: /tmp/sh-ck\n  export_path: /tmp/sh-ck/hf\n",
+       {"bad.yaml:3", "trainer.export_path", "must be a folder outside trainer.ckpt_path '/tmp/sh-ck'"}},
+      {"export onto the checkpoints", "trainer:\n  ckpt_path: /tmp/sh-ck/\n  export_path: /tmp/x/../sh-ck\n",
+       {"trainer.export_path", "must be a folder outside trainer.ckpt_path"}},
+      {"export into the local tier",
+       "trainer:\n  ckpt_path: /tmp/sh-d\n  local_ckpt_path: /tmp/sh-l\n  export_path: /tmp/sh-l/hf\n",
+       {"trainer.export_path", "must be a folder outside trainer.local_ckpt_path '/tmp/sh-l'"}},
   };
   for (const auto& c : cases) {
     auto result = load_config_string(c.yaml, "bad.yaml");
     BOOST_TEST_CONTEXT(c.name) { expect_error(result, ErrorCode::config_error, c.expect); }
   }
+}
+
+// A folder beside a tier's, whose name starts as the tier's does, is outside it.
+BOOST_AUTO_TEST_CASE(an_export_path_beside_a_tier_is_taken) {
+  auto c = load_config_string("trainer:\n  ckpt_path: /tmp/sh-ck\n  local_ckpt_path: /tmp/sh-l\n  export_path: /tmp/sh-ck-hf\n",
+                              "ok.yaml");
+  BOOST_TEST(c.is_ok(), c.status().to_string());
+  auto local = load_config_string("trainer:\n  ckpt_path: /tmp/sh-ck\n  local_ckpt_path: /tmp/sh-l\n  export_path: /tmp/sh-l2\n",
+                                  "ok.yaml");
+  BOOST_TEST(local.is_ok(), local.status().to_string());
 }
 
 // Values that parse but that the program cannot run with: each key is bounded by what its use
