@@ -14,13 +14,23 @@ std::string metadata_path(const std::string& dir) {
   return CheckpointLayout::policy_dir(dir) + "/" + kMetadataFile;
 }
 
+/// A named small file whole (none when missing), corruption when something else is in its
+/// place: see open_named_file.
+Result<std::optional<std::string>> read_named_small_file(FileSystem& fs, const std::string& path) {
+  auto text = read_small_file(fs, path);
+  if (!text.is_ok() && text.status().code() == ErrorCode::invalid_argument) {
+    return Status{ErrorCode::corruption, text.status().message() + " (a file of the checkpoint)"};
+  }
+  return text;
+}
+
 }  // namespace
 
 Result<CheckpointMetadata> read_checkpoint_metadata(FileSystem& fs,
                                                     const std::string& checkpoint_dir,
                                                     std::string* text_out) {
   const std::string path = metadata_path(checkpoint_dir);
-  SH_ASSIGN_OR_RETURN(auto text, read_small_file(fs, path));
+  SH_ASSIGN_OR_RETURN(auto text, read_named_small_file(fs, path));
   if (!text) return Status{ErrorCode::not_found, "'" + path + "' does not exist"};
   SH_ASSIGN_OR_RETURN(CheckpointMetadata m, metadata_from_json(*text, path));
   if (auto step = folder_step(checkpoint_dir); step && *step != m.step) {
@@ -55,7 +65,7 @@ Result<CheckpointMetadata> read_checkpoint_metadata_part(FileSystem& fs,
 Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& checkpoint_dir,
                                             const CheckpointMetadata& m) {
   const std::string where = checkpoint_dir + "/" + kTrainerStateFile;
-  SH_ASSIGN_OR_RETURN(auto text, read_small_file(fs, where));
+  SH_ASSIGN_OR_RETURN(auto text, read_named_small_file(fs, where));
   if (!m.trainer_state) {
     return Status{text ? ErrorCode::corruption : ErrorCode::not_found,
                   "'" + where + "' " + (text ? "is not" : "does not exist and is not") +
@@ -93,6 +103,16 @@ Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& c
   return read_trainer_state_text(fs, checkpoint_dir, index->metadata());
 }
 
+Result<std::unique_ptr<ReadableFile>> open_named_file(FileSystem& fs, const std::string& path) {
+  auto file = fs.open_file(path);
+  // Something else in a file's place (a folder, a FIFO) is the checkpoint's damage, as a
+  // missing file is: not a caller's bad argument.
+  if (!file.is_ok() && file.status().code() == ErrorCode::invalid_argument) {
+    return Status{ErrorCode::corruption, file.status().message() + " (a file of the checkpoint)"};
+  }
+  return file;
+}
+
 Result<ParsedSafetensors> read_safetensors_header(ReadableFile& file, const std::string& path) {
   return parse_safetensors_header(
       [&file](std::uint64_t offset, void* dst, std::size_t bytes) {
@@ -112,7 +132,7 @@ Result<const DataFile*> DataFiles::get(const std::string& name, std::uint64_t ex
     return &it->second;
   }
   DataFile data{nullptr, folder_ + "/" + name, {}};
-  SH_ASSIGN_OR_RETURN(data.file, fs_.open_file(data.path));
+  SH_ASSIGN_OR_RETURN(data.file, open_named_file(fs_, data.path));
   if (data.file->size() != expected) {
     return Status{ErrorCode::corruption,
                   "'" + data.path + "' has " + std::to_string(data.file->size()) +

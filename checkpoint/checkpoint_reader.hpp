@@ -50,6 +50,11 @@ Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& c
 /// The same, reading the metadata first (once per process: shared_metadata_index).
 Result<std::string> read_trainer_state_text(FileSystem& fs, const std::string& checkpoint_dir);
 
+/// Opens `path`, a file that a checkpoint names (a data file, metadata.json, its trainer state).
+/// @return corruption when something other than a file is in its place (a folder, a FIFO):
+///         damage of the checkpoint, as a missing file (not_found) is.
+Result<std::unique_ptr<ReadableFile>> open_named_file(FileSystem& fs, const std::string& path);
+
 /// The safetensors header of an opened file, which `path` names in errors.
 Result<ParsedSafetensors> read_safetensors_header(ReadableFile& file, const std::string& path);
 

@@ -288,7 +288,11 @@ Result<std::optional<std::int64_t>> CheckpointStore::tracker() const {
 }
 
 Result<bool> CheckpointStore::is_committed(std::int64_t step) const {
-  return file_exists(*fs_, metadata_path(step_dir(step)));
+  auto exists = file_exists(*fs_, metadata_path(step_dir(step)));
+  // Something other than a file in the metadata's place (a folder) is a damaged commit: it is
+  // listed, so that a resume names it when it rejects it and retention removes it.
+  if (!exists.is_ok() && exists.status().code() == ErrorCode::invalid_argument) return true;
+  return exists;
 }
 
 Result<std::vector<std::int64_t>> CheckpointStore::committed_steps() const {

@@ -108,7 +108,8 @@ class CheckpointStore {
 
   /// The step the tracker names; nullopt when there is no tracker.
   Result<std::optional<std::int64_t>> tracker() const;
-  /// Whether step N's metadata exists (in its committed place).
+  /// Whether step N's metadata exists (in its committed place); something else there (a folder)
+  /// counts too: a damaged commit, which loading refuses as corruption.
   Result<bool> is_committed(std::int64_t step) const;
   /// Steps whose metadata exists, ascending.
   Result<std::vector<std::int64_t>> committed_steps() const;

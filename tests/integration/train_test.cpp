@@ -510,6 +510,24 @@ BOOST_AUTO_TEST_CASE(resume_latest_falls_back_to_the_newest_step_that_loads_nami
        },
        10,
        {"step 30 rejected: ", "__1_0.safetensors", "step 20 rejected: ", "checksum mismatch"}},
+      // Issue 59: a file the checkpoint names that is a folder is damage like any other.
+      {"a data file replaced by a folder in step 30",
+       [&] {
+         fs::remove(data_file(30, "__1_0.safetensors"));
+         fs::create_directory(data_file(30, "__1_0.safetensors"));
+       },
+       20,
+       {"step 30 rejected: ", "__1_0.safetensors", "not a regular file"}},
+      {"metadata.json replaced by a folder in step 30, trainer_state.json in step 20",
+       [&] {
+         fs::remove(data_file(30, "metadata.json"));
+         fs::create_directory(data_file(30, "metadata.json"));
+         const std::string state = root + "/global_step_20/trainer_state.json";
+         fs::remove(state);
+         fs::create_directory(state);
+       },
+       10,
+       {"step 30 rejected: ", "metadata.json", "step 20 rejected: ", "trainer_state.json"}},
       {"a stale tracker", [&] { std::ofstream(root + "/latest_ckpt_global_step.txt") << "50\n"; }, 30,
        {"names step 50, but '" + root + "/global_step_50' is not a committed checkpoint"}},
   };
