@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -122,6 +123,36 @@ Status check_output(FileSystem& fs, const std::string& out_dir) {
   return file.is_ok() && !*file ? Status::ok() : exists;
 }
 
+/// `path` made absolute, with "." and ".." and the symbolic links of its existing part
+/// resolved: two spellings of one local folder compare equal.
+std::string normalized_local(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) p = path;
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(p, ec);
+  std::string out = (ec ? p : canonical).lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+/// Refuses an output inside the checkpoint folder `checkpoint_dir` or inside the root that holds
+/// it (the folder of its tracker and its other steps, where a folder is named global_step_N or
+/// has a tracker beside it): the export would land among the files that retention, resumes and
+/// verify take for the checkpoint's own.
+Status check_outside_checkpoint(FileSystem& fs, const std::string& out_dir, const std::string& checkpoint_dir) {
+  const std::string out = normalized_local(out_dir);
+  std::string tree = normalized_local(checkpoint_dir);
+  const std::string parent = parent_path(tree);
+  SH_ASSIGN_OR_RETURN(bool in_root, file_exists(fs, parent + "/" + kTrackerFile));
+  if (in_root || tree.substr(tree.find_last_of('/') + 1).starts_with("global_step_")) tree = parent;
+  // An output around the tree is not empty: check_output refused it.
+  if (!path_within(out, tree)) return Status::ok();
+  return Status{ErrorCode::invalid_argument,
+                "the output " + quoted(out_dir) + " lies inside the checkpoint tree '" + tree + "'" +
+                    ", whose files retention, resumes and verify take for the checkpoint's own: export into a "
+                    "folder outside it"};
+}
+
 /// The tensors of one file are loaded a few at a time: `batch` tensors that together hold at
 /// most `budget` bytes as saved (or one larger tensor).
 std::vector<std::vector<std::size_t>> plan_batches(const std::vector<ExportTensor>& tensors,
@@ -144,12 +175,13 @@ std::vector<std::vector<std::size_t>> plan_batches(const std::vector<ExportTenso
 class ExportFileWriter {
  public:
   ExportFileWriter(FileSystem& fs, const std::string& checkpoint_dir, const ExportOptions& options,
-                   const std::vector<ExportTensor>& tensors, ExportReport& report)
+                   const std::vector<ExportTensor>& tensors, ExportReport& report, ProgressCounter& progress)
       : fs_(fs),
         checkpoint_dir_(checkpoint_dir),
         options_(options),
         tensors_(tensors),
-        report_(report) {}
+        report_(report),
+        progress_(progress) {}
 
   Status write(const std::string& dir, const ExportFile& file, std::uint64_t batch_budget) {
     const std::string path = dir + "/" + file.name;
@@ -205,6 +237,7 @@ class ExportFileWriter {
       }
       report_.bytes += t.out_bytes;
       ++report_.tensors;
+      progress_.add(t.out_bytes);
     }
     report_.buffer_peak_bytes =
         std::max(report_.buffer_peak_bytes, held + converting + load.buffer_peak_bytes);
@@ -238,6 +271,7 @@ class ExportFileWriter {
   const ExportOptions& options_;
   const std::vector<ExportTensor>& tensors_;
   ExportReport& report_;
+  ProgressCounter& progress_;
   std::unique_ptr<WritableFile> out_;
   HostBuffer convert_buffer_;
 };
@@ -306,6 +340,7 @@ Status export_into(FileSystem& fs, const std::string& checkpoint, const std::str
   }
   SH_RETURN_IF_ERROR(check_output(fs, out_dir));
   SH_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(fs, checkpoint));
+  SH_RETURN_IF_ERROR(check_outside_checkpoint(fs, out_dir, dir));
   SH_ASSIGN_OR_RETURN(const CheckpointMetadata metadata, read_checkpoint_metadata(fs, dir));
   SH_ASSIGN_OR_RETURN(const std::vector<ExportTensor> tensors,
                       select_tensors(metadata, options, dir));
@@ -323,7 +358,10 @@ Status export_into(FileSystem& fs, const std::string& checkpoint, const std::str
   SH_RETURN_IF_ERROR(fs.remove_tree(temp.path()));
   SH_RETURN_IF_ERROR(fs.create_dir(temp.path()));
 
-  ExportFileWriter writer(fs, dir, options, tensors, report);
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) total += t.out_bytes;
+  ProgressCounter progress(options.progress, "export", total);
+  ExportFileWriter writer(fs, dir, options, tensors, report, progress);
   for (const auto& file : files) {
     SH_RETURN_IF_ERROR(
         writer.write(temp.path(), file, std::max(report.largest_tensor_bytes, kMinBatchBytes)));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "stagehand/core/dtype.hpp"
+#include "stagehand/core/progress.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/storage/file_system.hpp"
 
@@ -32,6 +33,9 @@ struct ExportOptions {
   /// Asked before each batch of tensors: true (the run is stopping) stops the export, which
   /// fails as aborted and leaves no output (its temporary folder is removed). Empty: never.
   std::function<bool()> should_stop;
+  /// Hears phase "export" with the tensor bytes written of their total, after each tensor.
+  /// Empty: nothing is reported.
+  ProgressFn progress;
 };
 
 /// What one export did.

@@ -46,7 +46,7 @@ Status check_stop(const StopCheck& stop, const StepFile& file) {
 
 /// Copies `file.from` to `file.to` a piece at a time, hashing what it reads.
 Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file, std::span<char> buffer,
-                    const StopCheck& stop) {
+                    const StopCheck& stop, ProgressCounter& progress) {
   SH_ASSIGN_OR_RETURN(auto in, from_fs.open_file(file.from));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.from + "' holds " + std::to_string(in->size()) +
@@ -58,7 +58,11 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
   SH_ASSIGN_OR_RETURN(auto out, to_fs.create_file_uncached(file.to));
   SH_ASSIGN_OR_RETURN(std::uint64_t digest,
                       read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); },
-                                  [&](const char* data, std::size_t bytes) { return out->append(data, bytes); }));
+                                  [&](const char* data, std::size_t bytes) {
+                                    SH_RETURN_IF_ERROR(out->append(data, bytes));
+                                    progress.add(bytes);
+                                    return Status::ok();
+                                  }));
   if (digest != file.expected.xxh3) {
     return Status{ErrorCode::corruption, "'" + file.from + "' has XXH3 " + xxh3_hex(digest) +
                                              " where the metadata records " + describe_file_meta(file.expected) +
@@ -71,14 +75,18 @@ Status copy_checked(FileSystem& from_fs, FileSystem& to_fs, const StepFile& file
 
 /// Reads `file.to` back and checks its size and XXH3 against the metadata's.
 Status check_copied(FileSystem& to_fs, const StepFile& file, std::span<char> buffer,
-                    const StopCheck& stop) {
+                    const StopCheck& stop, ProgressCounter& progress) {
   SH_ASSIGN_OR_RETURN(auto in, to_fs.open_file_uncached(file.to));
   if (in->size() != file.expected.size) {
     return Status{ErrorCode::corruption, "'" + file.to + "' holds " + std::to_string(in->size()) +
                                              " bytes after the copy, where " + describe_file_meta(file.expected) + " were sent"};
   }
   SH_ASSIGN_OR_RETURN(std::uint64_t digest,
-                      read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); }, nullptr));
+                      read_hashed(*in, file.expected.size, buffer, [&] { return check_stop(stop, file); },
+                                  [&](const char*, std::size_t bytes) {
+                                    progress.add(bytes);
+                                    return Status::ok();
+                                  }));
   if (digest != file.expected.xxh3) {
     return Status{ErrorCode::corruption, "'" + file.to + "' reads back with XXH3 " + xxh3_hex(digest) +
                                              " after the copy, where " + describe_file_meta(file.expected) + " were sent"};
@@ -203,10 +211,13 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
     if (options.low_priority) foreground_gate().wait();
     return options.should_stop && options.should_stop();
   };
+  std::uint64_t file_bytes = 0;
+  for (const auto& file : files) file_bytes += file.expected.size;
   // 3. The copy, checked against the metadata as it is read.
   auto phase = Clock::now();
+  ProgressCounter copied(options.progress, "copy", file_bytes);
   Status st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
-    return copy_checked(from.fs(), to.fs(), file, buffer, between_pieces);
+    return copy_checked(from.fs(), to.fs(), file, buffer, between_pieces, copied);
   });
   if (!st.is_ok()) {
     // Only the source's bytes are checked while copying (the destination's in the read-back).
@@ -216,8 +227,9 @@ Result<TierCopyReport> copy_once(const CheckpointStore& from, const CheckpointSt
   report.copy_s = seconds_since(phase);
   // 4. What the destination holds, read back.
   phase = Clock::now();
+  ProgressCounter read_back(options.progress, "read back", file_bytes);
   st = for_each_file(files, options, buffers, report.cpu_s, [&](const StepFile& file, std::span<char> buffer) {
-    return check_copied(to.fs(), file, buffer, between_pieces);
+    return check_copied(to.fs(), file, buffer, between_pieces, read_back);
   });
   if (!st.is_ok()) return fail(st);
   report.verify_s = seconds_since(phase);

@@ -11,6 +11,7 @@
 
 #include "stagehand/checkpoint/checkpoint_store.hpp"
 #include "stagehand/core/host_buffer.hpp"
+#include "stagehand/core/progress.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
@@ -55,6 +56,9 @@ struct TierCopyOptions {
   /// piece_bytes or more). Empty: the copy allocates its own, for its copy and read-back phases,
   /// and frees them at its end.
   std::shared_ptr<CopyBuffers> buffers;
+  /// Hears phase "copy", then "read back", each with the step's file bytes done of their total
+  /// (from the copying threads, one call at a time). Empty: nothing is reported.
+  ProgressFn progress;
 };
 
 /// What copy_committed_step did.

@@ -9,7 +9,8 @@
 
 namespace stagehand {
 
-Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkpoint_dir) {
+Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkpoint_dir,
+                                       const ProgressFn& progress) {
   VerifyResult result;
   auto metadata = read_checkpoint_metadata(fs, checkpoint_dir);
   if (!metadata.is_ok()) {
@@ -36,7 +37,19 @@ Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkp
       chunks_by_file[chunk.file].emplace_back(name, &chunk);
   }
   std::vector<std::uint8_t> buffer(8u << 20);
+  std::uint64_t total = 0;
+  for (const auto& entry : metadata->files) total += entry.second.size;
+  ProgressCounter counter(progress, "verify", total);
+  // A file passed over (missing, short, its header unreadable) counts as done where it stops.
+  std::uint64_t counted = 0;
+  auto count_to = [&](std::uint64_t end) {
+    if (end > counted) counter.add(end - counted);
+    counted = end;
+  };
+  std::uint64_t file_start = 0;
   for (const auto& [name, meta] : metadata->files) {
+    count_to(file_start);
+    file_start += meta.size;
     const std::string path = CheckpointLayout::policy_dir(checkpoint_dir) + "/" + name;
     ++result.files_checked;
     auto file = fs.open_file(path);
@@ -78,6 +91,7 @@ Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkp
       std::size_t n =
           static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), meta.size - done));
       read_status = reader.read(done, buffer.data(), n);
+      count_to(file_start - meta.size + done + n);
       file_hash.update(buffer.data(), n);
       for (std::size_t i = 0; i < checked.size(); ++i) {
         std::uint64_t lo = std::max(done, checked[i].second->begin);
@@ -103,6 +117,7 @@ Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkp
       }
     }
   }
+  count_to(total);
   return result;
 }
 

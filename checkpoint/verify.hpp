@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "stagehand/core/progress.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/storage/file_system.hpp"
 #include "stagehand/storage/object_store.hpp"
@@ -26,7 +27,9 @@ struct VerifyResult {
 /// Problems in the files are collected rather than stopping at the first; metadata that does not
 /// validate is the one problem reported. Errors are left for what stops the check itself
 /// (metadata that cannot be read, an unreachable object store).
-Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkpoint_dir);
+/// `progress` (when set) hears phase "verify" with the data files' bytes read of their total.
+Result<VerifyResult> verify_checkpoint(FileSystem& fs, const std::string& checkpoint_dir,
+                                       const ProgressFn& progress = {});
 /// The same on default_file_system(store).
 Result<VerifyResult> verify_checkpoint(
     const std::string& checkpoint_dir,

@@ -1,10 +1,11 @@
-// stagehand-ckpt: inspect, verify and export checkpoints.
+// stagehand-ckpt: inspect, verify, export and copy checkpoints.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -12,25 +13,14 @@
 #include "stagehand/checkpoint/export.hpp"
 #include "stagehand/checkpoint/format.hpp"
 #include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/tier_copy.hpp"
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
+#include "stagehand/tools/progress_meter.hpp"
 
 using namespace stagehand;
 
 namespace {
-
-std::string human_bytes(std::uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return buf;
-}
 
 /// Ranks whose data files (`__{rank}_{bucket}.safetensors`) the checkpoint lists.
 std::set<int> writing_ranks(const CheckpointMetadata& m) {
@@ -72,13 +62,15 @@ void print_provenance(FileSystem& fs, const std::string& dir, const CheckpointMe
               size("data_parallel").c_str());
 }
 
-int run_verify(FileSystem& fs, const std::string& path) {
+int run_verify(FileSystem& fs, const std::string& path, ProgressMeter::Mode progress) {
   auto dir = resolve_checkpoint(fs, path);
   if (!dir.is_ok()) {
     std::cerr << "stagehand-ckpt verify: " << dir.status().message() << "\n";
     return 2;
   }
-  auto result = verify_checkpoint(fs, *dir);
+  ProgressMeter meter(progress);
+  auto result = verify_checkpoint(fs, *dir, meter.reporter());
+  meter.finish();
   if (!result.is_ok()) {
     std::cerr << "stagehand-ckpt verify: " << result.status().message() << "\n";
     return 2;
@@ -130,7 +122,8 @@ int run_inspect(FileSystem& fs, const std::string& path) {
 }
 
 int run_export(FileSystem& fs, const std::string& checkpoint, const std::string& out, const std::string& what,
-               const std::string& dtype, const std::string& max_shard_size, int threads) {
+               const std::string& dtype, const std::string& max_shard_size, int threads,
+               ProgressMeter::Mode progress) {
   ExportOptions options;
   options.what = what == "all" ? ExportOptions::What::all : ExportOptions::What::model;
   if (dtype == "bf16") options.dtype = DType::bf16;
@@ -143,8 +136,11 @@ int run_export(FileSystem& fs, const std::string& checkpoint, const std::string&
   }
   options.max_shard_bytes = *max_bytes;
   options.thread_count = threads;
+  ProgressMeter meter(progress);
+  options.progress = meter.reporter();
   ExportReport report;
   Status status = export_checkpoint(fs, checkpoint, out, options, &report);
+  meter.finish();
   if (!status.is_ok()) {
     std::cerr << "stagehand-ckpt export: " << status.message() << "\n";
     return 1;
@@ -161,6 +157,51 @@ int run_export(FileSystem& fs, const std::string& checkpoint, const std::string&
   return 0;
 }
 
+int run_copy(const std::shared_ptr<FileSystem>& fs, const std::string& from_root, const std::string& to_root,
+             std::optional<std::int64_t> step, int threads, ProgressMeter::Mode progress) {
+  auto fail = [](const Status& st) {
+    std::cerr << "stagehand-ckpt copy: " << st.message() << "\n";
+    return st.code() == ErrorCode::corruption ? 1 : 2;
+  };
+  const CheckpointStore from(fs, from_root);
+  const CheckpointStore to(fs, to_root);
+  if (!step) {
+    auto tracked = from.tracker();
+    if (!tracked.is_ok()) return fail(tracked.status());
+    if (!*tracked) {
+      return fail(Status{ErrorCode::not_found, "'" + from.layout().tracker() +
+                                                   "' does not exist: name the step to copy with --step"});
+    }
+    step = **tracked;
+  }
+  // The tracker moves to the copied step: never back past a newer one.
+  auto there = to.tracker();
+  if (!there.is_ok()) return fail(there.status());
+  if (*there && **there > *step) {
+    return fail(Status{ErrorCode::invalid_argument,
+                       "the tracker of '" + to.root() + "' names step " + std::to_string(**there) + ", newer than step " +
+                           std::to_string(*step) + ": copying it there would move the tracker back; copy it into "
+                           "another root"});
+  }
+  auto lock = to.lock();
+  if (!lock.is_ok()) return fail(lock.status());
+  TierCopyOptions options;
+  options.threads = threads;
+  options.low_priority = false;
+  ProgressMeter meter(progress);
+  options.progress = meter.reporter();
+  auto report = copy_committed_step(from, to, *step, options);
+  meter.finish();
+  if (!report.is_ok()) return fail(report.status());
+  std::printf("copied step %lld from %s to %s: %llu files, %s in %.2f s (copy %.2f s, read back and checked %.2f s, "
+              "commit %.2f s)%s\n",
+              static_cast<long long>(*step), from.root().c_str(), to.step_dir(*step).c_str(),
+              static_cast<unsigned long long>(report->files), human_bytes(report->bytes).c_str(), report->total_s,
+              report->copy_s, report->verify_s, report->commit_s,
+              report->replaced ? "; the step committed there before was replaced" : "");
+  return 0;
+}
+
 }  // namespace
 
 constexpr const char* kPathHelp =
@@ -168,7 +209,7 @@ constexpr const char* kPathHelp =
     "gs://bucket/prefix with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION";
 
 int main(int argc, char** argv) {
-  CLI::App app{"stagehand-ckpt: inspect, verify and export Stagehand checkpoints"};
+  CLI::App app{"stagehand-ckpt: inspect, verify, export and copy Stagehand checkpoints"};
   app.require_subcommand(1);
   std::string path;
   auto* verify = app.add_subcommand(
@@ -210,9 +251,32 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--threads", threads, "reads in flight at once")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  auto* copy = app.add_subcommand(
+      "copy", "copy a committed step from one checkpoint root into another (a folder or an object store), hashing "
+              "every file as it is read and again as read back, then commit it there (metadata, tracker last)");
+  std::string to_root;
+  copy->add_option("from", path, "the checkpoint root to copy from (the folder or URL of its tracker)")->required();
+  copy->add_option("to", to_root, "the checkpoint root to copy into (created when missing; its lock is taken)")
+      ->required();
+  std::optional<std::int64_t> step;
+  copy->add_option("--step", step, "the step to copy (default: the one the tracker of 'from' names)")
+      ->check(CLI::NonNegativeNumber);
+  int copy_threads = TierCopyOptions{}.threads;
+  copy->add_option("--threads", copy_threads, "files copied at once")->check(CLI::Range(1, 256))->capture_default_str();
+  std::string progress = "auto";
+  for (CLI::App* command : {verify, export_cmd, copy}) {
+    command
+        ->add_option("--progress", progress,
+                     "a progress line on stderr: auto (on a terminal, once the command has run a second), always, "
+                     "never")
+        ->check(CLI::IsMember({"auto", "always", "never"}))
+        ->capture_default_str();
+  }
   CLI11_PARSE(app, argc, argv);
   const auto fs = default_file_system();
-  if (verify->parsed()) return run_verify(*fs, path);
-  if (export_cmd->parsed()) return run_export(*fs, path, out, what, dtype, max_shard_size, threads);
+  const ProgressMeter::Mode mode = ProgressMeter::parse_mode(progress);
+  if (verify->parsed()) return run_verify(*fs, path, mode);
+  if (export_cmd->parsed()) return run_export(*fs, path, out, what, dtype, max_shard_size, threads, mode);
+  if (copy->parsed()) return run_copy(fs, path, to_root, step, copy_threads, mode);
   return run_inspect(*fs, path);
 }

@@ -26,6 +26,8 @@
 #include "stagehand/checkpoint/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/tier_copy.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 
@@ -360,6 +362,175 @@ BOOST_AUTO_TEST_CASE(export_refuses_a_used_output_and_bad_arguments) {
     }
   }
   BOOST_TEST(!std::filesystem::exists(dir / "x"));
+}
+
+// Issue 59: an output inside the checkpoint tree (the step's folder, or the root beside its
+// tracker and other steps, however spelled) is refused before anything is written.
+BOOST_AUTO_TEST_CASE(export_refuses_an_output_inside_the_checkpoint_tree) {
+  TempDir dir;
+  save_two_ranks(dir / "ckpt", export_fixture());
+  const auto before = test::files_of(dir / "ckpt");
+  std::filesystem::create_directories(dir / "other");
+  std::filesystem::create_symlink(dir / "ckpt", dir / "link");
+  const std::string inside[][2] = {{dir / "ckpt", dir / "ckpt/hf"},
+                                   {dir / "ckpt", dir / "ckpt/global_step_1/hf"},
+                                   {dir / "ckpt", dir / "ckpt/global_step_1/policy/hf"},
+                                   {dir / "ckpt/global_step_1", dir / "ckpt/exports/step1"},
+                                   {dir / "ckpt", dir / "other/../ckpt/./hf"},
+                                   {dir / "ckpt", dir / "link/hf"},
+                                   {dir / "link/global_step_1", dir / "ckpt/hf"}};
+  for (const auto& [from, out] : inside) {
+    BOOST_TEST_CONTEXT(from << " -> " << out) {
+      test::CommandRun run = test::run_command(kBin + "/stagehand-ckpt export " + from + " " + out);
+      BOOST_TEST(run.code == 1, run.output);
+      BOOST_TEST(run.output.find("lies inside the checkpoint tree '" + (dir / "ckpt") + "'") != std::string::npos,
+                 run.output);
+    }
+  }
+  BOOST_TEST((test::files_of(dir / "ckpt") == before), "the checkpoint tree was changed");
+  // A sibling whose name starts as the root's does is outside it.
+  test::CommandRun beside = test::run_command(kBin + "/stagehand-ckpt export " + dir / "ckpt " + dir / "ckpt-hf");
+  BOOST_TEST(beside.code == 0, beside.output);
+  BOOST_TEST(std::filesystem::exists(dir / "ckpt-hf/model.safetensors"));
+}
+
+// Issue 59: verify, export and a tier copy report their bytes done to a ProgressFn: phase by
+// phase, never going back, ending at the phase's total (the bytes they move).
+BOOST_AUTO_TEST_CASE(long_operations_report_their_progress_to_the_end) {
+  TempDir dir;
+  const auto fixture = export_fixture();
+  save_two_ranks(dir / "ckpt", fixture);
+  struct Heard {
+    std::string phase;
+    std::uint64_t done;
+    std::uint64_t total;
+  };
+  std::vector<Heard> heard;
+  const ProgressFn listen = [&](std::string_view phase, std::uint64_t done, std::uint64_t total) {
+    heard.push_back({std::string(phase), done, total});
+  };
+  auto check = [&](const std::vector<std::string>& phases, std::uint64_t total) {
+    std::vector<std::string> seen;
+    for (std::size_t i = 0; i < heard.size(); ++i) {
+      const Heard& h = heard[i];
+      if (seen.empty() || seen.back() != h.phase) {
+        seen.push_back(h.phase);
+        BOOST_TEST(h.done == 0u, h.phase << " starts at 0");
+      } else {
+        BOOST_TEST(h.done >= heard[i - 1].done, h.phase << " went back");
+      }
+      BOOST_TEST(h.total == total, h.phase);
+      BOOST_TEST(h.done <= h.total, h.phase);
+      if (i + 1 == heard.size() || heard[i + 1].phase != h.phase) BOOST_TEST(h.done == h.total, h.phase << " ends");
+    }
+    BOOST_TEST(seen == phases);
+    heard.clear();
+  };
+  const auto fs = local_file_system();
+  const std::string step_dir = dir / "ckpt/global_step_1";
+  auto metadata = read_checkpoint_metadata(*fs, step_dir);
+  BOOST_REQUIRE(metadata.is_ok());
+  std::uint64_t file_bytes = 0;
+  for (const auto& [name, file] : metadata->files) file_bytes += file.size;
+  BOOST_REQUIRE(verify_checkpoint(*fs, step_dir, listen)->ok());
+  check({"verify"}, file_bytes);
+  ExportOptions options;
+  options.what = ExportOptions::What::all;
+  options.progress = listen;
+  ExportReport report;
+  BOOST_REQUIRE(export_checkpoint(*fs, dir / "ckpt", dir / "hf", options, &report).is_ok());
+  check({"export"}, report.bytes);
+  BOOST_TEST(report.bytes > 0u);
+  TierCopyOptions copy;
+  copy.progress = listen;
+  copy.threads = 3;
+  BOOST_REQUIRE(copy_committed_step(CheckpointStore(fs, dir / "ckpt"), CheckpointStore(fs, dir / "copy"), 1, copy).is_ok());
+  check({"copy", "read back"}, file_bytes);
+}
+
+// Issue 59: on a terminal (or with --progress always) the long commands draw a progress line
+// that ends at 100%; piped, by default, they draw none.
+BOOST_AUTO_TEST_CASE(the_long_commands_draw_a_progress_line_when_asked) {
+  TempDir dir;
+  save_two_ranks(dir / "ckpt", export_fixture());
+  const std::string tool = kBin + "/stagehand-ckpt ";
+  struct Command {
+    std::string args;
+    std::vector<std::string> lines;
+  };
+  const Command commands[] = {{"verify " + dir / "ckpt", {"verify: "}},
+                              {"export " + dir / "ckpt " + dir / "hf", {"export: "}},
+                              {"copy " + dir / "ckpt " + dir / "copy", {"copy: ", "read back: "}}};
+  for (const auto& c : commands) {
+    BOOST_TEST_CONTEXT(c.args) {
+      test::CommandRun quiet = test::run_command(tool + c.args);
+      BOOST_TEST(quiet.code == 0, quiet.output);
+      BOOST_TEST(quiet.output.find('\r') == std::string::npos, quiet.output);
+      std::filesystem::remove_all(dir / "hf");
+      std::filesystem::remove_all(dir / "copy");
+      test::CommandRun shown = test::run_command(tool + c.args + " --progress always");
+      BOOST_TEST(shown.code == 0, shown.output);
+      for (const auto& line : c.lines) {
+        const auto at = shown.output.find("\r" + line);
+        BOOST_TEST(at != std::string::npos, line << " in: " << shown.output);
+        const auto end = shown.output.find('\n', at);
+        BOOST_TEST(shown.output.substr(at, end - at).find("(100%)") != std::string::npos, shown.output);
+      }
+      std::filesystem::remove_all(dir / "hf");
+      std::filesystem::remove_all(dir / "copy");
+    }
+  }
+  test::CommandRun bad = test::run_command(tool + "verify " + dir / "ckpt --progress sometimes");
+  BOOST_TEST(bad.code != 0);
+  BOOST_TEST(bad.output.find("--progress") != std::string::npos, bad.output);
+}
+
+// stagehand-ckpt copy: a committed step into another root, checked on both sides, committed
+// there with its tracker; a damaged source, a tracker it would move back and a root in use are
+// refused, and leave the destination as it was.
+BOOST_AUTO_TEST_CASE(copy_commits_a_checked_step_into_another_root) {
+  TempDir dir;
+  save_two_ranks(dir / "ckpt", export_fixture());
+  const std::string tool = kBin + "/stagehand-ckpt ";
+  test::CommandRun copied = test::run_command(tool + "copy " + dir / "ckpt " + dir / "durable");
+  BOOST_TEST_REQUIRE(copied.code == 0, copied.output);
+  BOOST_TEST(copied.output.find("copied step 1 from " + dir / "ckpt") != std::string::npos, copied.output);
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "1\n");
+  auto a = test::files_of(dir / "ckpt/global_step_1");
+  auto b = test::files_of(dir / "durable/global_step_1");
+  BOOST_TEST(a.size() == b.size());
+  for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name);
+  test::CommandRun verified = test::run_command(tool + "verify " + dir / "durable");
+  BOOST_TEST(verified.code == 0, verified.output);
+  test::CommandRun again = test::run_command(tool + "copy " + dir / "ckpt " + dir / "durable --step 1");
+  BOOST_TEST(again.code == 0, again.output);
+  BOOST_TEST(again.output.find("was replaced") != std::string::npos, again.output);
+  // A flipped byte in the source: refused, the destination's step untouched.
+  const std::string data = dir / "ckpt/global_step_1/policy/__0_0.safetensors";
+  std::string bytes = test::read_file(data);
+  bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 0x11);
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+  test::CommandRun damaged = test::run_command(tool + "copy " + dir / "ckpt " + dir / "durable");
+  BOOST_TEST(damaged.code == 1, damaged.output);
+  BOOST_TEST(damaged.output.find("the source is damaged and is not copied") != std::string::npos, damaged.output);
+  BOOST_TEST((test::files_of(dir / "durable/global_step_1") == b));
+  // A destination whose tracker names a newer step.
+  std::ofstream(dir / "durable/latest_ckpt_global_step.txt", std::ios::trunc) << "5\n";
+  test::CommandRun back = test::run_command(tool + "copy " + dir / "ckpt " + dir / "durable");
+  BOOST_TEST(back.code == 2, back.output);
+  BOOST_TEST(back.output.find("names step 5, newer than step 1") != std::string::npos, back.output);
+  BOOST_TEST(test::read_file(dir / "durable/latest_ckpt_global_step.txt") == "5\n");
+  // A root another run holds.
+  auto held = CheckpointStore(local_file_system(), dir / "busy").lock();
+  BOOST_REQUIRE(held.is_ok());
+  std::filesystem::remove(data);
+  save_two_ranks(dir / "clean", export_fixture());
+  test::CommandRun busy = test::run_command(tool + "copy " + dir / "clean " + dir / "busy");
+  BOOST_TEST(busy.code == 2, busy.output);
+  BOOST_TEST(busy.output.find("is in use by another run") != std::string::npos, busy.output);
+  BOOST_TEST(!std::filesystem::exists(dir / "busy/global_step_1"));
+  test::CommandRun no_tracker = test::run_command(tool + "copy " + dir / "nothing " + dir / "other");
+  BOOST_TEST(no_tracker.code != 0, no_tracker.output);
 }
 
 BOOST_AUTO_TEST_CASE(parse_byte_size_reads_hugging_face_sizes) {
