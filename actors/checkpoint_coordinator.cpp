@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "stagehand/checkpoint/checkpoint_store.hpp"
-#include "stagehand/checkpoint/gather.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
+#include "stagehand/checkpoint/metadata/gather.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"
 

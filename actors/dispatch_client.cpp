@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "stagehand/actors/worker.hpp"
-#include "stagehand/checkpoint/load_group.hpp"
+#include "stagehand/checkpoint/load/load_group.hpp"
 #include "stagehand/core/log.hpp"
 
 namespace stagehand {

@@ -11,7 +11,7 @@
 #include "stagehand/actors/model.hpp"
 #include "stagehand/actors/protocol.hpp"
 #include "stagehand/actors/worker_dispatch.hpp"
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/strategy/megatron_strategy.hpp"
 

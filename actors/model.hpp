@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
 #include "stagehand/core/status.hpp"

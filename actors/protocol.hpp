@@ -24,9 +24,9 @@
 
 #include "stagehand/actors/messages.hpp"
 #include "stagehand/actors/model.hpp"
-#include "stagehand/checkpoint/global_plan.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/checkpoint/save/global_plan.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/save/report.hpp"
 #include "stagehand/strategy/protocol.hpp"
 
 namespace stagehand {

@@ -5,7 +5,7 @@
 #include <exception>
 #include <optional>
 
-#include "stagehand/checkpoint/planner.hpp"
+#include "stagehand/checkpoint/save/planner.hpp"
 
 namespace stagehand {
 

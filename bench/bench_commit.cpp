@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/checkpoint_store.hpp"
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/gather.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/metadata/gather.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/core/priority.hpp"
 
 namespace stagehand::bench {

@@ -8,9 +8,9 @@
 
 #include "bench/bench_util.hpp"
 #include "bench/heap_counter.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/storage/file_system.hpp"
 
 namespace stagehand::bench {

@@ -16,7 +16,7 @@ constexpr std::int64_t kMaxWorldSize = 1024;
 
 constexpr const char* kThreadCount = "megatron_config.ckpt_save_thread_count";
 constexpr const char* kStagingBuckets = "megatron_config.ckpt_save_staging_buckets";
-/// trainer.local_ckpt_path's placeholder for the host (checkpoint/host_folders.hpp's kHostPlaceholder).
+/// trainer.local_ckpt_path's placeholder for the host (checkpoint/tiers/host_folders.hpp's kHostPlaceholder).
 constexpr const char* kHost = "{host}";
 
 Status check_world_size(const ParallelConfig& parallel, const ConfigOrigins& origins) {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "stagehand/actors/file_server.hpp"
-#include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/checkpoint/tiers/host_folders.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/storage/routed_file_system.hpp"
 

@@ -30,7 +30,9 @@ def main():
     for rank, layer in enumerate(LAYERS):
         allowed = set(LAYERS[: rank + 1])
         folder = os.path.join(root, layer)
-        for name in sorted(os.listdir(folder)):
+        names = sorted(os.path.relpath(os.path.join(d, n), folder)
+                       for d, _, files in os.walk(folder) for n in files)
+        for name in names:
             if not name.endswith((".hpp", ".cpp", ".cu", ".cuh")):
                 continue
             checked += 1

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/checkpoint/save/report.hpp"
 
 namespace stagehand {
 

@@ -5,11 +5,11 @@
 
 #include <chrono>
 
-#include "stagehand/checkpoint/load_group.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/global_plan.hpp"
-#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/load/load_group.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
+#include "stagehand/checkpoint/save/global_plan.hpp"
+#include "stagehand/checkpoint/save/save_engine.hpp"
 #include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/log.hpp"
 #include "stagehand/core/priority.hpp"

@@ -3,7 +3,7 @@
 #include <caf/fwd.hpp>
 #include <memory>
 
-#include "stagehand/checkpoint/loader.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/staging_fence.hpp"
 #include "stagehand/storage/default_file_system.hpp"

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/report.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/save/report.hpp"
 #include "stagehand/strategy/messages.hpp"
 
 namespace stagehand {

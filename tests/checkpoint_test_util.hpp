@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "stagehand/checkpoint/checkpoint_store.hpp"
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/gather.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/metadata/gather.hpp"
 #include "stagehand/storage/file_system.hpp"
 
 namespace stagehand::test {

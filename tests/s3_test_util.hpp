@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/storage/object_store.hpp"
 #include "tests/test_util.hpp"

@@ -9,12 +9,12 @@
 #include <regex>
 #include <set>
 
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/export.hpp"
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/tier_copy.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/interop/export.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
+#include "stagehand/checkpoint/tiers/tier_copy.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/tools/progress_meter.hpp"
 

@@ -1,6 +1,6 @@
 #include "stagehand/trainers/checkpoint_policy.hpp"
 
-#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
 
 namespace stagehand {
 

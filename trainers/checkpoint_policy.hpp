@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/storage/file_system.hpp"

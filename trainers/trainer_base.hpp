@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "stagehand/actors/dispatch_client.hpp"
-#include "stagehand/checkpoint/trainer_state.hpp"
-#include "stagehand/checkpoint/export.hpp"
-#include "stagehand/checkpoint/tier_copy.hpp"
+#include "stagehand/checkpoint/format/trainer_state.hpp"
+#include "stagehand/checkpoint/interop/export.hpp"
+#include "stagehand/checkpoint/tiers/tier_copy.hpp"
 #include "stagehand/trainers/background_steps.hpp"
 #include "stagehand/trainers/checkpoint_policy.hpp"
 #include "stagehand/trainers/trainer.hpp"

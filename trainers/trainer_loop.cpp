@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <exception>
 
-#include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/checkpoint/tiers/host_folders.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "stagehand/checkpoint/host_folders.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/tiers/host_folders.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 
 namespace stagehand {

@@ -1,6 +1,6 @@
 // The trainer's side of a save: the trainer state, the stall, the commit's metrics line, the
 // periodic exports and retention.
-#include "stagehand/checkpoint/host_folders.hpp"
+#include "stagehand/checkpoint/tiers/host_folders.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/trainers/trainer_base.hpp"
 

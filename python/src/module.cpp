@@ -21,10 +21,10 @@
 #include <utility>
 
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/export.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/interop/export.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/file_reuse.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/save/file_reuse.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"

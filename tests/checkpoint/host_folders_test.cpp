@@ -1,7 +1,7 @@
-// The local tier spread over host folders (checkpoint/host_folders.hpp): where each file goes,
+// The local tier spread over host folders (checkpoint/tiers/host_folders.hpp): where each file goes,
 // reads that fall back to a replica when a host's folder is lost, and the check a resume makes
 // (repairing damaged copies, refusing a step with a part no copy of which verifies); and the
-// retired steps' files that the local tier's saves write over (checkpoint/file_reuse.hpp).
+// retired steps' files that the local tier's saves write over (checkpoint/save/file_reuse.hpp).
 #define BOOST_TEST_MODULE host_folders
 #include <boost/test/unit_test.hpp>
 
@@ -13,15 +13,15 @@
 #include <map>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/checkpoint_store.hpp"
-#include "stagehand/checkpoint/file_reuse.hpp"
-#include "stagehand/checkpoint/global_plan.hpp"
-#include "stagehand/checkpoint/host_folders.hpp"
-#include "stagehand/checkpoint/in_process_save.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/save_engine.hpp"
-#include "stagehand/checkpoint/tier_copy.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
+#include "stagehand/checkpoint/save/file_reuse.hpp"
+#include "stagehand/checkpoint/save/global_plan.hpp"
+#include "stagehand/checkpoint/tiers/host_folders.hpp"
+#include "stagehand/checkpoint/save/in_process_save.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/save/save_engine.hpp"
+#include "stagehand/checkpoint/tiers/tier_copy.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/test_util.hpp"
 

@@ -5,9 +5,9 @@
 #include <random>
 #include <set>
 
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/planner.hpp"
-#include "stagehand/checkpoint/writer.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/save/planner.hpp"
+#include "stagehand/checkpoint/save/writer.hpp"
 
 using namespace stagehand;
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/load_group.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load/load_group.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/storage/file_system.hpp"
 #include "tests/integration/spmd_state.hpp"
 #include "tests/test_util.hpp"

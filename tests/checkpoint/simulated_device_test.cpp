@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/in_process_save.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/save_engine.hpp"
+#include "stagehand/checkpoint/save/in_process_save.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/save/save_engine.hpp"
 #include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"
 #include "tests/test_util.hpp"

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
 
 using namespace stagehand;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "stagehand/checkpoint/format.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
 
 using namespace stagehand;
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stagehand/checkpoint/checkpoint_store.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
 
 using namespace stagehand;
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stagehand/checkpoint/trainer_state.hpp"
+#include "stagehand/checkpoint/format/trainer_state.hpp"
 
 using namespace stagehand;
 

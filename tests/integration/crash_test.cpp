@@ -11,12 +11,12 @@
 
 #include "bench/synthetic_state.hpp"
 #include "tests/checkpoint_test_util.hpp"
-#include "stagehand/checkpoint/in_process_save.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/load_plan.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/save/in_process_save.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load/load_plan.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "tests/test_util.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "spmd_state.hpp"
 #include "stagehand/actors/checkpointer.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "tests/checkpoint_test_util.hpp"
 #include "tests/integration/rank_process.hpp"
 #include "tests/test_util.hpp"

@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "bench/synthetic_state.hpp"
-#include "stagehand/checkpoint/checkpoint_store.hpp"
-#include "stagehand/checkpoint/tier_copy.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/store/checkpoint_store.hpp"
+#include "stagehand/checkpoint/tiers/tier_copy.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "tests/fault_fs.hpp"
 #include "tests/s3_test_util.hpp"

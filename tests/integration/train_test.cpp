@@ -16,14 +16,14 @@
 #include <thread>
 
 #include "tests/checkpoint_test_util.hpp"
-#include "stagehand/checkpoint/format.hpp"
-#include "stagehand/checkpoint/loader.hpp"
-#include "stagehand/checkpoint/checkpoint_reader.hpp"
-#include "stagehand/checkpoint/load_plan.hpp"
-#include "stagehand/checkpoint/resolve.hpp"
-#include "stagehand/checkpoint/verify.hpp"
+#include "stagehand/checkpoint/format/format.hpp"
+#include "stagehand/checkpoint/load/loader.hpp"
+#include "stagehand/checkpoint/load/checkpoint_reader.hpp"
+#include "stagehand/checkpoint/load/load_plan.hpp"
+#include "stagehand/checkpoint/load/resolve.hpp"
+#include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
-#include "stagehand/checkpoint/trainer_state.hpp"
+#include "stagehand/checkpoint/format/trainer_state.hpp"
 #include "tests/metadata_edit.hpp"
 #include "tests/test_util.hpp"
 

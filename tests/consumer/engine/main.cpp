@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <vector>
 
-#include <stagehand/checkpoint/in_process_save.hpp>
-#include <stagehand/checkpoint/loader.hpp>
-#include <stagehand/checkpoint/save_engine.hpp>
-#include <stagehand/checkpoint/verify.hpp>
+#include <stagehand/checkpoint/save/in_process_save.hpp>
+#include <stagehand/checkpoint/load/loader.hpp>
+#include <stagehand/checkpoint/save/save_engine.hpp>
+#include <stagehand/checkpoint/load/verify.hpp>
 
 using namespace stagehand;
 

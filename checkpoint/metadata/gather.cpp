@@ -1,0 +1,138 @@
+#include "stagehand/checkpoint/metadata/gather.hpp"
+
+#include <algorithm>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+namespace stagehand {
+
+Result<GatheredMetadata> gather_reports(std::int64_t step,
+                                        const std::vector<RankSaveReport>& reports,
+                                        int world_size) {
+  GatheredMetadata m;
+  m.step = step;
+  std::set<int> ranks;
+  for (const auto& r : reports) {
+    if (!r.status.is_ok())
+      return r.status.with_context("rank " + std::to_string(r.rank) + " failed");
+    if (r.step != step) {
+      return Status{ErrorCode::internal, "rank " + std::to_string(r.rank) + " reported step " +
+                                             std::to_string(r.step) + " for step " +
+                                             std::to_string(step)};
+    }
+    if (r.rank < 0 || r.rank >= world_size || !ranks.insert(r.rank).second) {
+      return Status{ErrorCode::internal,
+                    "rank " + std::to_string(r.rank) + " reported twice or is outside the world"};
+    }
+  }
+  if (static_cast<int>(ranks.size()) != world_size) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      if (ranks.count(rank) == 0) {
+        return Status{ErrorCode::aborted, "rank " + std::to_string(rank) + " did not report"};
+      }
+    }
+  }
+  // In rank order, so that the chunks of a tensor split by rank arrive already sorted.
+  std::vector<const RankSaveReport*> by_rank;
+  by_rank.reserve(reports.size());
+  for (const auto& r : reports)
+    by_rank.push_back(&r);
+  std::sort(by_rank.begin(), by_rank.end(),
+            [](const RankSaveReport* a, const RankSaveReport* b) { return a->rank < b->rank; });
+  // One pass over the reports in the order they lie in memory: each chunk finds its tensor by
+  // hash and is checked against the one before it, so that the writer's later pass, tensor by
+  // tensor, is the only one that jumps between reports.
+  struct Gathering {
+    GatheredTensor gathered;
+    /// Elements the chunks hold, to be compared with the global shape's.
+    std::int64_t covered = 0;
+    bool sorted = true;
+  };
+  std::unordered_map<std::string_view, Gathering> by_name;
+  for (const RankSaveReport* report : by_rank) {
+    const RankSaveReport& r = *report;
+    for (const auto& [name, value] : r.objects) {
+      if (!is_valid_utf8(name) || !is_valid_utf8(value)) {
+        return Status{ErrorCode::invalid_argument,
+                      "object '" + name + "' of rank " + std::to_string(r.rank) +
+                          ": its name and value must be UTF-8 text (JSON holds no other)"};
+      }
+      auto [it, inserted] = m.objects.emplace(name, value);
+      if (!inserted && it->second != value) {
+        return Status{
+            ErrorCode::invalid_argument,
+            "object '" + name + "' differs between ranks; give per-rank objects per-rank names"};
+      }
+    }
+    for (const auto& b : r.buckets) {
+      if (!m.files.emplace(b.file, FileMeta{b.size, b.xxh3}).second) {
+        return Status{ErrorCode::internal, "file '" + b.file + "' reported twice"};
+      }
+      for (const auto& c : b.chunks) {
+        auto [found, inserted] = by_name.try_emplace(c.desc.name);
+        Gathering& t = found->second;
+        if (inserted) {
+          if (!is_valid_utf8(c.desc.name)) {
+            return Status{
+                ErrorCode::invalid_argument,
+                "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
+          }
+          t.gathered.name = c.desc.name;
+          t.gathered.dtype = c.desc.dtype;
+          t.gathered.global_shape = c.desc.global_shape;
+        } else if (t.gathered.dtype != c.desc.dtype ||
+                   !(t.gathered.global_shape == c.desc.global_shape)) {
+          return Status{ErrorCode::invalid_argument,
+                        "tensor '" + c.desc.name +
+                            "' has a different dtype or global shape on rank " +
+                            std::to_string(r.rank)};
+        }
+        if (!t.gathered.chunks.empty() &&
+            !(t.gathered.chunks.back().record->desc.global_offset < c.desc.global_offset)) {
+          t.sorted = false;
+        }
+        t.gathered.chunks.push_back({&c, &b.file});
+        t.covered += c.desc.local_shape.numel();
+      }
+    }
+  }
+  // In name order, so that of several bad tensors the first by name is the one reported.
+  std::vector<Gathering*> by_order;
+  by_order.reserve(by_name.size());
+  for (auto& [name, t] : by_name)
+    by_order.push_back(&t);
+  std::sort(by_order.begin(), by_order.end(), [](const Gathering* a, const Gathering* b) {
+    return a->gathered.name < b->gathered.name;
+  });
+  m.tensors.reserve(by_order.size());
+  for (Gathering* t : by_order) {
+    GatheredTensor& g = t->gathered;
+    const std::string name(g.name);
+    auto offsets = [](const GatheredChunk& c) -> const Shape& {
+      return c.record->desc.global_offset;
+    };
+    if (!t->sorted) {
+      std::sort(
+          g.chunks.begin(), g.chunks.end(),
+          [&](const GatheredChunk& a, const GatheredChunk& b) { return offsets(a) < offsets(b); });
+      for (std::size_t i = 1; i < g.chunks.size(); ++i) {
+        if (offsets(g.chunks[i]) == offsets(g.chunks[i - 1])) {
+          return Status{ErrorCode::invalid_argument, "tensor '" + name + "' has two chunks at " +
+                                                         offsets(g.chunks[i]).to_string() +
+                                                         " with replica id 0"};
+        }
+      }
+    }
+    if (t->covered != g.global_shape.numel()) {
+      return Status{ErrorCode::invalid_argument, "tensor '" + name + "': the saved chunks hold " +
+                                                     std::to_string(t->covered) + " of its " +
+                                                     std::to_string(g.global_shape.numel()) +
+                                                     " elements (a block with no replica 0?)"};
+    }
+    m.tensors.push_back(std::move(g));
+  }
+  return m;
+}
+
+}  // namespace stagehand

@@ -1,0 +1,83 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "stagehand/checkpoint/save/report.hpp"
+#include "stagehand/core/dtype.hpp"
+#include "stagehand/core/shape.hpp"
+
+namespace stagehand {
+
+/// metadata.json's "format": what a reader refuses a file without.
+inline constexpr const char* kFormatName = "stagehand-dist-ckpt";
+/// metadata.json's "version": the one this build reads and writes.
+inline constexpr int kFormatVersion = 1;
+
+/// One chunk of a saved tensor: the block it holds and where its bytes are.
+struct ChunkMeta {
+  Shape offsets;
+  Shape shape;
+  std::string file;
+  /// Absolute byte range in `file`.
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t xxh3 = 0;
+};
+
+/// A saved tensor: its dtype, its global shape and the chunks that tile it.
+struct TensorMeta {
+  DType dtype = DType::f32;
+  Shape global_shape;
+  std::vector<ChunkMeta> chunks;
+};
+
+/// A file of the checkpoint: its size and the XXH3 of all its bytes.
+struct FileMeta {
+  std::uint64_t size = 0;
+  std::uint64_t xxh3 = 0;
+};
+
+/// The contents of `policy/metadata.json`: deterministic, no timestamps or host names.
+struct CheckpointMetadata {
+  std::int64_t step = 0;
+  std::map<std::string, TensorMeta> tensors;
+  std::map<std::string, std::string> objects;
+  /// Data files in policy/, by name.
+  std::map<std::string, FileMeta> files;
+  /// trainer_state.json beside policy/; none when the save had no trainer state.
+  std::optional<FileMeta> trainer_state;
+};
+
+/// A checkpoint's metadata as the commit gathers it from the ranks' reports: what metadata.json
+/// lists, pointing into the reports instead of copying them (at 1,024 ranks of 500 tensors they
+/// hold half a million chunks, and a copy of each cost more than writing it out).
+struct GatheredChunk {
+  const ChunkRecord* record = nullptr;
+  /// The name of the file the chunk is in (its bucket's).
+  const std::string* file = nullptr;
+};
+
+struct GatheredTensor {
+  /// Points into a report, as the chunks do.
+  std::string_view name;
+  DType dtype = DType::f32;
+  Shape global_shape;
+  /// By offsets.
+  std::vector<GatheredChunk> chunks;
+};
+
+struct GatheredMetadata {
+  std::int64_t step = 0;
+  /// By name.
+  std::vector<GatheredTensor> tensors;
+  std::map<std::string, std::string> objects;
+  std::map<std::string, FileMeta> files;
+  std::optional<FileMeta> trainer_state;
+};
+
+}  // namespace stagehand

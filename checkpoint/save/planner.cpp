@@ -1,0 +1,95 @@
+#include "stagehand/checkpoint/save/planner.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "stagehand/checkpoint/format/format.hpp"
+
+namespace stagehand {
+
+std::uint64_t SavePlan::data_bytes() const {
+  return std::accumulate(buckets.begin(), buckets.end(), std::uint64_t{0},
+                         [](std::uint64_t sum, const PlannedBucket& b) { return sum + b.data_bytes; });
+}
+
+std::uint64_t SavePlan::file_bytes() const {
+  return std::accumulate(buckets.begin(), buckets.end(), std::uint64_t{0},
+                         [](std::uint64_t sum, const PlannedBucket& b) { return sum + b.file_size(); });
+}
+
+std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs) {
+  Xxh3Stream hash;
+  auto add_shape = [&hash](const Shape& s) {
+    std::uint64_t rank = s.rank();
+    hash.update(&rank, sizeof(rank));
+    hash.update(s.dims().data(), s.rank() * sizeof(std::int64_t));
+  };
+  for (const auto& d : descs) {
+    hash.update(d.name.data(), d.name.size() + 1);
+    hash.update(&d.dtype, sizeof(d.dtype));
+    add_shape(d.global_shape);
+    add_shape(d.global_offset);
+    add_shape(d.local_shape);
+    hash.update(&d.replica_id, sizeof(d.replica_id));
+  }
+  return hash.digest();
+}
+
+std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std::vector<std::uint64_t> base_bytes) {
+  std::vector<std::size_t> order(chunks.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return chunks[a].bytes != chunks[b].bytes ? chunks[a].bytes > chunks[b].bytes : chunks[a].key < chunks[b].key;
+  });
+  std::vector<int> writers(chunks.size(), -1);
+  for (std::size_t i : order) {
+    int best = -1;
+    for (int r : chunks[i].holders) {
+      const auto ri = static_cast<std::size_t>(r);
+      if (best < 0 || base_bytes[ri] < base_bytes[static_cast<std::size_t>(best)]) best = r;
+    }
+    writers[i] = best;
+    if (best >= 0) base_bytes[static_cast<std::size_t>(best)] += chunks[i].bytes;
+  }
+  return writers;
+}
+
+SavePlan plan_save(int rank, const std::vector<ShardedTensorDesc>& descs, int bucket_count) {
+  SavePlan plan;
+  plan.rank = rank;
+  plan.signature = structure_signature(descs);
+
+  std::vector<PlannedItem> items;
+  for (std::size_t i = 0; i < descs.size(); ++i) {
+    if (descs[i].replica_id != 0) continue;
+    items.push_back({i, descs[i], descs[i].chunk_key(), descs[i].nbytes(), 0});
+  }
+  std::sort(items.begin(), items.end(), [](const PlannedItem& a, const PlannedItem& b) {
+    return a.nbytes != b.nbytes ? a.nbytes > b.nbytes : a.key < b.key;
+  });
+
+  plan.buckets.resize(static_cast<std::size_t>(bucket_count));
+  for (int b = 0; b < bucket_count; ++b) {
+    plan.buckets[static_cast<std::size_t>(b)].index = b;
+    plan.buckets[static_cast<std::size_t>(b)].file_name = CheckpointLayout::bucket_file_name(rank, b);
+  }
+  for (auto& item : items) {
+    auto lightest = std::min_element(
+        plan.buckets.begin(), plan.buckets.end(),
+        [](const PlannedBucket& a, const PlannedBucket& b) { return a.data_bytes < b.data_bytes; });
+    item.data_offset = lightest->data_bytes;
+    lightest->data_bytes += item.nbytes;
+    lightest->items.push_back(std::move(item));
+  }
+  for (auto& bucket : plan.buckets) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& item : bucket.items) {
+      entries.push_back({item.key, item.desc.dtype, item.desc.local_shape, item.data_offset,
+                         item.data_offset + item.nbytes});
+    }
+    bucket.header = make_safetensors_header(entries);
+  }
+  return plan;
+}
+
+}  // namespace stagehand
