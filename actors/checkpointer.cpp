@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,23 @@ class PendingSave::Impl {
   bool closed = false;
   /// prepare() asked for async saves' staging at the start.
   bool prepare_async = false;
+  /// The prepare that prepare_in_background() runs; every call waits for it first.
+  std::shared_future<void> background;
+  /// Why that prepare failed, for the next call (reported once).
+  std::optional<Status> background_error;
+
+  /// Waits for the background prepare, if any; its error, once.
+  Status await_background() {
+    std::shared_future<void> running;
+    {
+      std::lock_guard<std::mutex> held(mutex);
+      running = background;
+    }
+    if (running.valid()) running.wait();
+    std::lock_guard<std::mutex> held(mutex);
+    if (!background_error) return Status::ok();
+    return std::exchange(background_error, std::nullopt)->with_context("the prepare that prepare_in_background started");
+  }
 
   int ranks_here() const { return options.ranks_here(); }
   bool spans_processes() const { return ranks_here() < options.world_size; }
@@ -105,7 +123,8 @@ class PendingSave::Impl {
 
   /// Starts the actors for `states` at the first call; later, checks they have the same ranks
   /// and structure, and hands them to the strategies.
-  Status bind(const std::vector<StateDict>& states) {
+  /// `states` are taken (their tensors shared with the caller's: no data is copied).
+  Status bind(std::vector<StateDict>&& states) {
     if (closed) return {ErrorCode::aborted, "the Checkpointer is closed"};
     if (start_error) return *start_error;
     if (static_cast<int>(states.size()) != ranks_here()) {
@@ -119,7 +138,7 @@ class PendingSave::Impl {
     }
     if (!started) {
       started = true;
-      Status st = start(states);
+      Status st = start(std::move(states));
       if (!st.is_ok()) {
         start_error = st.with_context("the Checkpointer could not start");
         stop();
@@ -128,18 +147,27 @@ class PendingSave::Impl {
       return Status::ok();
     }
     for (std::size_t r = 0; r < states.size(); ++r) {
-      if (states[r].descriptors() != live[r]->descriptors()) {
+      if (!same_structure(states[r], *live[r])) {
         return {ErrorCode::invalid_argument,
                 "rank " + std::to_string(options.rank + r) +
                     "'s state has other tensors or shapes than at this Checkpointer's first call; one "
                     "Checkpointer serves one structure (make a new one for another)"};
       }
-      *live[r] = states[r];
+      *live[r] = std::move(states[r]);
     }
     return Status::ok();
   }
 
-  Status start(const std::vector<StateDict>& states) {
+  /// The same tensors (descriptors, in order), compared without copying them.
+  static bool same_structure(const StateDict& a, const StateDict& b) {
+    if (a.tensors.size() != b.tensors.size()) return false;
+    for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+      if (!(a.tensors[i].desc == b.tensors[i].desc)) return false;
+    }
+    return true;
+  }
+
+  Status start(std::vector<StateDict>&& states) {
     SH_RETURN_IF_ERROR(check_options());
     config = std::make_unique<caf::actor_system_config>();
     register_stagehand_errors(*config);
@@ -177,7 +205,7 @@ class PendingSave::Impl {
     strategy.file_system = rate_limited(fs, options.write_rate_limit_mib_s * 1048576.0);
     if (states.size() > 1) strategy.load_group = std::make_shared<LoadGroup>(static_cast<int>(states.size()), options.timeout);
     for (std::size_t r = 0; r < states.size(); ++r) {
-      live.push_back(std::make_shared<StateDict>(states[r]));
+      live.push_back(std::make_shared<StateDict>(std::move(states[r])));
       auto owner = checkpointable_state(live.back());
       ranks.push_back(owner.get());
       strategy.rank = options.rank + static_cast<int>(r);
@@ -213,14 +241,14 @@ class PendingSave::Impl {
     return Status::ok();
   }
 
-  Status prepare(const std::vector<StateDict>& states, bool async) {
+  Status prepare(std::vector<StateDict>&& states, bool async) {
     if (started && !closed && !start_error) {
       return {ErrorCode::invalid_argument,
               "Checkpointer::prepare must be the first call: an earlier prepare, save or load already started this "
               "Checkpointer"};
     }
     prepare_async = async;
-    Status st = bind(states);
+    Status st = bind(std::move(states));
     // A state refused before the start leaves the next first call as it would have been.
     if (!st.is_ok()) prepare_async = false;
     return st;
@@ -256,10 +284,10 @@ class PendingSave::Impl {
                            " was not done (call it again)");
   }
 
-  Result<PendingSave> save(std::int64_t step, const std::vector<StateDict>& states, bool async,
+  Result<PendingSave> save(std::int64_t step, std::vector<StateDict>&& states, bool async,
                            const std::shared_ptr<Impl>& self) {
     SH_RETURN_IF_ERROR(finalize_before("the save of step " + std::to_string(step)));
-    SH_RETURN_IF_ERROR(bind(states));
+    SH_RETURN_IF_ERROR(bind(std::move(states)));
     SH_ASSIGN_OR_RETURN(SaveResult saved, client->save(step, async));
     if (saved.async) {
       pending = step;
@@ -272,7 +300,8 @@ class PendingSave::Impl {
 
   Status load(std::vector<StateDict>& states, const std::string& path) {
     SH_RETURN_IF_ERROR(finalize_before("this load"));
-    SH_RETURN_IF_ERROR(bind(states));
+    // The tensors are shared with the caller's (filled in place); the objects come back below.
+    SH_RETURN_IF_ERROR(bind(std::vector<StateDict>(states)));
     // Resolved once for the process, not once per rank.
     SH_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(*fs, path));
     SH_RETURN_IF_ERROR(client->load(dir).status());
@@ -392,31 +421,84 @@ Checkpointer::Checkpointer(CheckpointerOptions options)
     : impl_(std::make_shared<PendingSave::Impl>(std::move(options))) {}
 
 Checkpointer::~Checkpointer() {
+  (void)impl_->await_background();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->close();
 }
 
-Status Checkpointer::prepare(const StateDict& state, bool async) { return prepare(std::vector<StateDict>{state}, async); }
+namespace {
 
-Status Checkpointer::prepare(const std::vector<StateDict>& states, bool async) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->prepare(states, async);
+std::vector<StateDict> one_state(StateDict state) {
+  std::vector<StateDict> states;
+  states.push_back(std::move(state));
+  return states;
 }
 
-Status Checkpointer::save(std::int64_t step, const StateDict& state) { return save(step, std::vector<StateDict>{state}); }
+}  // namespace
+
+Status Checkpointer::prepare_in_background(std::vector<StateDict> states) {
+  SH_RETURN_IF_ERROR(impl_->await_background());
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->started) {
+    return {ErrorCode::invalid_argument,
+            "Checkpointer::prepare_in_background must be the first call: an earlier prepare, save or load already "
+            "started this Checkpointer"};
+  }
+  std::shared_ptr<PendingSave::Impl> impl = impl_;
+  impl_->background = std::async(std::launch::async, [impl, states = std::move(states)]() mutable {
+                        std::lock_guard<std::mutex> held(impl->mutex);
+                        Status st = impl->prepare(std::move(states), true);
+                        if (!st.is_ok()) impl->background_error = st;
+                      }).share();
+  return Status::ok();
+}
+
+Status Checkpointer::prepare_in_background(StateDict state) { return prepare_in_background(one_state(std::move(state))); }
+
+Status Checkpointer::prepare(const StateDict& state, bool async) { return prepare(one_state(state), async); }
+
+Status Checkpointer::prepare(StateDict&& state, bool async) { return prepare(one_state(std::move(state)), async); }
+
+Status Checkpointer::prepare(const std::vector<StateDict>& states, bool async) {
+  return prepare(std::vector<StateDict>(states), async);
+}
+
+Status Checkpointer::prepare(std::vector<StateDict>&& states, bool async) {
+  SH_RETURN_IF_ERROR(impl_->await_background());
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->prepare(std::move(states), async);
+}
+
+Status Checkpointer::save(std::int64_t step, const StateDict& state) { return save(step, one_state(state)); }
+
+Status Checkpointer::save(std::int64_t step, StateDict&& state) { return save(step, one_state(std::move(state))); }
 
 Status Checkpointer::save(std::int64_t step, const std::vector<StateDict>& states) {
+  return save(step, std::vector<StateDict>(states));
+}
+
+Status Checkpointer::save(std::int64_t step, std::vector<StateDict>&& states) {
+  SH_RETURN_IF_ERROR(impl_->await_background());
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->save(step, states, false, impl_).status();
+  return impl_->save(step, std::move(states), false, impl_).status();
 }
 
 Result<PendingSave> Checkpointer::async_save(std::int64_t step, const StateDict& state) {
-  return async_save(step, std::vector<StateDict>{state});
+  return async_save(step, one_state(state));
+}
+
+Result<PendingSave> Checkpointer::async_save(std::int64_t step, StateDict&& state) {
+  return async_save(step, one_state(std::move(state)));
 }
 
 Result<PendingSave> Checkpointer::async_save(std::int64_t step, const std::vector<StateDict>& states) {
+  return async_save(step, std::vector<StateDict>(states));
+}
+
+Result<PendingSave> Checkpointer::async_save(std::int64_t step, std::vector<StateDict>&& states) {
+  SH_RETURN_IF_ERROR(impl_->await_background());
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->save(step, states, true, impl_);
+  return impl_->save(step, std::move(states), true, impl_);
 }
 
 bool Checkpointer::staged() const {
@@ -425,24 +507,27 @@ bool Checkpointer::staged() const {
 }
 
 Result<double> Checkpointer::fence() {
+  SH_RETURN_IF_ERROR(impl_->await_background());
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (!impl_->client) return 0.0;
   return impl_->client->fence();
 }
 
 Status Checkpointer::load(StateDict& state, const std::string& path) {
-  std::vector<StateDict> states{state};
+  std::vector<StateDict> states = one_state(state);
   SH_RETURN_IF_ERROR(load(states, path));
   state.objects = std::move(states[0].objects);
   return Status::ok();
 }
 
 Status Checkpointer::load(std::vector<StateDict>& states, const std::string& path) {
+  SH_RETURN_IF_ERROR(impl_->await_background());
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->load(states, path);
 }
 
 Status Checkpointer::finalize() {
+  SH_RETURN_IF_ERROR(impl_->await_background());
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->finalize();
 }

@@ -171,20 +171,38 @@ class Checkpointer {
   /// @return an error naming it after a call that started the Checkpointer (a save, async save,
   ///         load or prepare); it does not finish that call's pending save.
   Status prepare(const StateDict& state, bool async = true);
+  Status prepare(StateDict&& state, bool async = true);
   Status prepare(const std::vector<StateDict>& states, bool async = true);
+  Status prepare(std::vector<StateDict>&& states, bool async = true);
+
+  /// prepare(states, true) on a thread of its own, as the first call: returns at once, so that
+  /// the memory an async save copies into is reserved and touched while the caller goes on
+  /// (builds its model, trains its first steps); then the first async_save's stall is its copy
+  /// alone without the caller waiting for the reservation. Every later call first waits for it;
+  /// if it failed, the next call returns why (once; a state it refused leaves that call to
+  /// start the Checkpointer as a first call would).
+  /// @return an error naming it after a call that started the Checkpointer.
+  Status prepare_in_background(std::vector<StateDict> states);
+  Status prepare_in_background(StateDict state);
 
   /// Saves `step` and returns once it is committed (written by every rank, metadata, tracker).
   /// save, async_save and load first finish a pending async save; if that one failed, the call
   /// returns its error ("the async save of step N failed, and the save of step M was not done
   /// (call it again): ...") without doing its own work, and the next call goes ahead.
   /// @pre this process holds one rank (else pass one state per rank).
+  /// A const& state is copied once (its descriptors and tensor handles; never tensor data); a
+  /// moved-in one is taken, which saves that copy (with 100,000 tensors, ~40 MB).
   Status save(std::int64_t step, const StateDict& state);
+  Status save(std::int64_t step, StateDict&& state);
   Status save(std::int64_t step, const std::vector<StateDict>& states);
+  Status save(std::int64_t step, std::vector<StateDict>&& states);
 
   /// Saves `step` in the background: returns once the first `staging_buckets` buckets (or all)
   /// are copied.
   Result<PendingSave> async_save(std::int64_t step, const StateDict& state);
+  Result<PendingSave> async_save(std::int64_t step, StateDict&& state);
   Result<PendingSave> async_save(std::int64_t step, const std::vector<StateDict>& states);
+  Result<PendingSave> async_save(std::int64_t step, std::vector<StateDict>&& states);
 
   /// Returns once no save reads this process's tensors any more (PendingSave::wait_staged).
   /// @return the longest wait of any of its ranks, in seconds.

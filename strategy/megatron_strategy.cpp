@@ -87,7 +87,12 @@ class MegatronStrategy : public strategy_actor::base {
       async = false;
     }
     // The state as the global plan assigned it: replica id 0 on exactly the blocks this rank writes.
-    auto view = std::make_shared<StateDict>(apply_writes(*state_, order.writes));
+    // A plan that gives the rank exactly its own replica-0 blocks (no replicas, or one rank) is
+    // the state itself: not copied (with 100,000 tensors, ~40 MB). Nothing reassigns the state
+    // while a save of it runs: a new one is bound after the pending save finished.
+    std::shared_ptr<const StateDict> view =
+        writes_own_replicas(*state_, order.writes) ? std::shared_ptr<const StateDict>(state_)
+                                                   : std::make_shared<const StateDict>(apply_writes(*state_, order.writes));
     if (!async) {
       RankSaveReport report = engine_->save(*view, order.policy_dir, order.step);
       Status st = report.status;

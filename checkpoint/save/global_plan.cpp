@@ -155,6 +155,17 @@ StateDict apply_writes(const StateDict& state, const std::vector<std::uint32_t>&
   return view;
 }
 
+bool writes_own_replicas(const StateDict& state, const std::vector<std::uint32_t>& writes) {
+  std::size_t w = 0;
+  for (std::size_t i = 0; i < state.tensors.size(); ++i) {
+    const bool own = state.tensors[i].desc.replica_id == 0;
+    const bool written = w < writes.size() && writes[w] == i;
+    if (own != written) return false;
+    if (written) ++w;
+  }
+  return w == writes.size();
+}
+
 Result<std::vector<StateDict>> planned_states(const std::vector<const StateDict*>& states, std::int64_t step) {
   std::vector<LocalPlan> locals(states.size());
   std::vector<const LocalPlan*> plans;

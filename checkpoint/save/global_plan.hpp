@@ -59,6 +59,9 @@ Result<GlobalPlan> make_global_plan(const std::vector<const LocalPlan*>& plans);
 /// other block replica id 1: what a rank's SaveEngine writes for the global plan. Tensor data is
 /// shared, not copied.
 StateDict apply_writes(const StateDict& state, const std::vector<std::uint32_t>& writes);
+/// Whether `writes` (sorted indices) names exactly the blocks of `state` with replica id 0: then
+/// `state` saves as the global plan says as it is, and apply_writes' copy is not needed.
+bool writes_own_replicas(const StateDict& state, const std::vector<std::uint32_t>& writes);
 
 /// The global plan of `states` (rank r's is states[r], all in one process) applied to each:
 /// what each rank's SaveEngine writes. Errors as make_global_plan's, each state's validate()

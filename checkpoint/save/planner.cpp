@@ -17,14 +17,19 @@ std::uint64_t SavePlan::file_bytes() const {
                          [](std::uint64_t sum, const PlannedBucket& b) { return sum + b.file_size(); });
 }
 
-std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs) {
+namespace {
+
+/// structure_signature over `count` descriptors, the i-th being desc(i).
+template <class Desc>
+std::uint64_t signature_of(std::size_t count, Desc desc) {
   Xxh3Stream hash;
   auto add_shape = [&hash](const Shape& s) {
     std::uint64_t rank = s.rank();
     hash.update(&rank, sizeof(rank));
     hash.update(s.dims().data(), s.rank() * sizeof(std::int64_t));
   };
-  for (const auto& d : descs) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const ShardedTensorDesc& d = desc(i);
     hash.update(d.name.data(), d.name.size() + 1);
     hash.update(&d.dtype, sizeof(d.dtype));
     add_shape(d.global_shape);
@@ -33,6 +38,58 @@ std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs) {
     hash.update(&d.replica_id, sizeof(d.replica_id));
   }
   return hash.digest();
+}
+
+/// plan_save over `count` descriptors, the i-th being desc(i).
+template <class Desc>
+SavePlan plan_of(int rank, std::size_t count, Desc desc, int bucket_count) {
+  SavePlan plan;
+  plan.rank = rank;
+  plan.signature = signature_of(count, desc);
+
+  std::vector<PlannedItem> items;
+  for (std::size_t i = 0; i < count; ++i) {
+    const ShardedTensorDesc& d = desc(i);
+    if (d.replica_id != 0) continue;
+    items.push_back({i, d.chunk_key(), d.nbytes(), 0});
+  }
+  std::sort(items.begin(), items.end(), [](const PlannedItem& a, const PlannedItem& b) {
+    return a.nbytes != b.nbytes ? a.nbytes > b.nbytes : a.key < b.key;
+  });
+
+  plan.buckets.resize(static_cast<std::size_t>(bucket_count));
+  for (int b = 0; b < bucket_count; ++b) {
+    plan.buckets[static_cast<std::size_t>(b)].index = b;
+    plan.buckets[static_cast<std::size_t>(b)].file_name = CheckpointLayout::bucket_file_name(rank, b);
+  }
+  for (auto& item : items) {
+    auto lightest = std::min_element(
+        plan.buckets.begin(), plan.buckets.end(),
+        [](const PlannedBucket& a, const PlannedBucket& b) { return a.data_bytes < b.data_bytes; });
+    item.data_offset = lightest->data_bytes;
+    lightest->data_bytes += item.nbytes;
+    lightest->items.push_back(std::move(item));
+  }
+  for (auto& bucket : plan.buckets) {
+    std::vector<SafetensorsEntry> entries;
+    entries.reserve(bucket.items.size());
+    for (const auto& item : bucket.items) {
+      const ShardedTensorDesc& d = desc(item.tensor_index);
+      entries.push_back({item.key, d.dtype, d.local_shape, item.data_offset, item.data_offset + item.nbytes});
+    }
+    bucket.header = make_safetensors_header(entries);
+  }
+  return plan;
+}
+
+}  // namespace
+
+std::uint64_t structure_signature(const std::vector<ShardedTensorDesc>& descs) {
+  return signature_of(descs.size(), [&](std::size_t i) -> const ShardedTensorDesc& { return descs[i]; });
+}
+
+std::uint64_t structure_signature(const StateDict& state) {
+  return signature_of(state.tensors.size(), [&](std::size_t i) -> const ShardedTensorDesc& { return state.tensors[i].desc; });
 }
 
 std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std::vector<std::uint64_t> base_bytes) {
@@ -55,41 +112,13 @@ std::vector<int> balance_writers(const std::vector<ReplicatedChunk>& chunks, std
 }
 
 SavePlan plan_save(int rank, const std::vector<ShardedTensorDesc>& descs, int bucket_count) {
-  SavePlan plan;
-  plan.rank = rank;
-  plan.signature = structure_signature(descs);
+  return plan_of(rank, descs.size(), [&](std::size_t i) -> const ShardedTensorDesc& { return descs[i]; }, bucket_count);
+}
 
-  std::vector<PlannedItem> items;
-  for (std::size_t i = 0; i < descs.size(); ++i) {
-    if (descs[i].replica_id != 0) continue;
-    items.push_back({i, descs[i], descs[i].chunk_key(), descs[i].nbytes(), 0});
-  }
-  std::sort(items.begin(), items.end(), [](const PlannedItem& a, const PlannedItem& b) {
-    return a.nbytes != b.nbytes ? a.nbytes > b.nbytes : a.key < b.key;
-  });
-
-  plan.buckets.resize(static_cast<std::size_t>(bucket_count));
-  for (int b = 0; b < bucket_count; ++b) {
-    plan.buckets[static_cast<std::size_t>(b)].index = b;
-    plan.buckets[static_cast<std::size_t>(b)].file_name = CheckpointLayout::bucket_file_name(rank, b);
-  }
-  for (auto& item : items) {
-    auto lightest = std::min_element(
-        plan.buckets.begin(), plan.buckets.end(),
-        [](const PlannedBucket& a, const PlannedBucket& b) { return a.data_bytes < b.data_bytes; });
-    item.data_offset = lightest->data_bytes;
-    lightest->data_bytes += item.nbytes;
-    lightest->items.push_back(std::move(item));
-  }
-  for (auto& bucket : plan.buckets) {
-    std::vector<SafetensorsEntry> entries;
-    for (const auto& item : bucket.items) {
-      entries.push_back({item.key, item.desc.dtype, item.desc.local_shape, item.data_offset,
-                         item.data_offset + item.nbytes});
-    }
-    bucket.header = make_safetensors_header(entries);
-  }
-  return plan;
+SavePlan plan_save(int rank, const StateDict& state, int bucket_count) {
+  return plan_of(
+      rank, state.tensors.size(), [&](std::size_t i) -> const ShardedTensorDesc& { return state.tensors[i].desc; },
+      bucket_count);
 }
 
 }  // namespace stagehand

@@ -91,10 +91,7 @@ SaveEngine::SaveEngine(int rank, SaveEngineOptions options, std::shared_ptr<File
 
 Result<const SavePlan*> SaveEngine::plan_for(const StateDict& state) {
   SH_RETURN_IF_ERROR(state.validate());
-  auto descs = state.descriptors();
-  if (!plan_ || plan_->signature != structure_signature(descs)) {
-    plan_ = plan_save(rank_, descs, options_.thread_count);
-  }
+  if (!plan_ || plan_->signature != structure_signature(state)) plan_ = plan_save(rank_, state, options_.thread_count);
   return &*plan_;
 }
 
@@ -102,9 +99,12 @@ bool SaveEngine::copies_out(const StateDict& state) const {
   return options_.stage_host_memory || on_device(state);
 }
 
-Status SaveEngine::reserve_staging(const StateDict& state, bool async, bool headroom) {
+Status SaveEngine::reserve_staging(const StateDict& state, bool async, bool headroom, bool ahead) {
+  // Ahead of the saves, every thread touches the new memory now; inside a save, its copies touch
+  // it as they fill it (one pass over the memory, not two).
   return staging_.reserve(
-      staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)), headroom);
+      staging_slot_sizes(*plan_, options_.thread_count, options_.staging_buckets, async, copies_out(state)), headroom,
+      ahead ? std::max(options_.thread_count, 1) : 0);
 }
 
 Status SaveEngine::prepare(const StateDict& state, bool async) {
@@ -114,7 +114,7 @@ Status SaveEngine::prepare(const StateDict& state, bool async) {
   // than its own replicas (other ranks' blocks it also holds), which would be allocated and
   // first-touched inside that save's stall; an eighth more is reserved now (the slack the pool
   // keeps anyway), so that up to that much more is already there.
-  return reserve_staging(state, async, async && options_.staging_buckets == 0);
+  return reserve_staging(state, async, async && options_.staging_buckets == 0, true);
 }
 
 std::uint8_t* SaveEngine::piece_memory(std::size_t slot, const PlannedBucket& bucket, std::uint64_t begin) {
@@ -272,7 +272,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
         if (s.hashed) {
           InFileHash& h = hashed_[s.bucket];
-          BucketHasher hasher(bucket, h.chunks);
+          BucketHasher hasher(bucket, state, h.chunks);
           copy_and_hash(bucket, state, s.dest, hasher, h.hash_s);
           h.xxh3 = hasher.file_digest();
           h.taken = true;
@@ -436,7 +436,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     const bool hashed = b < hashed_.size() && hashed_[b].taken;
     // Not when begin_async() hashed the bucket.
     std::optional<BucketHasher> hasher;
-    if (!hashed) hasher.emplace(bucket, result.chunks);
+    if (!hashed) hasher.emplace(bucket, state, result.chunks);
     if (hashed) {
       // Copied into the file and hashed by begin_async().
       result.staged_in_file = true;

@@ -134,7 +134,8 @@ class SaveEngine {
   /// Whether saves of `state` copy it out through staging slots even when sync.
   bool copies_out(const StateDict& state) const;
   /// @param headroom an eighth more allocated and touched now (StagingPool::reserve).
-  Status reserve_staging(const StateDict& state, bool async, bool headroom = false);
+  /// @param ahead called ahead of the saves (prepare): new memory is touched now, on every thread
+  Status reserve_staging(const StateDict& state, bool async, bool headroom = false, bool ahead = false);
   RankSaveReport make_report(std::int64_t step) const;
   /// Writes every bucket, one writer thread each, straight from the state (`direct`) or through
   /// staging slots; `on_all_staged` as for write_async. `background`: an async save's write,

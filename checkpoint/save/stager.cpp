@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
+#include <vector>
 
 #include "stagehand/core/stream_copy.hpp"
 
@@ -15,6 +17,29 @@ constexpr std::size_t kPageBytes = 4096;
 constexpr std::size_t kMinPieceBytes = 256u << 10;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+/// Writes every page of [data, data + bytes) on up to `threads` threads, in 2 MiB-aligned
+/// parts (whole huge pages each). Fresh memory's faults run in parallel: on a virtual machine
+/// whose host backs guest memory at its first touch, about as many times faster as threads.
+void touch_pages(std::uint8_t* data, std::size_t bytes, int threads) {
+  constexpr std::size_t kPart = 2u << 20;
+  const std::size_t parts = (bytes + kPart - 1) / kPart;
+  const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), parts);
+  auto touch = [&](std::size_t t) {
+    const std::size_t first = parts * t / n, last = parts * (t + 1) / n;
+    const std::size_t begin = first * kPart, end = std::min(bytes, last * kPart);
+    if (end > begin) std::memset(data + begin, 0, end - begin);
+  };
+  if (n <= 1) {
+    touch(0);
+    return;
+  }
+  std::vector<std::thread> workers;
+  workers.reserve(n - 1);
+  for (std::size_t t = 1; t < n; ++t) workers.emplace_back(touch, t);
+  touch(0);
+  for (auto& w : workers) w.join();
+}
 
 }  // namespace
 
@@ -60,7 +85,7 @@ std::size_t StagingPool::footprint(std::size_t size) const {
   return block_aligned_ && size > 0 ? round_up(size, kDirectIoBlock) + kDirectIoBlock : size;
 }
 
-Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom) {
+Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom, int touch_threads) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t total = 0;
   for (std::size_t s : sizes) total += footprint(s);
@@ -128,8 +153,7 @@ Status StagingPool::reserve(const std::vector<std::size_t>& sizes, bool headroom
       clear_locked();
       return {ErrorCode::no_space, "cannot allocate " + std::to_string(rest_bytes + more) + " bytes of host staging memory"};
     }
-    // Touch every page now: first-touch page faults would otherwise land in the first save.
-    std::memset(buffer.data(), 0, buffer.size());
+    if (touch_threads > 0) touch_pages(buffer.data(), buffer.size(), touch_threads);
     std::size_t at = 0;
     for (std::size_t j : rest) {
       starts_[j] = buffer.data() + at;

@@ -66,7 +66,10 @@ class StagingPool {
   /// With `headroom`, a buffer this allocates is an eighth of the sum larger (touched too, free
   /// for later slots), while what is held stays within the bound: a later reserve() of up to that
   /// much more then takes it without allocating.
-  Status reserve(const std::vector<std::size_t>& sizes, bool headroom = false);
+  /// @param touch_threads how many threads touch the pages of a buffer this allocates, at once
+  ///   (their faults, the first touch of fresh memory, then stay out of the saves); 0: not now,
+  ///   the copies of the save that reserves touch them in the same pass as they fill them.
+  Status reserve(const std::vector<std::size_t>& sizes, bool headroom = false, int touch_threads = 1);
   /// The memory held may be at most 1/kSlackDivisor more than the slots' sum.
   static constexpr std::size_t kSlackDivisor = 8;
   /// The smallest free slot of at least `bytes`, taken; blocks until one is free.

@@ -492,6 +492,13 @@ NB_MODULE(_stagehand, m) {
              bool async) { check(self.get().prepare(state_of(entries, objects), async)); },
           nb::call_guard<nb::gil_scoped_release>())
       .def(
+          "prepare_in_background",
+          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+             const std::map<std::string, std::string>& objects) {
+            check(self.get().prepare_in_background(state_of(entries, objects)));
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
           "save",
           [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
              const std::map<std::string, std::string>& objects) { check(self.get().save(step, state_of(entries, objects))); },

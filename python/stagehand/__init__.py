@@ -304,6 +304,10 @@ class Checkpointer:
     files (kept in ``<root>/.spare_files`` until ``close()``) instead of creating new ones.
     ``uncached_writes`` (the default) writes new data files around the page cache (O_DIRECT)
     where the file system takes it; ``False`` writes them through the page cache.
+    ``state``: the state the saves will take, known at construction; the Checkpointer then starts
+    and reserves (and touches) the memory an async save copies into on a thread of its own while
+    the constructor returns, so that the first ``async_save`` blocks for its copy alone, as later
+    ones do (collective when the job spans processes: give it on every rank or on none).
 
     One Checkpointer serves one structure of state (the same tensor names and shapes each call).
     The arrays of the last call are kept referenced until the next call or ``close()``.
@@ -314,7 +318,7 @@ class Checkpointer:
                  load_thread_count: int = 4, staging_buckets: int = 0, timeout: float = 600.0,
                  join_timeout: float = 60.0, local_work_dir: str | None = None,
                  write_rate_limit_mib_s: float = 0.0, max_to_keep: int = 0, reuse_files: bool = True,
-                 uncached_writes: bool = True):
+                 uncached_writes: bool = True, state: dict | None = None):
         self.root = os.fspath(root)
         if (rank is None) != (world_size is None):
             raise ValueError("Checkpointer: pass both rank and world_size, or neither (then RANK and WORLD_SIZE)")
@@ -349,6 +353,12 @@ class Checkpointer:
         # them (a finalize that timed out); they stay referenced until a call succeeds (saves run
         # one after the other, so none reads them then) or close().
         self._held: list[_Bound] = []
+        if state is not None:
+            # prepare(state) on a thread of the C++ Checkpointer's own: the constructor returns at
+            # once; the first call waits for it (and raises its error, if it failed).
+            bound = _Bound(state, writable=False)
+            self._impl.prepare_in_background(bound.entries, bound.objects)
+            self._bound = bound
 
     def _call(self, bound: _Bound, call):
         """Runs `call` with `bound` as the arrays of this call, keeping the previous call's

@@ -277,6 +277,48 @@ BOOST_AUTO_TEST_CASE(prepare_reserves_the_staging_so_that_the_first_async_save_a
   BOOST_TEST(again.message().find("prepare must be the first call") != std::string::npos, again.message());
 }
 
+BOOST_AUTO_TEST_CASE(prepare_in_background_reserves_the_staging_while_the_caller_goes_on) {
+  TempDir dir;
+  UserModel model(0, 1, 2.0f);
+  const std::size_t state_bytes = (128 + 16) * sizeof(float);
+  const std::size_t before = staging_memory().current();
+  Checkpointer ckpt({.root = dir.path()});
+  BOOST_REQUIRE(ckpt.prepare_in_background(model.state(0, 1)).is_ok());
+  // fence() is a call: it waits for the background prepare, which reserved the staging.
+  BOOST_REQUIRE(ckpt.fence().is_ok());
+  const std::size_t reserved = staging_memory().current() - before;
+  BOOST_TEST(reserved >= state_bytes);
+  staging_memory().reset_peak();
+  auto pending = ckpt.async_save(1, model.state(0, 1));
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  BOOST_REQUIRE(pending->wait().is_ok());
+  // The first async save allocated nothing more.
+  BOOST_TEST(staging_memory().peak() == before + reserved);
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  Status again = ckpt.prepare_in_background(model.state(0, 1));
+  BOOST_TEST(!again.is_ok());
+  BOOST_TEST(again.message().find("prepare_in_background must be the first call") != std::string::npos,
+             again.message());
+}
+
+BOOST_AUTO_TEST_CASE(a_state_the_background_prepare_refuses_is_the_next_calls_error_once) {
+  TempDir dir;
+  UserModel model(0, 1, 2.0f);
+  Checkpointer ckpt({.root = dir.path()});
+  StateDict bad = model.state(0, 1);
+  bad.tensors[0].desc.replica_id = -1;
+  // Refused on its thread: the call itself returns at once, fine.
+  BOOST_REQUIRE(ckpt.prepare_in_background(std::move(bad)).is_ok());
+  Status first = ckpt.save(1, model.state(0, 1));
+  BOOST_TEST(!first.is_ok());
+  BOOST_TEST(first.message().find("prepare_in_background") != std::string::npos, first.message());
+  BOOST_TEST(first.message().find("negative replica id") != std::string::npos, first.message());
+  BOOST_TEST(!fs::exists(fs::path(dir.path()) / "global_step_1"));
+  // Reported once: the next call starts the Checkpointer as a first call, and saves.
+  BOOST_REQUIRE(ckpt.save(1, model.state(0, 1)).is_ok());
+  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+}
+
 BOOST_AUTO_TEST_CASE(misuse_is_a_clear_error) {
   TempDir dir;
   UserModel model(0, 1, 1.0f);

@@ -66,7 +66,7 @@ BOOST_AUTO_TEST_CASE(replicas_are_dropped_and_every_primary_kept) {
   std::set<std::string> planned;
   for (const auto& b : plan.buckets) {
     for (const auto& item : b.items) {
-      BOOST_TEST(item.desc.replica_id == 0);
+      BOOST_TEST(descs[item.tensor_index].replica_id == 0);
       BOOST_TEST(planned.insert(item.key).second);
       BOOST_TEST(item.key == descs[item.tensor_index].chunk_key());
     }
@@ -106,7 +106,7 @@ BOOST_AUTO_TEST_CASE(empty_buckets_are_handled) {
     BOOST_TEST(plan.buckets[static_cast<std::size_t>(b)].data_bytes == 0u);
     BOOST_TEST(plan.buckets[static_cast<std::size_t>(b)].header.size() == kDataAlignment);
   }
-  SavePlan none = plan_save(0, {}, 2);
+  SavePlan none = plan_save(0, std::vector<ShardedTensorDesc>{}, 2);
   BOOST_TEST(none.data_bytes() == 0u);
 }
 

@@ -448,7 +448,7 @@ BOOST_AUTO_TEST_CASE(hashes_are_taken_in_one_pass_over_pieces_of_any_size) {
     }
     for (std::size_t piece : {std::size_t{1}, std::size_t{4095}, std::size_t{65536}, data.size() + 1}) {
       std::vector<ChunkRecord> chunks;
-      BucketHasher hasher(bucket, chunks);
+      BucketHasher hasher(bucket, state, chunks);
       for (std::size_t at = 0; at < data.size(); at += piece) {
         hasher.consume(reinterpret_cast<const std::uint8_t*>(data.data()) + at, std::min(piece, data.size() - at));
       }

@@ -631,6 +631,27 @@ def test_export_writes_hugging_face_files_that_safetensors_reads(tmp_path):
     assert again.returncode == 1 and "cli" in again.stderr
 
 
+def test_a_state_given_at_construction_is_prepared_in_the_background(tmp_path):
+    state = {"w": np.arange(1 << 20, dtype=np.float32), "opt": {"lr": 0.5}}
+    with stagehand.Checkpointer(tmp_path, thread_count=2, state=state) as ckpt:
+        # The background prepare started the Checkpointer: prepare is no longer the first call.
+        with pytest.raises(stagehand.Error, match="prepare must be the first call"):
+            ckpt.prepare(state)
+        ckpt.async_save(1, state).wait()
+        state["w"] += 1
+        ckpt.async_save(2, state).wait()
+    loaded = {"w": np.zeros(1 << 20, np.float32), "opt": {"lr": 0.0}}
+    with stagehand.Checkpointer(tmp_path) as ckpt:
+        ckpt.load(loaded)
+    assert np.array_equal(loaded["w"], np.arange(1 << 20, dtype=np.float32) + 1) and loaded["opt"] == {"lr": 0.5}
+
+
+def test_a_state_at_construction_of_another_structure_than_the_saves_is_refused_by_name(tmp_path):
+    with stagehand.Checkpointer(tmp_path, state={"w": np.zeros(8, np.float32)}) as ckpt:
+        with pytest.raises(stagehand.Error, match="other tensors or shapes than at this Checkpointer's first call"):
+            ckpt.save(1, {"w": np.zeros(16, np.float32)})
+
+
 def test_prepare_as_the_first_call_then_async_saves_and_a_late_prepare_is_refused(tmp_path):
     state = {"w": np.arange(1 << 20, dtype=np.float32), "opt": {"lr": 0.5}}
     with stagehand.Checkpointer(tmp_path, thread_count=2) as ckpt:
