@@ -17,7 +17,7 @@ and their ratio (target: Stagehand's first <= 1.5x its later).
 
 --warm: on a virtual machine whose host backs guest memory at its first touch (this one:
 Firecracker), memory no process has touched since boot costs ~10x more to touch the first time
-(2.5 s for 1 GiB against 0.13 s), whichever program touches it. Touching and freeing that much
+(measured by hand: 2.5-3.0 s for 1 GiB against 0.13 s), whichever program touches it. Touching and freeing that much
 first makes each process find backed memory, as on a real host; --warm 0 measures without.
 
   python3 bench/compare_peers.py --setup          # once: torch into /work/peers-venv
@@ -33,15 +33,12 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from peer_common import parse_size as parse_bytes  # noqa: E402
+
 CASES = ("stagehand", "stagehand_state", "stagehand_sync", "dcp")
 
 
-def parse_bytes(text):
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            return int(float(text[:-len(unit)]) * scale)
-    return int(text)
 
 
 def warm(total):

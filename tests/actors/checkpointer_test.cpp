@@ -246,6 +246,20 @@ BOOST_AUTO_TEST_CASE(the_destructor_commits_a_pending_async_save) {
   BOOST_TEST(fs::exists(fs::path(dir.path()) / "global_step_7" / "policy" / "metadata.json"));
 }
 
+/// After a prepare that reserved staging since `before` (at least the state's bytes), the first
+/// async save of `model`'s state allocates nothing more, and commits step 1 in `root`.
+static void first_async_save_allocates_nothing_more(Checkpointer& ckpt, UserModel& model, std::size_t before,
+                                                    std::size_t state_bytes, const std::string& root) {
+  const std::size_t reserved = staging_memory().current() - before;
+  BOOST_TEST(reserved >= state_bytes);
+  staging_memory().reset_peak();
+  auto pending = ckpt.async_save(1, model.state(0, 1));
+  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
+  BOOST_REQUIRE(pending->wait().is_ok());
+  BOOST_TEST(staging_memory().peak() == before + reserved);
+  BOOST_TEST(**test::read_tracker(root) == 1);
+}
+
 BOOST_AUTO_TEST_CASE(prepare_reserves_the_staging_so_that_the_first_async_save_allocates_none) {
   TempDir dir;
   UserModel model(0, 1, 2.0f);
@@ -264,14 +278,7 @@ BOOST_AUTO_TEST_CASE(prepare_reserves_the_staging_so_that_the_first_async_save_a
   Checkpointer ckpt({.root = dir.path()});
   const std::size_t before = staging_memory().current();
   BOOST_REQUIRE(ckpt.prepare(model.state(0, 1)).is_ok());
-  const std::size_t reserved = staging_memory().current() - before;
-  BOOST_TEST(reserved >= state_bytes);
-  staging_memory().reset_peak();
-  auto pending = ckpt.async_save(1, model.state(0, 1));
-  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
-  BOOST_REQUIRE(pending->wait().is_ok());
-  BOOST_TEST(staging_memory().peak() == before + reserved);
-  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  first_async_save_allocates_nothing_more(ckpt, model, before, state_bytes, dir.path());
   Status again = ckpt.prepare(model.state(0, 1));
   BOOST_TEST(!again.is_ok());
   BOOST_TEST(again.message().find("prepare must be the first call") != std::string::npos, again.message());
@@ -286,15 +293,7 @@ BOOST_AUTO_TEST_CASE(prepare_in_background_reserves_the_staging_while_the_caller
   BOOST_REQUIRE(ckpt.prepare_in_background(model.state(0, 1)).is_ok());
   // fence() is a call: it waits for the background prepare, which reserved the staging.
   BOOST_REQUIRE(ckpt.fence().is_ok());
-  const std::size_t reserved = staging_memory().current() - before;
-  BOOST_TEST(reserved >= state_bytes);
-  staging_memory().reset_peak();
-  auto pending = ckpt.async_save(1, model.state(0, 1));
-  BOOST_REQUIRE_MESSAGE(pending.is_ok(), pending.status().to_string());
-  BOOST_REQUIRE(pending->wait().is_ok());
-  // The first async save allocated nothing more.
-  BOOST_TEST(staging_memory().peak() == before + reserved);
-  BOOST_TEST(**test::read_tracker(dir.path()) == 1);
+  first_async_save_allocates_nothing_more(ckpt, model, before, state_bytes, dir.path());
   Status again = ckpt.prepare_in_background(model.state(0, 1));
   BOOST_TEST(!again.is_ok());
   BOOST_TEST(again.message().find("prepare_in_background must be the first call") != std::string::npos,
