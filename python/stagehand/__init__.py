@@ -36,8 +36,10 @@ from ._stagehand import export as _export
 from ._stagehand import inspect as _inspect
 from ._stagehand import verify as _verify
 from ._stagehand import Checkpointer as _Checkpointer
+from ._stagehand import _WeightPublisher, _WeightReceiver
 
-__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "export", "inspect", "verify"]
+__all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "WeightPublisher", "WeightReceiver", "export", "inspect",
+           "verify"]
 
 
 def verify(path) -> dict:
@@ -464,6 +466,113 @@ class Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _seconds(label: str, seconds: Any) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0.001 <= seconds <= _MOST_TIMEOUT_S:
+        raise ValueError(f"{label} must be a number of seconds from 0.001 to {_MOST_TIMEOUT_S} (7 days), not {seconds!r}")
+    return float(seconds)
+
+
+class WeightPublisher:
+    """The trainer side of a weight-sync channel on one host (shared memory): one per trainer rank.
+
+    ``state`` gives this rank's tensors (numpy arrays, torch CPU tensors, ``Shard``s for blocks of
+    a global tensor, with replica ids for data-parallel copies): the ranks' blocks are planned as
+    a save plans them, so each distinct block is sent by one of its holders. Creating waits up to
+    ``connect_timeout`` seconds for the other ``world_size - 1`` ranks. ``push(step, state)``
+    sends ``state`` as version ``step`` to every receiver waiting in ``receive`` and returns a
+    report: ``{"version", "step", "bytes", "delivered": [names], "dropped": [why]}``; a receiver
+    that dies, or takes no bucket for ``receiver_timeout`` seconds, is dropped and named. Extra
+    memory: ``buckets`` x ``bucket_bytes``."""
+
+    def __init__(self, channel: str, state: dict, *, rank: int = 0, world_size: int = 1,
+                 bucket_bytes: int = 64 << 20, buckets: int = 2, receiver_timeout: float = 10.0,
+                 connect_timeout: float = 30.0):
+        bound = _Bound(state, writable=False)
+        self._impl = _WeightPublisher.create(
+            channel, int(rank), int(world_size), bound.entries, int(bucket_bytes), int(buckets),
+            _seconds("receiver_timeout", receiver_timeout), _seconds("connect_timeout", connect_timeout))
+
+    def push(self, step: int, state: dict) -> dict:
+        """Sends ``state`` (the structure given at construction; it must not change meanwhile) as
+        version ``step``; the GIL is released throughout."""
+        bound = _Bound(state, writable=False)
+        return self._impl.push(_step(step), bound.entries)
+
+    @property
+    def waiting_receivers(self) -> int:
+        """Receivers waiting in ``receive`` now (the next push serves them)."""
+        return self._impl.waiting_receivers
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank sends per version."""
+        return self._impl.sent_bytes
+
+    def close(self) -> None:
+        """Removes this rank's segment; receivers waiting on it are told so."""
+        self._impl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class WeightReceiver:
+    """The inference side of a weight-sync channel on one host: ``state`` gives this receiver's
+    tensors in its own layout (its blocks of each global tensor, any split). ``receive(state)``
+    waits for the next version of at least ``min_step`` and fills the tensors in place;
+    ``weights()`` returns ``[(name, tensor)]`` pairs in this receiver's layout instead (what vLLM's
+    ``load_weights`` takes)."""
+
+    def __init__(self, channel: str, state: dict, *, name: str | None = None, connect_timeout: float = 30.0):
+        self.name = name or f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
+        self._template = state
+        bound = _Bound(state, writable=True)
+        self._impl = _WeightReceiver.connect(channel, self.name, bound.entries,
+                                             _seconds("connect_timeout", connect_timeout))
+        self._own = None
+
+    def receive(self, state: dict, *, min_step: int = -(1 << 62), timeout: float = 60.0) -> int:
+        """Fills ``state`` (the structure given at construction) with the next version whose step is
+        at least ``min_step``; returns its step. Raises ``stagehand.Error`` naming the trainer
+        rank on a timeout, a drop (this receiver was too slow) or a closed channel."""
+        bound = _Bound(state, writable=True)
+        return self._impl.receive(bound.entries, int(min_step), _seconds("timeout", timeout))
+
+    def weights(self, *, min_step: int = -(1 << 62), timeout: float = 60.0) -> tuple[int, list]:
+        """Receives the next version into tensors of this receiver's own, made once like the
+        construction's (numpy or torch); returns ``(step, [(name, tensor)])`` in this receiver's
+        layout (a ``Shard``'s block for a sharded entry)."""
+        if self._own is None:
+            # Arrays like the template's (same type, dtype and shape), made once and reused.
+            self._own = {}
+            for name, value, is_tensor, _ in _flatten(self._template):
+                if not is_tensor:
+                    continue
+                tensor = value.tensor if isinstance(value, Shard) else value
+                made = np.empty_like(tensor) if isinstance(tensor, np.ndarray) else tensor.new_empty(tensor.shape)
+                self._own[name] = (Shard(made, value.global_shape, value.offsets, value.replica_id)
+                                   if isinstance(value, Shard) else made)
+        step = self.receive(self._own, min_step=min_step, timeout=timeout)
+        return step, [(n, v.tensor if isinstance(v, Shard) else v) for n, v in self._own.items()]
+
+    @property
+    def newest_pushed_step(self) -> int:
+        """The newest step any trainer rank finished pushing (-1 before the first)."""
+        return self._impl.newest_pushed_step
+
+    def close(self) -> None:
+        self._impl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
         self.close()
 
 

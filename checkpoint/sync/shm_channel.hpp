@@ -1,0 +1,121 @@
+#pragma once
+
+// Weight sync between processes of one host, over shared memory (POSIX shm), in versions.
+//
+// Every trainer rank owns one segment, "/stagehand-<channel>-s<rank>": its blocks' descriptors and
+// a ring of `buckets` slots of `bucket_bytes` each (the rank's extra memory: `buckets` buckets,
+// whatever the model's size). A push streams the blocks that rank sends (the save's global plan:
+// replicas split between their holders, never gathered to one rank) through the ring; every
+// receiver that asked for a version copies the parts of each bucket its own blocks overlap
+// straight into its tensors, and acknowledges the bucket. No socket and no intermediate copy on
+// the receiver's side: one copy into the ring, one out of it per receiver.
+//
+// Versions: each push carries a step. A receiver takes part in a push only while it waits in
+// receive(), so a receiver that is busy generating never slows a push, and one that joins late
+// gets the next version pushed. A push waits for a receiver at most `receiver_timeout` per bucket:
+// one that dies (its process is gone) or stays behind longer is dropped from that version and
+// named in the push's report; the others still get the version.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/status.hpp"
+
+namespace stagehand {
+
+struct WeightChannelOptions {
+  /// Bytes of one bucket (rounded up to 64).
+  std::uint64_t bucket_bytes = 64ull << 20;
+  /// Slots of the ring: pushes pipeline that many buckets ahead of the slowest receiver.
+  int buckets = 2;
+  /// Receivers one trainer rank serves at most.
+  int max_receivers = 64;
+  /// How long a push waits for one receiver to take one bucket before it drops it from the version.
+  std::chrono::milliseconds receiver_timeout{10000};
+  /// How long creating a publisher waits for the other trainer ranks' segments, and connecting a
+  /// receiver for all of them.
+  std::chrono::milliseconds connect_timeout{30000};
+};
+
+/// What one push did.
+struct PushReport {
+  std::uint64_t version = 0;
+  std::int64_t step = 0;
+  /// Bytes this rank pushed through its ring.
+  std::uint64_t bytes = 0;
+  /// Receivers (by name) that got the whole version from this rank.
+  std::vector<std::string> delivered;
+  /// Receivers dropped from this version, each with why ("'gen-1' (pid 123) died", "... took no
+  /// bucket for 10000 ms").
+  std::vector<std::string> dropped;
+};
+
+/// The trainer side of a channel: one per trainer rank.
+class ShmWeightPublisher {
+ public:
+  /// Creates rank `rank`'s segment (one left by a process that died is replaced), waits up to
+  /// `connect_timeout` for the other `world - 1` ranks' segments and plans which blocks this rank
+  /// sends. `blocks` are this rank's descriptors, with the replica ids its layout gives them.
+  /// Errors: a channel name that is not [A-Za-z0-9_.-]+, a rank outside [0, world), ranks missing
+  /// after the timeout, what the global plan refuses (naming the rank and tensor).
+  static Result<std::unique_ptr<ShmWeightPublisher>> create(const std::string& channel, int rank, int world,
+                                                            std::vector<ShardedTensorDesc> blocks,
+                                                            const WeightChannelOptions& options = {});
+  ~ShmWeightPublisher();
+  ShmWeightPublisher(const ShmWeightPublisher&) = delete;
+  ShmWeightPublisher& operator=(const ShmWeightPublisher&) = delete;
+
+  /// Pushes `state` as version `step` to every receiver now waiting in receive(). Returns when each
+  /// of them took every bucket or was dropped; it waits at most `receiver_timeout` per bucket for
+  /// one receiver. `state` must have the blocks given at creation, in host memory, and not change
+  /// while this runs.
+  Result<PushReport> push(std::int64_t step, const StateDict& state);
+
+  /// Bytes this rank sends per version (its share of the model).
+  std::uint64_t sent_bytes() const;
+
+  /// Receivers waiting in receive() now: those the next push would serve.
+  int waiting_receivers() const;
+
+  struct Impl;
+
+ private:
+  explicit ShmWeightPublisher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The inference side: one per inference rank (or per process that wants the weights).
+class ShmWeightReceiver {
+ public:
+  /// Opens every trainer rank's segment of `channel` (waiting up to `connect_timeout` for them),
+  /// checks that the trainer ranks hold each of `blocks` (same dtype and global shape) and
+  /// registers as `name` with each rank that sends a part of them.
+  static Result<std::unique_ptr<ShmWeightReceiver>> connect(const std::string& channel, const std::string& name,
+                                                            std::vector<ShardedTensorDesc> blocks,
+                                                            const WeightChannelOptions& options = {});
+  ~ShmWeightReceiver();
+  ShmWeightReceiver(const ShmWeightReceiver&) = delete;
+  ShmWeightReceiver& operator=(const ShmWeightReceiver&) = delete;
+
+  /// Waits for the next version whose step is at least `min_step` and fills `state` (the blocks
+  /// given at connect, host memory) with it in place, every rank's part of one step. Returns that
+  /// step. Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
+  /// rank that dropped this receiver (too slow) or whose process is gone; after an error the
+  /// state's contents are a mix of versions and the next receive() starts over.
+  Result<std::int64_t> receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout);
+
+  /// The newest step any trainer rank finished pushing (-1 before the first); for a staleness test.
+  std::int64_t newest_pushed_step() const;
+
+  struct Impl;
+
+ private:
+  explicit ShmWeightReceiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stagehand

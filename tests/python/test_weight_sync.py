@@ -1,0 +1,153 @@
+"""stagehand.WeightPublisher / WeightReceiver: weights from trainer ranks to receivers in another
+layout over shared memory, bit-exact, from numpy and torch tensors, across processes."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import stagehand
+
+ROWS, COLS = 64, 48
+
+
+def full(step):
+    """The whole model at `step`: every value depends on the step and the element."""
+    w = (np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS) + step * 10000).astype(np.float32)
+    b = (np.arange(COLS, dtype=np.float32) - step).astype(np.float32)
+    return {"w": w, "b": b}
+
+
+def trainer_state(rank, tp, step):
+    """Trainer rank `rank` of tensor-parallel `tp`: rows of w split, b whole (a replica on ranks > 0)."""
+    model = full(step)
+    rows = ROWS // tp
+    return {
+        "layer": {
+            "w": stagehand.Shard(np.ascontiguousarray(model["w"][rank * rows:(rank + 1) * rows]), [ROWS, COLS],
+                                 [rank * rows, 0]),
+            "b": stagehand.Shard(model["b"].copy(), [COLS], [0], replica_id=0 if rank == 0 else 1),
+        }
+    }
+
+
+def channel(what):
+    return f"pytest-{what}-{os.getpid()}"
+
+
+def serve(name, tp, steps, done, errors, waiting=None):
+    """Trainer ranks in threads: rank r pushes every step once `waiting[r]` receivers wait (default
+    1 each; a rank that sends a receiver nothing does not serve it)."""
+    waiting = waiting or [1] * tp
+    def rank_main(rank):
+        try:
+            with stagehand.WeightPublisher(name, trainer_state(rank, tp, 0), rank=rank, world_size=tp,
+                                           bucket_bytes=4096) as pub:
+                for step in steps:
+                    deadline = time.monotonic() + 30
+                    while pub.waiting_receivers < waiting[rank]:
+                        assert time.monotonic() < deadline, "no receiver came"
+                        time.sleep(0.001)
+                    report = pub.push(step, trainer_state(rank, tp, step))
+                    assert report["dropped"] == [], report
+                    assert len(report["delivered"]) == waiting[rank], report
+                done.wait(30)
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(tp)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact():
+    name = channel("numpy")
+    done, errors = threading.Event(), []
+    threads = serve(name, 2, [3, 4], done, errors)
+    try:
+        # The receiver's layout: w split by columns into 2, this receiver holding the second half.
+        state = {"layer": {"w": stagehand.Shard(np.zeros((ROWS, COLS // 2), np.float32), [ROWS, COLS],
+                                                [0, COLS // 2]),
+                           "b": np.zeros(COLS, np.float32)}}
+        rx = stagehand.WeightReceiver(name, state, name="gen-0")
+        for step in (3, 4):
+            assert rx.receive(state, min_step=step, timeout=30) == step
+            np.testing.assert_array_equal(state["layer"]["w"].tensor, full(step)["w"][:, COLS // 2:])
+            np.testing.assert_array_equal(state["layer"]["b"], full(step)["b"])
+        assert rx.newest_pushed_step >= 3
+        rx.close()
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+def test_weights_returns_name_tensor_pairs_in_the_receivers_layout():
+    name = channel("pairs")
+    done, errors = threading.Event(), []
+    threads = serve(name, 2, [7], done, errors)
+    try:
+        template = {"layer.w": np.zeros((ROWS, COLS), np.float32), "layer.b": np.zeros(COLS, np.float32)}
+        rx = stagehand.WeightReceiver(name, template)
+        step, pairs = rx.weights(timeout=30)
+        assert step == 7
+        got = dict(pairs)
+        assert sorted(got) == ["layer.b", "layer.w"]
+        np.testing.assert_array_equal(got["layer.w"], full(7)["w"])
+        np.testing.assert_array_equal(got["layer.b"], full(7)["b"])
+        assert not np.shares_memory(got["layer.w"], template["layer.w"])  # its own arrays
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+def test_a_torch_receiver_in_another_process_gets_the_weights():
+    torch = pytest.importorskip("torch")
+    name = channel("torch")
+    done, errors = threading.Event(), []
+    # Rows 16-31 of w lie on rank 0, which also sends b: rank 1 sends this receiver nothing.
+    threads = serve(name, 2, [2], done, errors, waiting=[1, 0])
+    child = f"""
+import sys, numpy as np, torch, stagehand
+state = {{"layer": {{"w": stagehand.Shard(torch.zeros({ROWS // 4}, {COLS}), [{ROWS}, {COLS}], [{ROWS // 4}, 0]),
+                     "b": torch.zeros({COLS})}}}}
+rx = stagehand.WeightReceiver({name!r}, state, name="torch-gen")
+print(rx.receive(state, min_step=2, timeout=30))
+np.save(sys.argv[1], state["layer"]["w"].tensor.numpy())
+"""
+    try:
+        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"{name}.npy")
+        proc = subprocess.run([sys.executable, "-c", child, out], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "2"
+        np.testing.assert_array_equal(np.load(out), full(2)["w"][ROWS // 4:ROWS // 2])
+        os.remove(out)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    del torch
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(stagehand.Error, match="channel name 'a b'"):
+        stagehand.WeightPublisher("a b", {"w": np.zeros(4, np.float32)})
+    with pytest.raises(ValueError, match="receiver_timeout must be a number of seconds"):
+        stagehand.WeightPublisher("x", {"w": np.zeros(4, np.float32)}, receiver_timeout=0)
+    name = channel("bad")
+    with stagehand.WeightPublisher(name, {"w": np.zeros(4, np.float32)}) as pub:
+        with pytest.raises(stagehand.Error, match="tensor 'v' is held by no trainer rank"):
+            stagehand.WeightReceiver(name, {"v": np.zeros(4, np.float32)})
+        rx = stagehand.WeightReceiver(name, {"w": np.zeros(4, np.float32)})
+        with pytest.raises(stagehand.Error, match="waited in vain for a version of trainer rank 0"):
+            rx.receive({"w": np.zeros(4, np.float32)}, timeout=0.05)
+        with pytest.raises(stagehand.Error, match="other tensors or shapes"):
+            pub.push(1, {"w": np.zeros(5, np.float32)})
