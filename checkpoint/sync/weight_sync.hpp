@@ -9,8 +9,8 @@
 //
 // This is the planning and the in-process transport (every receiver in the senders' process:
 // a copy from each sent block straight into each receiver's tensor, no intermediate buffer).
-// Versions, shared memory between processes, TCP and the device path are not built yet
-// (docs/weight_sync.md).
+// Between processes of one host, in versions: shm_channel.hpp. TCP and the device path are not
+// built yet (docs/weight_sync.md).
 
 #include <cstdint>
 #include <vector>
