@@ -25,8 +25,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from peer_common import PeakSampler  # noqa: E402
 
 SYSTEMS = ("stagehand", "dcp")
 
@@ -42,29 +44,6 @@ def parse_bytes(text):
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakSampler:
-    """The highest RSS seen while it runs, sampled every 2 ms."""
-
-    def __init__(self):
-        self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.002)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
 
 
 def make_state(count, total):
@@ -90,7 +69,7 @@ def worker(system, count, total, threads, folder):
         import stagehand
         ckpt = stagehand.Checkpointer(folder, thread_count=threads)
         before = rss_bytes()
-        with PeakSampler() as peak:
+        with PeakSampler(rss_bytes) as peak:
             start = time.perf_counter()
             ckpt.save(1, {"model": state})
             save_s = time.perf_counter() - start
@@ -100,7 +79,7 @@ def worker(system, count, total, threads, folder):
         import torch.distributed.checkpoint as dcp
         target = os.path.join(folder, "step1")
         before = rss_bytes()
-        with PeakSampler() as peak:
+        with PeakSampler(rss_bytes) as peak:
             start = time.perf_counter()
             dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(target, thread_count=threads))
             save_s = time.perf_counter() - start

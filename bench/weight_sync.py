@@ -28,44 +28,13 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from peer_common import parse_size  # noqa: E402
+from peer_common import PeakSampler, anon_rss_bytes, parse_size  # noqa: E402
 
 METHODS = ("stagehand", "raw", "raw_read", "gather_bcast")
 TRAINERS = 2
-
-
-def anon_rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class PeakAnon:
-    def __init__(self):
-        self.base = anon_rss()
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, anon_rss())
-            time.sleep(0.002)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, anon_rss())
 
 
 def worker(rank, world, receivers, args, port, results):
@@ -114,7 +83,7 @@ def worker(rank, world, receivers, args, port, results):
                     if time.monotonic() > deadline:
                         raise RuntimeError("receivers never waited")
                     time.sleep(0.0002)
-                with PeakAnon() as peak:
+                with PeakSampler(anon_rss_bytes) as peak:
                     report = pub.push(step, state)
                 if report["dropped"] or len(report["delivered"]) != receivers:
                     raise RuntimeError(f"push: {report}")

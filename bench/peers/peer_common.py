@@ -48,12 +48,48 @@ def state_bytes(bytes_per_rank, tensors):
     return sum(rows * cols * dict(DTYPES)[dtype] for _, dtype, rows, cols, _ in tensor_specs(bytes_per_rank, tensors))
 
 
-def rss_bytes():
+def status_bytes(field):
+    """A size field of /proc/self/status ("VmRSS", "RssAnon", ...) in bytes; 0 if absent."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_bytes():
+    return status_bytes("VmRSS")
+
+
+def anon_rss_bytes():
+    """Anonymous RSS (heap, not shared memory nor files mapped)."""
+    return status_bytes("RssAnon")
+
+
+class PeakSampler:
+    """The highest `read()` seen while it runs (every 2 ms); `base` is the value when it began."""
+
+    def __init__(self, read=rss_bytes):
+        import threading
+
+        self._read = read
+        self.base = self.peak = read()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._read())
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._read())
 
 
 def max_rss_bytes():

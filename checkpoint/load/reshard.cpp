@@ -16,6 +16,13 @@ Shape row_major_strides(const Shape& shape) {
   return stride;
 }
 
+ChunkMeta chunk_of(const ShardedTensorDesc& block) {
+  ChunkMeta chunk;
+  chunk.offsets = block.global_offset;
+  chunk.shape = block.local_shape;
+  return chunk;
+}
+
 std::int64_t overlap_numel(const ChunkMeta& chunk, const ShardedTensorDesc& block) {
   std::int64_t n = 1;
   for (std::size_t i = 0; i < block.local_shape.rank(); ++i) {

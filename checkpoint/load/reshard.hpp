@@ -20,6 +20,10 @@ Shape row_major_strides(const Shape& shape);
 /// Elements of `block` that `chunk` holds; 0 when they do not overlap.
 std::int64_t overlap_numel(const ChunkMeta& chunk, const ShardedTensorDesc& block);
 
+/// A live block seen as a chunk of the geometry above (its offsets and shape; no file): what a
+/// weight sync cuts receiver blocks by.
+ChunkMeta chunk_of(const ShardedTensorDesc& block);
+
 /// Where `chunk` lands in `block`'s memory, in elements, when all of it fills one contiguous
 /// run there: it lies inside the block, and before the last dimension in which it is narrower
 /// than the block it is one element wide (the same shape, or a run of whole rows).

@@ -383,7 +383,7 @@ struct ShmWeightReceiver::Impl {
             if (x >= y) continue;
             const std::size_t elem = dtype_size(from.dtype);
             ShardedTensor& to = state.tensors[part.block];
-            if (!copy_overlap_part(as_chunk(from), to.desc, elem, static_cast<std::int64_t>((x - o) / elem),
+            if (!copy_overlap_part(chunk_of(from), to.desc, elem, static_cast<std::int64_t>((x - o) / elem),
                                    static_cast<std::int64_t>((y - o) / elem),
                                    reinterpret_cast<const std::uint8_t*>(src + (x - begin)),
                                    static_cast<std::uint8_t*>(to.tensor.data()), to.tensor.device())) {
@@ -464,7 +464,7 @@ Result<std::unique_ptr<ShmWeightReceiver>> ShmWeightReceiver::connect(const std:
                          std::string(dtype_name(from.dtype)) + " " + from.global_shape.to_string());
         }
         held[j] = true;
-        const std::int64_t n = overlap_numel(as_chunk(from), block);
+        const std::int64_t n = overlap_numel(chunk_of(from), block);
         if (n == 0) continue;
         covered[j] += n;
         rank.parts.push_back({s, j});

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "stagehand/checkpoint/metadata/metadata.hpp"
+#include "stagehand/checkpoint/save/planner.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
 
@@ -263,13 +263,6 @@ inline std::vector<std::uint64_t> stream_offsets(const std::vector<ShardedTensor
   }
   *total = at_byte;
   return offsets;
-}
-
-inline ChunkMeta as_chunk(const ShardedTensorDesc& d) {
-  ChunkMeta chunk;
-  chunk.offsets = d.global_offset;
-  chunk.shape = d.local_shape;
-  return chunk;
 }
 
 inline Status check_host_state(const StateDict& state, std::uint64_t signature, const std::string& who) {

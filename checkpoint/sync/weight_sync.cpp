@@ -14,14 +14,6 @@ namespace stagehand {
 
 namespace {
 
-/// A sender block as the resharding geometry sees a saved chunk.
-ChunkMeta as_chunk(const ShardedTensorDesc& d) {
-  ChunkMeta chunk;
-  chunk.offsets = d.global_offset;
-  chunk.shape = d.local_shape;
-  return chunk;
-}
-
 Status invalid(const std::string& why) { return {ErrorCode::invalid_argument, "weight sync: " + why}; }
 
 }  // namespace
@@ -72,7 +64,7 @@ Result<WeightSyncPlan> plan_weight_sync(const std::vector<std::vector<ShardedTen
       }
       std::int64_t covered = 0;
       for (const Sent& s : found->second) {
-        const std::int64_t n = overlap_numel(as_chunk(senders[s.sender][s.index]), block);
+        const std::int64_t n = overlap_numel(chunk_of(senders[s.sender][s.index]), block);
         if (n == 0) continue;
         covered += n;
         plan.transfers.push_back({s.sender, s.index, static_cast<int>(q), j,
@@ -132,7 +124,7 @@ Status sync_in_process(const WeightSyncPlan& plan, const std::vector<const State
       for (const SyncTransfer* t : by_receiver[q]) {
         const ShardedTensor& from = senders[static_cast<std::size_t>(t->sender)]->tensors[t->sender_tensor];
         ShardedTensor& to = receivers[q]->tensors[t->receiver_tensor];
-        const ChunkMeta chunk = as_chunk(from.desc);
+        const ChunkMeta chunk = chunk_of(from.desc);
         if (!copy_overlap_part(chunk, to.desc, dtype_size(to.desc.dtype), 0, chunk.shape.numel(),
                                static_cast<const std::uint8_t*>(from.tensor.data()),
                                static_cast<std::uint8_t*>(to.tensor.data()), to.tensor.device())) {

@@ -26,129 +26,19 @@
 #include "stagehand/checkpoint/interop/export.hpp"
 #include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/checkpoint/load/verify.hpp"
-#include "stagehand/checkpoint/sync/shm_channel.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"
 #include "stagehand/core/dtype.hpp"
 #include "stagehand/core/xxh3.hpp"
 
+#include "binding_common.hpp"
+
 namespace nb = nanobind;
 using namespace stagehand;
+using namespace stagehand_python;
 
 namespace {
-
-/// What a failed Status becomes: stagehand.Error (a RuntimeError) with the C++ message.
-struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(const Status& st) {
-  if (!st.is_ok()) throw Error(st.to_string());
-}
-
-/// Saves read an array (read-only ones too: np.load(mmap_mode="r")); loads write into one.
-using ReadArray = nb::ndarray<nb::ro, nb::c_contig>;
-using WriteArray = nb::ndarray<nb::c_contig>;
-
-/// The dtypes that cross DLPack as they are: its type code and bits for each.
-struct DlpackDtype {
-  nb::dlpack::dtype_code code;
-  int bits;
-  DType dtype;
-};
-constexpr DlpackDtype kDlpackDtypes[] = {
-    {nb::dlpack::dtype_code::Float, 64, DType::f64}, {nb::dlpack::dtype_code::Float, 32, DType::f32},
-    {nb::dlpack::dtype_code::Float, 16, DType::f16}, {nb::dlpack::dtype_code::Bfloat, 16, DType::bf16},
-    {nb::dlpack::dtype_code::Int, 64, DType::i64},   {nb::dlpack::dtype_code::Int, 32, DType::i32},
-    {nb::dlpack::dtype_code::Int, 16, DType::i16},   {nb::dlpack::dtype_code::Int, 8, DType::i8},
-    {nb::dlpack::dtype_code::UInt, 64, DType::u64},  {nb::dlpack::dtype_code::UInt, 32, DType::u32},
-    {nb::dlpack::dtype_code::UInt, 16, DType::u16},  {nb::dlpack::dtype_code::UInt, 8, DType::u8},
-    {nb::dlpack::dtype_code::Bool, 8, DType::boolean}};
-
-std::optional<DType> dtype_of(nb::dlpack::dtype t) {
-  if (t.lanes != 1) return std::nullopt;
-  for (const DlpackDtype& k : kDlpackDtypes) {
-    if (static_cast<nb::dlpack::dtype_code>(t.code) == k.code && t.bits == k.bits) return k.dtype;
-  }
-  return std::nullopt;
-}
-
-/// One tensor of a rank's state: the array's memory (not copied) and where it lies in its global
-/// tensor. The entry owns the array's DLPack capsule: a producer may export a copy of its data,
-/// which lives only as long as the capsule (the Python layer keeps the entries, and the objects
-/// they came from, alive as long as a save or load may use them).
-struct Entry {
-  ShardedTensor tensor;
-  nb::ndarray<> owner;
-};
-
-template <class Array>
-Entry make_entry(const std::string& name, Array array, const std::string& dtype_name, std::vector<std::int64_t> global_shape,
-                 std::vector<std::int64_t> offsets, int replica_id) {
-  DType dtype;
-  if (dtype_name.empty()) {
-    auto found = dtype_of(array.dtype());
-    if (!found) {
-      throw nb::type_error(("tensor '" + name + "': its dtype (DLPack code " + std::to_string(array.dtype().code) +
-                            ", " + std::to_string(array.dtype().bits) + " bits) is not one Stagehand saves")
-                               .c_str());
-    }
-    dtype = *found;
-  } else {
-    auto found = dtype_from_name(dtype_name);
-    if (!found) throw nb::type_error(("tensor '" + name + "': unknown dtype '" + dtype_name + "'").c_str());
-    dtype = *found;
-    if (array.itemsize() != dtype_size(dtype)) {
-      throw nb::type_error(("tensor '" + name + "': elements of " + std::to_string(array.itemsize()) +
-                            " bytes cannot hold " + dtype_name)
-                               .c_str());
-    }
-  }
-  std::vector<std::int64_t> dims(array.ndim());
-  for (std::size_t d = 0; d < array.ndim(); ++d) dims[d] = static_cast<std::int64_t>(array.shape(d));
-  Device device = Device::host();
-  if (array.device_type() == nb::device::cuda::value) {
-    // Without a GPU this process copies with the host engine, which would read the device
-    // pointer as host memory: refused here, naming the tensor and why no GPU is used.
-    const DeviceInfo& info = device_info();
-    if (array.device_id() < 0 || array.device_id() >= info.gpu_count) {
-      throw Error("tensor '" + name + "' is on CUDA device " + std::to_string(array.device_id()) + ", but this process uses " +
-                  std::to_string(info.gpu_count) + " GPU(s)" + (info.reason.empty() ? "" : " (" + info.reason + ")") +
-                  ": move it to host memory (.cpu()) or run where the GPU is visible");
-    }
-    device = Device::cuda(array.device_id());
-  } else if (array.device_type() != nb::device::cpu::value) {
-    throw nb::type_error(("tensor '" + name + "': only host and CUDA memory can be saved").c_str());
-  }
-  const Shape shape{std::span<const std::int64_t>(dims)};
-  // A save only reads through the pointer (ReadArray); a load writes through a WriteArray's.
-  auto wrapped = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(array.data())), dtype, shape, device);
-  check(wrapped.status().with_context("tensor '" + name + "'"));
-  Entry entry;
-  entry.tensor.desc.name = name;
-  entry.tensor.desc.dtype = dtype;
-  entry.tensor.desc.local_shape = shape;
-  // A whole tensor: its own shape, at offset 0.
-  if (global_shape.empty() && offsets.empty()) {
-    global_shape = dims;
-    offsets.assign(dims.size(), 0);
-  }
-  entry.tensor.desc.global_shape = Shape{std::span<const std::int64_t>(global_shape)};
-  entry.tensor.desc.global_offset = Shape{std::span<const std::int64_t>(offsets)};
-  entry.tensor.desc.replica_id = replica_id;
-  entry.tensor.tensor = std::move(*wrapped);
-  entry.owner = nb::ndarray<>(array);
-  return entry;
-}
-
-StateDict state_of(const std::vector<const Entry*>& entries, const std::map<std::string, std::string>& objects) {
-  StateDict state;
-  state.tensors.reserve(entries.size());
-  for (const Entry* e : entries) state.tensors.push_back(e->tensor);
-  state.objects = objects;
-  return state;
-}
 
 /// Resolves `path` (a root, through its tracker, or one step folder) on the default file system
 /// and runs `read(fs, dir)` on the folder, the GIL released throughout.
@@ -550,83 +440,5 @@ NB_MODULE(_stagehand, m) {
       .def_prop_ro("rank", [](const PyCheckpointer& self) { return self.rank; })
       .def_prop_ro("world_size", [](const PyCheckpointer& self) { return self.world_size; });
 
-  // Weight sync over shared memory (stagehand.WeightPublisher / WeightReceiver wrap these).
-  auto channel_options = [](std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s,
-                            double connect_timeout_s) {
-    WeightChannelOptions o;
-    o.bucket_bytes = bucket_bytes;
-    o.buckets = buckets;
-    o.receiver_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(receiver_timeout_s * 1000));
-    o.connect_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
-    return o;
-  };
-  auto descs_of = [](const std::vector<const Entry*>& entries) {
-    std::vector<ShardedTensorDesc> descs;
-    descs.reserve(entries.size());
-    for (const Entry* e : entries) descs.push_back(e->tensor.desc);
-    return descs;
-  };
-  nb::class_<ShmWeightPublisher>(m, "_WeightPublisher")
-      .def_static(
-          "create",
-          [=](const std::string& channel, int rank, int world, const std::vector<const Entry*>& entries,
-              std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s, double connect_timeout_s) {
-            std::vector<ShardedTensorDesc> descs = descs_of(entries);
-            Result<std::unique_ptr<ShmWeightPublisher>> made = Status{ErrorCode::internal, "not run"};
-            {
-              nb::gil_scoped_release release;
-              made = ShmWeightPublisher::create(channel, rank, world, std::move(descs),
-                                                channel_options(bucket_bytes, buckets, receiver_timeout_s,
-                                                                connect_timeout_s));
-            }
-            check(made.status());
-            return std::move(*made);
-          })
-      .def(
-          "push",
-          [](ShmWeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries) {
-            Result<PushReport> report = Status{ErrorCode::internal, "not run"};
-            {
-              nb::gil_scoped_release release;
-              report = self.push(step, state_of(entries, {}));
-            }
-            check(report.status());
-            nb::dict out;
-            out["version"] = report->version;
-            out["step"] = report->step;
-            out["bytes"] = report->bytes;
-            out["delivered"] = report->delivered;
-            out["dropped"] = report->dropped;
-            return out;
-          })
-      .def_prop_ro("waiting_receivers", &ShmWeightPublisher::waiting_receivers)
-      .def_prop_ro("sent_bytes", &ShmWeightPublisher::sent_bytes);
-  nb::class_<ShmWeightReceiver>(m, "_WeightReceiver")
-      .def_static("connect",
-                  [=](const std::string& channel, const std::string& name, const std::vector<const Entry*>& entries,
-                      double connect_timeout_s) {
-                    std::vector<ShardedTensorDesc> descs = descs_of(entries);
-                    Result<std::unique_ptr<ShmWeightReceiver>> made = Status{ErrorCode::internal, "not run"};
-                    {
-                      nb::gil_scoped_release release;
-                      made = ShmWeightReceiver::connect(channel, name, std::move(descs),
-                                                        channel_options(64, 2, 1.0, connect_timeout_s));
-                    }
-                    check(made.status());
-                    return std::move(*made);
-                  })
-      .def(
-          "receive",
-          [](ShmWeightReceiver& self, const std::vector<const Entry*>& entries, std::int64_t min_step,
-             double timeout_s) {
-            StateDict state = state_of(entries, {});
-            Result<std::int64_t> got = Status{ErrorCode::internal, "not run"};
-            {
-              nb::gil_scoped_release release;
-              got = self.receive(state, min_step, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
-            }
-            check(got.status());
-            return *got;
-          })
-      .def_prop_ro("newest_pushed_step", &ShmWeightReceiver::newest_pushed_step);
+  bind_weight_sync(m);
 }

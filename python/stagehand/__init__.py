@@ -475,7 +475,23 @@ def _seconds(label: str, seconds: Any) -> float:
     return float(seconds)
 
 
-class WeightPublisher:
+class _Closing:
+    """close() drops the C++ object (a publisher's segment is removed; receivers waiting on it are
+    told so); usable in a ``with`` block."""
+
+    _impl: Any = None
+
+    def close(self) -> None:
+        self._impl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class WeightPublisher(_Closing):
     """The trainer side of a weight-sync channel on one host (shared memory): one per trainer rank.
 
     ``state`` gives this rank's tensors (numpy arrays, torch CPU tensors, ``Shard``s for blocks of
@@ -511,18 +527,9 @@ class WeightPublisher:
         """Bytes this rank sends per version."""
         return self._impl.sent_bytes
 
-    def close(self) -> None:
-        """Removes this rank's segment; receivers waiting on it are told so."""
-        self._impl = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
-class WeightReceiver:
+class WeightReceiver(_Closing):
     """The inference side of a weight-sync channel on one host: ``state`` gives this receiver's
     tensors in its own layout (its blocks of each global tensor, any split). ``receive(state)``
     waits for the next version of at least ``min_step`` and fills the tensors in place;
@@ -566,14 +573,6 @@ class WeightReceiver:
         """The newest step any trainer rank finished pushing (-1 before the first)."""
         return self._impl.newest_pushed_step
 
-    def close(self) -> None:
-        self._impl = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _set_path(state: dict, path: list, value: Any) -> None:

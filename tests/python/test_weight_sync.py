@@ -1,6 +1,7 @@
 """stagehand.WeightPublisher / WeightReceiver: weights from trainer ranks to receivers in another
 layout over shared memory, bit-exact, from numpy and torch tensors, across processes."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -64,11 +65,23 @@ def serve(name, tp, steps, done, errors, waiting=None):
     return threads
 
 
+@contextlib.contextmanager
+def serving(name, tp, steps, waiting=None):
+    """serve() for the block's length; the publishers' errors are checked after it."""
+    done, errors = threading.Event(), []
+    threads = serve(name, tp, steps, done, errors, waiting)
+    try:
+        yield
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
 def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact():
     name = channel("numpy")
-    done, errors = threading.Event(), []
-    threads = serve(name, 2, [3, 4], done, errors)
-    try:
+    with serving(name, 2, [3, 4]):
         # The receiver's layout: w split by columns into 2, this receiver holding the second half.
         state = {"layer": {"w": stagehand.Shard(np.zeros((ROWS, COLS // 2), np.float32), [ROWS, COLS],
                                                 [0, COLS // 2]),
@@ -80,18 +93,11 @@ def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact():
             np.testing.assert_array_equal(state["layer"]["b"], full(step)["b"])
         assert rx.newest_pushed_step >= 3
         rx.close()
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
-    assert errors == []
 
 
 def test_weights_returns_name_tensor_pairs_in_the_receivers_layout():
     name = channel("pairs")
-    done, errors = threading.Event(), []
-    threads = serve(name, 2, [7], done, errors)
-    try:
+    with serving(name, 2, [7]):
         template = {"layer.w": np.zeros((ROWS, COLS), np.float32), "layer.b": np.zeros(COLS, np.float32)}
         rx = stagehand.WeightReceiver(name, template)
         step, pairs = rx.weights(timeout=30)
@@ -101,19 +107,11 @@ def test_weights_returns_name_tensor_pairs_in_the_receivers_layout():
         np.testing.assert_array_equal(got["layer.w"], full(7)["w"])
         np.testing.assert_array_equal(got["layer.b"], full(7)["b"])
         assert not np.shares_memory(got["layer.w"], template["layer.w"])  # its own arrays
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
-    assert errors == []
 
 
 def test_a_torch_receiver_in_another_process_gets_the_weights():
     torch = pytest.importorskip("torch")
     name = channel("torch")
-    done, errors = threading.Event(), []
-    # Rows 16-31 of w lie on rank 0, which also sends b: rank 1 sends this receiver nothing.
-    threads = serve(name, 2, [2], done, errors, waiting=[1, 0])
     child = f"""
 import sys, numpy as np, torch, stagehand
 state = {{"layer": {{"w": stagehand.Shard(torch.zeros({ROWS // 4}, {COLS}), [{ROWS}, {COLS}], [{ROWS // 4}, 0]),
@@ -122,18 +120,14 @@ rx = stagehand.WeightReceiver({name!r}, state, name="torch-gen")
 print(rx.receive(state, min_step=2, timeout=30))
 np.save(sys.argv[1], state["layer"]["w"].tensor.numpy())
 """
-    try:
+    # Rows 16-31 of w lie on rank 0, which also sends b: rank 1 sends this receiver nothing.
+    with serving(name, 2, [2], waiting=[1, 0]):
         out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"{name}.npy")
         proc = subprocess.run([sys.executable, "-c", child, out], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "2"
         np.testing.assert_array_equal(np.load(out), full(2)["w"][ROWS // 4:ROWS // 2])
         os.remove(out)
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
-    assert errors == []
     del torch
 
 

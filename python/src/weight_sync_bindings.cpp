@@ -1,0 +1,97 @@
+// The weight-sync channel's classes: stagehand.WeightPublisher / WeightReceiver wrap these.
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+
+#include "binding_common.hpp"
+#include "stagehand/checkpoint/sync/shm_channel.hpp"
+
+namespace stagehand_python {
+
+void bind_weight_sync(nb::module_& m) {
+  auto channel_options = [](std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s,
+                            double connect_timeout_s) {
+    WeightChannelOptions o;
+    o.bucket_bytes = bucket_bytes;
+    o.buckets = buckets;
+    o.receiver_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(receiver_timeout_s * 1000));
+    o.connect_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
+    return o;
+  };
+  auto descs_of = [](const std::vector<const Entry*>& entries) {
+    std::vector<ShardedTensorDesc> descs;
+    descs.reserve(entries.size());
+    for (const Entry* e : entries) descs.push_back(e->tensor.desc);
+    return descs;
+  };
+  nb::class_<ShmWeightPublisher>(m, "_WeightPublisher")
+      .def_static(
+          "create",
+          [=](const std::string& channel, int rank, int world, const std::vector<const Entry*>& entries,
+              std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s, double connect_timeout_s) {
+            std::vector<ShardedTensorDesc> descs = descs_of(entries);
+            Result<std::unique_ptr<ShmWeightPublisher>> made = Status{ErrorCode::internal, "not run"};
+            {
+              nb::gil_scoped_release release;
+              made = ShmWeightPublisher::create(channel, rank, world, std::move(descs),
+                                                channel_options(bucket_bytes, buckets, receiver_timeout_s,
+                                                                connect_timeout_s));
+            }
+            check(made.status());
+            return std::move(*made);
+          })
+      .def(
+          "push",
+          [](ShmWeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries) {
+            Result<PushReport> report = Status{ErrorCode::internal, "not run"};
+            {
+              nb::gil_scoped_release release;
+              report = self.push(step, state_of(entries, {}));
+            }
+            check(report.status());
+            nb::dict out;
+            out["version"] = report->version;
+            out["step"] = report->step;
+            out["bytes"] = report->bytes;
+            out["delivered"] = report->delivered;
+            out["dropped"] = report->dropped;
+            return out;
+          })
+      .def_prop_ro("waiting_receivers", &ShmWeightPublisher::waiting_receivers)
+      .def_prop_ro("sent_bytes", &ShmWeightPublisher::sent_bytes);
+  nb::class_<ShmWeightReceiver>(m, "_WeightReceiver")
+      .def_static("connect",
+                  [descs_of](const std::string& channel, const std::string& name, const std::vector<const Entry*>& entries,
+                      double connect_timeout_s) {
+                    std::vector<ShardedTensorDesc> descs = descs_of(entries);
+                    Result<std::unique_ptr<ShmWeightReceiver>> made = Status{ErrorCode::internal, "not run"};
+                    {
+                      nb::gil_scoped_release release;
+                      WeightChannelOptions options;  // a receiver uses only the connect timeout
+                      options.connect_timeout =
+                          std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
+                      made = ShmWeightReceiver::connect(channel, name, std::move(descs), options);
+                    }
+                    check(made.status());
+                    return std::move(*made);
+                  })
+      .def(
+          "receive",
+          [](ShmWeightReceiver& self, const std::vector<const Entry*>& entries, std::int64_t min_step,
+             double timeout_s) {
+            StateDict state = state_of(entries, {});
+            Result<std::int64_t> got = Status{ErrorCode::internal, "not run"};
+            {
+              nb::gil_scoped_release release;
+              got = self.receive(state, min_step, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
+            }
+            check(got.status());
+            return *got;
+          })
+      .def_prop_ro("newest_pushed_step", &ShmWeightReceiver::newest_pushed_step);
+}
+
+}  // namespace stagehand_python
