@@ -70,10 +70,10 @@ Result<double> DispatchClient::evaluate() {
   return call<double>(system_, dispatch_, timeout_, timeout_setting_, eval_atom::value);
 }
 
-Status DispatchClient::export_weights(std::int64_t version) {
+Status DispatchClient::export_weights(std::int64_t version, std::int32_t wait_for) {
   caf::scoped_actor self{system_};
   Status st;
-  self->request(dispatch_, timeout_, export_atom::value, version)
+  self->request(dispatch_, timeout_, export_atom::value, version, wait_for)
       .receive([] {}, [&](caf::error& err) { st = call_error(err, timeout_, timeout_setting_); });
   return st;
 }

@@ -61,8 +61,10 @@ class DispatchClient {
 
   Result<StepMetrics> train(TrainOrder order);
   Result<double> evaluate();
-  /// Publishes the current weights as `version` for generators.
-  Status export_weights(std::int64_t version);
+  /// Publishes the current weights as `version`: through each Worker's weight-sync publisher
+  /// when it has one (a push in the background that first waits for `wait_for` receivers),
+  /// else through the model's own export_weights().
+  Status export_weights(std::int64_t version, std::int32_t wait_for = 0);
 
   const dispatch_actor& dispatch() const { return dispatch_; }
 

@@ -92,7 +92,9 @@ class Model : public Checkpointable {
   /// state), so that a save's background staging overlaps the forward and backward passes.
   virtual bool fences_itself() const { return false; }
 
-  /// Publishes this rank's part of the current weights as `version` for generators.
+  /// Publishes this rank's part of the current weights as `version` for generators by the
+  /// model's own means (weight_sync.transport collective). A Worker with a weight-sync
+  /// publisher (WeightPublishing, actors/worker.hpp) pushes its state's tensors instead.
   virtual Status export_weights(std::int64_t version) = 0;
 
   /// Greedy accuracy on held-out data, the same on every rank.

@@ -172,7 +172,7 @@ using coordinator_actor = caf::typed_actor<
 using worker_actor = caf::typed_actor<
     caf::replies_to<train_atom, TrainOrder>::with<StepMetrics>,
     caf::replies_to<eval_atom>::with<double>,
-    caf::reacts_to<export_atom, std::int64_t>,
+    caf::reacts_to<export_atom, std::int64_t, std::int32_t>,
     caf::replies_to<fence_atom>::with<double>,
     caf::replies_to<save_atom, SaveCall>::with<SaveAck>,
     caf::replies_to<finalize_atom>::with<bool>,
@@ -187,7 +187,7 @@ using worker_actor = caf::typed_actor<
 using dispatch_actor = caf::typed_actor<
     caf::replies_to<train_atom, TrainOrder>::with<StepMetrics>,
     caf::replies_to<eval_atom>::with<double>,
-    caf::reacts_to<export_atom, std::int64_t>,
+    caf::reacts_to<export_atom, std::int64_t, std::int32_t>,
     caf::replies_to<fence_atom>::with<double>,
     caf::replies_to<save_atom, SaveCall>::with<SaveResult>,
     caf::replies_to<finalize_atom>::with<FinalizeResult>,

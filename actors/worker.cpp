@@ -2,7 +2,10 @@
 
 #include <caf/all.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include <exception>
+#include <future>
 #include <optional>
 
 #include "stagehand/checkpoint/save/planner.hpp"
@@ -14,13 +17,16 @@ namespace {
 class Worker : public worker_actor::base {
  public:
   Worker(caf::actor_config& cfg, std::unique_ptr<Checkpointable> owned, int rank, coordinator_actor coordinator,
-         std::chrono::milliseconds call_timeout)
+         std::chrono::milliseconds call_timeout, std::shared_ptr<StagingFence> fence,
+         std::optional<WeightPublishing> publishing)
       : worker_actor::base(cfg),
         owned_(std::move(owned)),
         model_(dynamic_cast<Model*>(owned_.get())),
         rank_(rank),
         coordinator_(std::move(coordinator)),
-        timeout_(call_timeout) {}
+        timeout_(call_timeout),
+        fence_(std::move(fence)),
+        publishing_(std::move(publishing)) {}
 
   behavior_type make_behavior() override {
     return {
@@ -39,9 +45,9 @@ class Worker : public worker_actor::base {
           return *metrics;
         },
         [this](fence_atom) -> double { return owned_->fence(); },
-        [this](export_atom, std::int64_t version) -> caf::result<void> {
+        [this](export_atom, std::int64_t version, std::int32_t wait_for) -> caf::result<void> {
           if (model_ == nullptr) return to_caf_error(no_model());
-          Status st = model_->export_weights(version);
+          Status st = publishing_ ? start_push(version, wait_for) : model_->export_weights(version);
           if (!st.is_ok()) return to_caf_error(st);
           return caf::unit;
         },
@@ -76,6 +82,7 @@ class Worker : public worker_actor::base {
   }
 
   void on_exit() override {
+    if (Status st = finish_push(); !st.is_ok()) spdlog::warn("rank {}: {}", rank_, st.message());
     // strategy_ is kept until the Worker is destroyed: dropping the last reference to an idle
     // strategy here would destroy it on this thread (CAF runs its on_exit, which drains the
     // background writes, here) while a late write notice runs its handler on its own thread. The
@@ -118,6 +125,8 @@ class Worker : public worker_actor::base {
   }
 
   caf::result<LoadReport> load(const LoadCall& call) {
+    // A load writes the state a push may still read.
+    if (Status st = finish_push(); !st.is_ok()) spdlog::warn("rank {}: {}", rank_, st.message());
     auto rp = make_response_promise<LoadReport>();
     request(strategy_, timeout_, load_atom::value, LoadOrder{call.path, owned_->load_selection(call.scope)})
         .then(
@@ -143,6 +152,55 @@ class Worker : public worker_actor::base {
     }
   }
 
+  /// The tensors a push sends: those whose names start with the prefix (sharing the storage).
+  StateDict pushed_tensors(const StateDict& state) const {
+    StateDict selected;
+    for (const auto& t : state.tensors) {
+      if (t.desc.name.rfind(publishing_->prefix, 0) == 0) selected.tensors.push_back(t);
+    }
+    return selected;
+  }
+
+  /// Waits for the previous push (bounded: a push waits at most the receiver timeout for each
+  /// bucket and receiver); its error, if it failed.
+  Status finish_push() {
+    if (!push_.valid()) return Status::ok();
+    return push_.get();
+  }
+
+  /// Starts pushing the state as `version` in the background, fence closed.
+  Status start_push(std::int64_t version, int wait_for) {
+    Status previous = finish_push();
+    if (!previous.is_ok()) return previous;
+    auto selected = std::make_shared<StateDict>(pushed_tensors(*owned_->state()));
+    if (!publisher_) {
+      if (selected->tensors.empty()) {
+        return {ErrorCode::invalid_argument, "weight_sync.tensors '" + publishing_->prefix +
+                                                 "' matches no tensor of rank " + std::to_string(rank_) + "'s state"};
+      }
+      auto created = ShmWeightPublisher::create(publishing_->channel, rank_, publishing_->world,
+                                                selected->descriptors(), publishing_->options);
+      if (!created.is_ok()) return created.status().with_context("rank " + std::to_string(rank_));
+      publisher_ = std::shared_ptr<ShmWeightPublisher>(std::move(*created));
+    }
+    if (fence_) fence_->close();
+    push_ = std::async(std::launch::async, [publisher = publisher_, selected, fence = fence_, version, wait_for,
+                                            rank = rank_]() -> Status {
+      Status st;
+      auto report = publisher->push(version, *selected, wait_for);
+      if (!report.is_ok()) {
+        st = report.status();
+      } else {
+        for (const auto& dropped : report->dropped) {
+          spdlog::warn("rank {}: weight sync of step {}: not delivered: {}", rank, version, dropped);
+        }
+      }
+      if (fence) fence->open();
+      return st.with_context("weight push of step " + std::to_string(version));
+    });
+    return Status::ok();
+  }
+
   Status no_model() const {
     return {ErrorCode::invalid_argument,
             "rank " + std::to_string(rank_) + "'s Worker holds checkpointable state only, not a trainable Model"};
@@ -159,6 +217,11 @@ class Worker : public worker_actor::base {
   std::optional<std::uint64_t> sent_signature_;
   /// Reports pushed before the coordinator was known (a Worker in another process).
   std::vector<RankSaveReport> unsent_;
+  std::shared_ptr<StagingFence> fence_;
+  std::optional<WeightPublishing> publishing_;
+  std::shared_ptr<ShmWeightPublisher> publisher_;
+  /// The push in flight (its Status), if any.
+  std::future<Status> push_;
 };
 
 /// A Checkpointable that is nothing but its state.
@@ -179,7 +242,8 @@ std::unique_ptr<Checkpointable> checkpointable_state(std::shared_ptr<StateDict> 
 
 Result<worker_actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
                                   StrategyOptions strategy_options, coordinator_actor coordinator,
-                                  std::chrono::milliseconds call_timeout) {
+                                  std::chrono::milliseconds call_timeout,
+                                  std::optional<WeightPublishing> publishing) {
   if (!state_owner) return Status{ErrorCode::invalid_argument, "a Worker needs a model or checkpointable state"};
   auto state = state_owner->state();
   if (!state) return Status{ErrorCode::invalid_argument, "a Worker's checkpointable returned no state"};
@@ -190,7 +254,8 @@ Result<worker_actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Che
   strategy_options.fence = fence;
   state_owner->attach_fence(fence);
   auto worker =
-      system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator), call_timeout);
+      system.spawn<Worker, caf::detached>(std::move(state_owner), rank, std::move(coordinator), call_timeout, fence,
+                                          std::move(publishing));
   auto strategy = spawn_megatron_strategy(system, std::move(strategy_options), state, worker);
   if (!strategy.is_ok()) {
     caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);

@@ -3,12 +3,28 @@
 #include <caf/fwd.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "stagehand/actors/model.hpp"
+#include "stagehand/checkpoint/sync/shm_channel.hpp"
 #include "stagehand/actors/protocol.hpp"
 #include "stagehand/strategy/megatron_strategy.hpp"
 
 namespace stagehand {
+
+/// Where a Worker pushes its weights (weight_sync, docs/weight_sync.md): on each export it pushes
+/// the tensors of its state whose names start with `prefix` as that version through its rank's
+/// ShmWeightPublisher on `channel` (made at the first export). The push runs in the background
+/// with the state's fence closed: the next training step's forward and backward passes overlap
+/// it, and its optimizer step waits at the fence until the push ended.
+struct WeightPublishing {
+  std::string channel;
+  /// Trainer ranks on the channel (the world size).
+  int world = 1;
+  std::string prefix = "model.";
+  WeightChannelOptions options;
+};
 
 /// Spawns the Worker of one rank (worker_actor, actors/protocol.hpp): it owns the rank's
 /// Checkpointable (its shard of model and optimizer state; a Model when it also trains) and
@@ -16,8 +32,10 @@ namespace stagehand {
 /// blocks in collectives with the other ranks' Workers.
 ///
 /// Protocol (errors as values, never exceptions):
-/// - (train_atom, TrainOrder) -> StepMetrics; (eval_atom) -> accuracy; (export_atom, version):
-///   only when `state_owner` is a Model, else an error.
+/// - (train_atom, TrainOrder) -> StepMetrics; (eval_atom) -> accuracy; (export_atom, version,
+///   wait_for): only when `state_owner` is a Model, else an error. With `publishing` it answers
+///   once the push started (the previous push's error, if any, is the answer) and the push
+///   waits for `wait_for` receivers first; without, the model's export_weights().
 /// - (fence_atom) -> seconds waited (Checkpointable::fence).
 /// - (save_atom, SaveCall) -> SaveAck: sends the rank's local plan to the coordinator, which
 ///   answers once every rank's plan is in (the global plan); then has the strategy write the
@@ -38,6 +56,7 @@ namespace stagehand {
 /// @pre strategy_options.rank is this Worker's rank.
 Result<worker_actor> spawn_worker(caf::actor_system& system, std::unique_ptr<Checkpointable> state_owner,
                                   StrategyOptions strategy_options, coordinator_actor coordinator,
-                                  std::chrono::milliseconds call_timeout = std::chrono::minutes(10));
+                                  std::chrono::milliseconds call_timeout = std::chrono::minutes(10),
+                                  std::optional<WeightPublishing> publishing = std::nullopt);
 
 }  // namespace stagehand

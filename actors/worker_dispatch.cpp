@@ -108,12 +108,12 @@ class WorkerDispatch : public dispatch_actor::base {
               [rp, accuracy](Status st) mutable { answer(rp, st, *accuracy); });
           return rp;
         },
-        [this](export_atom, std::int64_t version) -> caf::result<void> {
+        [this](export_atom, std::int64_t version, std::int32_t wait_for) -> caf::result<void> {
           auto rp = make_response_promise<void>();
           fan_out<>(
               "the weight export of version " + std::to_string(version),
-              [this, version](std::size_t r) {
-                return request(workers_[r], options_.timeout, export_atom::value, version);
+              [this, version, wait_for](std::size_t r) {
+                return request(workers_[r], options_.timeout, export_atom::value, version, wait_for);
               },
               [](int) {},
               [rp](Status st) mutable {

@@ -35,7 +35,8 @@ struct DispatchOptions {
 /// - (train_atom, TrainOrder) -> StepMetrics: reward and loss as the first Worker reports them
 ///   (global figures), the longest wait of any rank at the fence.
 /// - (fence_atom) -> seconds: every rank's fence (Checkpointable::fence), the longest wait.
-/// - (eval_atom) -> accuracy; (export_atom, version): weight sync for generators.
+/// - (eval_atom) -> accuracy; (export_atom, version, wait_for): weight sync
+///   (each Worker's push, or its model's export_weights()).
 /// - (save_atom, SaveCall) -> SaveResult: finalizes a pending save first, then saves on every
 ///   rank (the trainer state goes to the first Worker); a sync save has committed when the
 ///   answer comes (SaveResult::commit says what it wrote), an async one commits when every

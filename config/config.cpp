@@ -36,6 +36,16 @@ const char* to_string(HostTransport transport) {
   return "?";
 }
 
+const char* to_string(WeightTransport transport) {
+  switch (transport) {
+    case WeightTransport::shm:
+      return "shm";
+    case WeightTransport::collective:
+      return "collective";
+  }
+  return "?";
+}
+
 const char* to_string(StagingMemory memory) {
   switch (memory) {
     case StagingMemory::persistent:

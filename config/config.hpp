@@ -16,12 +16,17 @@ enum class StagingMemory { persistent, per_save };
 /// reachable from every process), or through that host's file server over TCP (each disk seen
 /// by its own host's processes only).
 enum class HostTransport { file_system, network };
+/// How the trainer ranks push weights to inference: the weight-sync channel over shared memory
+/// (every rank and receiver on one host), or, for the fully-async trainer's generators only, the
+/// tensor-parallel group's collectives (ranks on several hosts).
+enum class WeightTransport { shm, collective };
 
 /// The YAML name of each value ("fully_async", "from_path", "per_save").
 const char* to_string(TrainerKind kind);
 const char* to_string(ResumeMode mode);
 const char* to_string(StagingMemory memory);
 const char* to_string(HostTransport transport);
+const char* to_string(WeightTransport transport);
 
 /// `trainer:` keys.
 struct TrainerConfig {
@@ -145,6 +150,24 @@ struct FullyAsyncConfig {
   std::int64_t num_generators = 2;
 };
 
+/// `weight_sync:` keys (docs/weight_sync.md).
+struct WeightSyncConfig {
+  WeightTransport transport = WeightTransport::shm;
+  /// The shared-memory channel every trainer rank pushes each step's weights to, for receivers
+  /// outside the run (stagehand.WeightReceiver); empty: none. The fully-async trainer's
+  /// generators use it too; without one, a channel of the run's own.
+  std::string channel;
+  /// The tensors pushed: those whose names start with this.
+  std::string tensors = "model.";
+  /// Receivers outside the run each push waits for (at most receiver_timeout_s) before it starts;
+  /// 0: a push serves whoever waits then.
+  std::int64_t receivers = 0;
+  /// MiB of one bucket of a rank's ring (2 buckets).
+  std::int64_t bucket_mib = 64;
+  /// How long a push waits for one receiver to take a bucket before it drops it from the version.
+  std::int64_t receiver_timeout_s = 10;
+};
+
 /// `storage.s3:` keys; credentials come from the AWS environment variables.
 struct S3Config {
   /// Base URL (http:// or https://); empty: AWS_ENDPOINT_URL, else AWS S3 or Cloud Storage.
@@ -189,6 +212,7 @@ struct Config {
   MegatronConfig megatron_config;
   ParallelConfig parallel;
   FullyAsyncConfig fully_async;
+  WeightSyncConfig weight_sync;
   StorageConfig storage;
   ModelConfig model;
   /// Where each key was given, so that a rule checked after loading, here or in a layer above,

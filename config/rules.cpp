@@ -1,5 +1,6 @@
 #include "stagehand/config/rules.hpp"
 
+#include <cctype>
 #include <filesystem>
 #include <numeric>
 #include <string>
@@ -169,6 +170,35 @@ Status check_save_buckets(std::int64_t thread_count, std::int64_t staging_bucket
                            std::to_string(staging_buckets));
 }
 
+/// A channel names POSIX shared-memory segments ("/stagehand-<channel>-s<rank>"); the collective
+/// transport carries only the fully-async trainer's generators' weights.
+Status check_weight_sync(const Config& c, const ConfigOrigins& origins) {
+  const WeightSyncConfig& w = c.weight_sync;
+  for (char ch : w.channel) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-')) {
+      return origins.error({"weight_sync.channel"}, "may hold only letters, digits, '_', '.' and '-', got '" +
+                                                        w.channel + "'");
+    }
+  }
+  if (w.channel.size() > 200) return origins.error({"weight_sync.channel"}, "must be at most 200 characters");
+  if (w.transport == WeightTransport::collective) {
+    if (!w.channel.empty()) {
+      return origins.error({"weight_sync.channel", "weight_sync.transport"},
+                           "receivers outside the run need weight_sync.transport shm, got collective");
+    }
+    if (c.trainer.kind != TrainerKind::fully_async) {
+      return origins.error({"weight_sync.transport", "trainer.kind"},
+                           "collective carries only the fully-async trainer's generators' weights; trainer.kind is " +
+                               std::string(to_string(c.trainer.kind)));
+    }
+  }
+  if (w.receivers > 0 && w.channel.empty()) {
+    return origins.error({"weight_sync.receivers", "weight_sync.channel"},
+                         "receivers outside the run need weight_sync.channel");
+  }
+  return Status::ok();
+}
+
 Status validate_config(const Config& config) {
   const ConfigOrigins& origins = config.origins;
   SH_RETURN_IF_ERROR(check_key_ranges(config));
@@ -179,6 +209,7 @@ Status validate_config(const Config& config) {
   SH_RETURN_IF_ERROR(check_resume(config.trainer, origins));
   SH_RETURN_IF_ERROR(check_local_tier(config.trainer, origins));
   SH_RETURN_IF_ERROR(check_replication(config, origins));
+  SH_RETURN_IF_ERROR(check_weight_sync(config, origins));
   return check_exports(config.trainer, origins);
 }
 

@@ -92,6 +92,7 @@ constexpr auto kTrainer = &Config::trainer;
 constexpr auto kMegatron = &Config::megatron_config;
 constexpr auto kParallel = &Config::parallel;
 constexpr auto kFullyAsync = &Config::fully_async;
+constexpr auto kWeightSync = &Config::weight_sync;
 constexpr auto kStorage = &Config::storage;
 constexpr auto kS3 = &StorageConfig::s3;
 constexpr auto kModel = &Config::model;
@@ -155,6 +156,15 @@ std::vector<ConfigKey> make_config_keys() {
        integer<kFullyAsync, &FullyAsyncConfig::max_staleness_steps>(0, kMaxStalenessSteps)},
       {"fully_async.num_generators",
        integer<kFullyAsync, &FullyAsyncConfig::num_generators>(1, 1024)},
+
+      {"weight_sync.transport", one_of<kWeightSync, &WeightSyncConfig::transport>(
+                                    {WeightTransport::shm, WeightTransport::collective})},
+      {"weight_sync.channel", string<kWeightSync, &WeightSyncConfig::channel>(true)},
+      {"weight_sync.tensors", string<kWeightSync, &WeightSyncConfig::tensors>(true)},
+      {"weight_sync.receivers", integer<kWeightSync, &WeightSyncConfig::receivers>(0, 1024)},
+      {"weight_sync.bucket_mib", integer<kWeightSync, &WeightSyncConfig::bucket_mib>(1, 1 << 16)},
+      {"weight_sync.receiver_timeout_s",
+       integer<kWeightSync, &WeightSyncConfig::receiver_timeout_s>(1, kMaxCallTimeoutS)},
 
       {"storage.s3.endpoint", string<kStorage, kS3, &S3Config::endpoint>(true)},
       {"storage.s3.region", string<kStorage, kS3, &S3Config::region>(true)},

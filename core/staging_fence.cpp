@@ -6,28 +6,28 @@ namespace stagehand {
 
 void StagingFence::close() {
   std::lock_guard<std::mutex> lock(mutex_);
-  open_ = false;
+  ++readers_;
 }
 
 void StagingFence::open() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    open_ = true;
+    if (readers_ > 0) --readers_;
   }
   cv_.notify_all();
 }
 
 double StagingFence::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (open_) return 0;
+  if (readers_ == 0) return 0;
   const auto start = std::chrono::steady_clock::now();
-  cv_.wait(lock, [this] { return open_; });
+  cv_.wait(lock, [this] { return readers_ == 0; });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 bool StagingFence::is_open() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return open_;
+  return readers_ == 0;
 }
 
 }  // namespace stagehand

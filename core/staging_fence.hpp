@@ -5,19 +5,21 @@
 
 namespace stagehand {
 
-/// Says whether a checkpoint save still reads a rank's live state. An async save with staging
-/// waves returns before its last bucket is staged; it closes the fence, and opens it once every
-/// bucket is staged (or the save ended). Whoever modifies the state (the optimizer step, a load)
+/// Says whether something still reads a rank's live state in the background. An async save with
+/// staging waves returns before its last bucket is staged; it closes the fence, and opens it once
+/// every bucket is staged (or the save ended). A Worker's weight push (weight_sync) does the same
+/// while it streams the weights to the receivers. Whoever modifies the state (the optimizer step, a load)
 /// waits at the fence first: "fence before you modify a tensor you handed to save".
 ///
 /// Thread-safety: every member may be called from any thread.
 class StagingFence {
  public:
-  /// A save started reading the state in the background.
+  /// One more reader of the state in the background (a save staging, a weight push): the fence
+  /// stays closed until each of them called open().
   void close();
-  /// Nothing reads the state any more.
+  /// One reader is done with the state.
   void open();
-  /// Blocks until the fence is open.
+  /// Blocks until the fence is open (no reader left).
   /// @return the seconds waited (0 when it was open).
   double wait();
   bool is_open() const;
@@ -25,7 +27,7 @@ class StagingFence {
  private:
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  bool open_ = true;
+  int readers_ = 0;
 };
 
 }  // namespace stagehand

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "stagehand/actors/checkpoint_coordinator.hpp"
 #include "stagehand/actors/dispatch_client.hpp"
 #include "stagehand/actors/launch.hpp"
@@ -227,18 +229,37 @@ StrategyOptions strategy_options(const Config& c, int rank, const std::shared_pt
   return options;
 }
 
+/// How this run's weights reach generators and receivers (weight_sync): the store of the
+/// collective transport, or the channel the Workers push to (empty: none).
+struct RunWeights {
+  std::shared_ptr<WeightStore> store;
+  std::string channel;
+};
+
+/// The run's channel: weight_sync.channel, else, for the fully-async trainer's generators, `own`.
+std::string run_channel(const Config& c, const std::string& own) {
+  if (c.weight_sync.transport != WeightTransport::shm) return "";
+  if (!c.weight_sync.channel.empty()) return c.weight_sync.channel;
+  return c.trainer.kind == TrainerKind::fully_async ? own : "";
+}
+
 /// Rank `rank`'s Worker with its model on `groups`; `load_group` joins the ranks of this process
 /// that load together (null with one rank per process).
 Result<worker_actor> spawn_rank(caf::actor_system& system, const Config& c, const ParallelLayout& layout, int rank,
-                                RankGroups groups, std::shared_ptr<WeightStore> weights,
+                                RankGroups groups, const RunWeights& weights,
                                 const std::shared_ptr<FileSystem>& fs, coordinator_actor coordinator,
                                 std::shared_ptr<LoadGroup> load_group = nullptr) {
-  auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), std::move(weights));
+  auto model = BanditMlp::create(c.model, c.trainer.seed, layout, rank, std::move(groups), weights.store);
   if (!model.is_ok()) return model.status().with_context("rank " + std::to_string(rank));
   StrategyOptions strategy = strategy_options(c, rank, fs);
   strategy.load_group = std::move(load_group);
+  std::optional<WeightPublishing> publishing;
+  if (!weights.channel.empty()) {
+    publishing = WeightPublishing{weights.channel, layout.world_size(), c.weight_sync.tensors,
+                                  weight_channel_options(c.weight_sync, std::chrono::seconds(c.trainer.call_timeout_s))};
+  }
   auto worker = spawn_worker(system, std::move(*model), std::move(strategy), std::move(coordinator),
-                             std::chrono::seconds(c.trainer.call_timeout_s));
+                             std::chrono::seconds(c.trainer.call_timeout_s), std::move(publishing));
   if (!worker.is_ok()) return worker.status().with_context("rank " + std::to_string(rank));
   return worker;
 }
@@ -275,7 +296,7 @@ void report_stop(const TrainerSummary& summary, const TrainerConfig& t) {
 /// Runs the trainer on `workers` until it ends, then finalizes every pending save.
 /// @param on_trainer_failed called when the trainer failed, before the teardown finalize.
 int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
-                const std::vector<worker_actor>& workers, coordinator_actor coordinator, std::shared_ptr<WeightStore> weights,
+                const std::vector<worker_actor>& workers, coordinator_actor coordinator, const RunWeights& weights,
                 const std::shared_ptr<FileSystem>& fs, const std::string& metrics_out, bool quiet, const std::string& where,
                 const std::function<void()>& on_trainer_failed) {
   const std::chrono::milliseconds timeout = std::chrono::seconds(c.trainer.call_timeout_s);
@@ -307,7 +328,7 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
       }
     }
   }
-  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights, fs}, summary);
+  auto trainer = spawn_trainer(system, dispatch, {c, metrics_out, !quiet, &g_stop, weights.store, weights.channel, fs}, summary);
   int code = 0;
   {
     caf::scoped_actor self{system};
@@ -367,9 +388,10 @@ int run_trainer(caf::actor_system& system, const Config& c, const ParallelLayout
 int run_in_process(caf::actor_system& system, const Config& c, const ParallelLayout& layout,
                    const std::string& metrics_out, bool quiet) {
   auto groups = make_host_groups(layout);
-  std::shared_ptr<WeightStore> weights;
-  if (c.trainer.kind == TrainerKind::fully_async) {
-    weights = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
+  // The fully-async generators' channel of its own: named after this process.
+  RunWeights weights{nullptr, run_channel(c, "train-" + std::to_string(::getpid()))};
+  if (c.trainer.kind == TrainerKind::fully_async && c.weight_sync.transport == WeightTransport::collective) {
+    weights.store = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
   }
   const auto fs = with_test_hangs(config_file_system(c));
@@ -417,11 +439,14 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
                                  "trainer.call_timeout_s");
   const int rank = launch.rank;
   RankGroups groups = collectives.groups(layout, rank);
-  // Fully async: the first data-parallel replica's ranks publish each weight version through their
-  // tensor-parallel group to rank 0, where the trainer's generators read it.
-  std::shared_ptr<WeightStore> weights;
-  if (c.trainer.kind == TrainerKind::fully_async && layout.data_index(rank) == 0) {
-    weights = WeightStore::across_group(groups.tensor, layout.tensor_index(rank), rank == 0, c.model.context_dim,
+  // Fully async over the shared-memory channel: every rank pushes its part of each version to
+  // the generators in rank 0's process (a channel named after the launch's port, which every
+  // rank knows). With the collective transport, the first data-parallel replica's ranks publish
+  // each version through their tensor-parallel group to rank 0.
+  RunWeights weights{nullptr, run_channel(c, "train-port" + std::to_string(launch.master_port))};
+  if (c.trainer.kind == TrainerKind::fully_async && c.weight_sync.transport == WeightTransport::collective &&
+      layout.data_index(rank) == 0) {
+    weights.store = WeightStore::across_group(groups.tensor, layout.tensor_index(rank), rank == 0, c.model.context_dim,
                                         c.model.num_arms, c.model.hidden);
   }
   if (rank == 0) {
@@ -458,7 +483,7 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   }
-  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), std::move(weights), fs, coordinator_actor{});
+  auto worker = spawn_rank(system, c, layout, rank, std::move(groups), weights, fs, coordinator_actor{});
   if (!worker.is_ok()) return fail(worker.status().message());
   WorldMember member(system, launch);
   auto joined = member.join({*worker});

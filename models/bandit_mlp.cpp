@@ -410,6 +410,42 @@ Result<StepMetrics> BanditMlp::train_step(std::int64_t step, Objective objective
   return StepMetrics{totals[0] / double(global_batch), totals[1] / double(global_batch), fence_wait_s};
 }
 
+std::vector<ShardedTensorDesc> BanditMlp::policy_blocks(const ModelConfig& config) {
+  const std::int64_t D = config.context_dim, K = config.num_arms, H = config.hidden;
+  auto full = [](std::string name, Shape shape) {
+    ShardedTensorDesc d;
+    d.name = std::move(name);
+    d.dtype = DType::bf16;
+    d.global_shape = shape;
+    d.global_offset = Shape::zeros(shape.rank());
+    d.local_shape = shape;
+    return d;
+  };
+  return {full("model.fc1.weight", Shape{H, D}), full("model.fc1.bias", Shape{H}), full("model.fc2.weight", Shape{K, H}),
+          full("model.fc2.bias", Shape{K})};
+}
+
+Result<PolicyWeights> BanditMlp::policy_from(const StateDict& received, std::int64_t version) {
+  PolicyWeights w;
+  w.version = version;
+  std::vector<float>* fields[] = {&w.fc1_weight, &w.fc1_bias, &w.fc2_weight, &w.fc2_bias};
+  const char* names[] = {"model.fc1.weight", "model.fc1.bias", "model.fc2.weight", "model.fc2.bias"};
+  for (int i = 0; i < 4; ++i) {
+    const ShardedTensor* found = nullptr;
+    for (const auto& t : received.tensors) {
+      if (t.desc.name == names[i]) found = &t;
+    }
+    if (found == nullptr || found->tensor.dtype() != DType::bf16 || found->tensor.device().is_cuda()) {
+      return Status{ErrorCode::invalid_argument,
+                    std::string("the received policy has no bf16 host tensor '") + names[i] + "'"};
+    }
+    const auto* src = static_cast<const std::uint16_t*>(found->tensor.data());
+    fields[i]->resize(static_cast<std::size_t>(found->tensor.numel()));
+    for (std::size_t k = 0; k < fields[i]->size(); ++k) (*fields[i])[k] = from_bf16(src[k]);
+  }
+  return w;
+}
+
 Status BanditMlp::export_weights(std::int64_t version) {
   if (!weights_ || dp_ != 0) return Status::ok();
   const auto D = static_cast<std::size_t>(config_.context_dim);

@@ -46,6 +46,13 @@ class BanditMlp final : public Model {
   LoadOptions load_selection(const LoadScope& scope) override;
   Status on_loaded(const LoadScope& scope, const LoadReport& report) override;
 
+  /// The whole policy as a generator receives it through weight sync: the bf16 model weights
+  /// ("model.fc1.weight", ...), each in its global shape, as one rank's blocks.
+  static std::vector<ShardedTensorDesc> policy_blocks(const ModelConfig& config);
+  /// The f32 weights of `received` (policy_blocks' tensors, filled), as version `version`.
+  /// Errors: a tensor missing or not bf16 in host memory, naming it.
+  static Result<PolicyWeights> policy_from(const StateDict& received, std::int64_t version);
+
   /// Optimizer steps taken so far.
   std::int64_t optimizer_step() const { return optimizer_step_; }
 

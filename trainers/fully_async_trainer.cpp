@@ -25,12 +25,23 @@ class FullyAsyncTrainer final : public TrainerBase {
   Objective objective() const override { return Objective::rl; }
   const char* name() const override { return "fully_async"; }
 
+  bool pushes_weights_itself() const override { return true; }
+
   Status on_start(std::int64_t step, const TrainerState* state, const std::string& state_file) override {
     const auto& c = options().config;
-    if (!options().weights) return {ErrorCode::invalid_argument, "the fully-async trainer needs a weight store"};
+    if (!options().weights && options().weight_channel.empty()) {
+      return {ErrorCode::invalid_argument, "the fully-async trainer needs a weight store or a weight-sync channel"};
+    }
     staleness_ = c.fully_async.max_staleness_steps;
     for (std::int64_t g = 0; g < c.fully_async.num_generators; ++g) {
-      generators_.push_back(spawn_generator(system(), c.model, c.trainer.seed, options().weights, timeout()));
+      GeneratorWeights source;
+      source.store = options().weights;
+      source.channel = options().weight_channel;
+      source.name = "generator-" + std::to_string(g);
+      source.options = weight_channel_options(c.weight_sync, timeout());
+      // Batch s needs version s - 1 - L, and the batches not yet consumed reach L versions back.
+      source.keep = staleness_ + 1;
+      generators_.push_back(spawn_generator(system(), c.model, c.trainer.seed, std::move(source), timeout()));
     }
     if (state != nullptr) {
       if (!state->fully_async) return {ErrorCode::corruption, "'" + state_file + "': field 'fully_async' is missing"};
@@ -38,11 +49,10 @@ class FullyAsyncTrainer final : public TrainerBase {
       max_seen_ = state->fully_async->max_staleness_seen;
       for (const auto& b : state->fully_async->pending_batches) ready_[b.step] = {b.version, b.actions};
     }
-    SH_RETURN_IF_ERROR(client().export_weights(step));
     for (std::int64_t s = step + 1; s <= step + staleness_ + 1; ++s) {
       if (ready_.count(s) == 0) schedule(s);
     }
-    return Status::ok();
+    return export_weights(step);
   }
 
   Result<std::vector<std::int32_t>> batch_actions(std::int64_t step) override {
@@ -62,9 +72,9 @@ class FullyAsyncTrainer final : public TrainerBase {
   }
 
   Status after_step(std::int64_t step) override {
-    SH_RETURN_IF_ERROR(client().export_weights(step));
-    options().weights->drop_before(step - staleness_);
     schedule(step + staleness_ + 1);
+    SH_RETURN_IF_ERROR(export_weights(step));
+    if (options().weights) options().weights->drop_before(step - staleness_);
     return Status::ok();
   }
 
@@ -102,6 +112,15 @@ class FullyAsyncTrainer final : public TrainerBase {
     std::int64_t version = 0;
     std::vector<Handle> parts;
   };
+
+  /// Publishes the weights of `step`: to the store, or pushed over the channel in the background
+  /// once every generator (and weight_sync.receivers outside the run) waits for it; each
+  /// generator keeps the versions its batches may still need.
+  Status export_weights(std::int64_t step) {
+    const auto waits = static_cast<std::int32_t>(generators_.size()) + outside_receivers();
+    return client().export_weights(step, options().weights ? 0 : waits)
+        .with_context("weight sync of step " + std::to_string(step));
+  }
 
   /// The saved batches must fit this run's model: the trainer hands their actions to the Workers
   /// as they are.

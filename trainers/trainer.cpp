@@ -45,4 +45,12 @@ Result<caf::actor> spawn_trainer(caf::actor_system& system, dispatch_actor dispa
   return Status{ErrorCode::invalid_argument, "unknown trainer.kind"};
 }
 
+WeightChannelOptions weight_channel_options(const WeightSyncConfig& weight_sync, std::chrono::milliseconds call_timeout) {
+  WeightChannelOptions options;
+  options.bucket_bytes = static_cast<std::uint64_t>(weight_sync.bucket_mib) << 20;
+  options.receiver_timeout = std::chrono::seconds(weight_sync.receiver_timeout_s);
+  options.connect_timeout = call_timeout;
+  return options;
+}
+
 }  // namespace stagehand

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <caf/fwd.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "stagehand/actors/protocol.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
+#include "stagehand/checkpoint/sync/shm_channel.hpp"
 #include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
@@ -24,11 +26,19 @@ struct TrainerOptions {
   /// Set by SIGTERM/SIGINT: save the last completed step, drain, stop. Read by the exports and
   /// uploads too, so it must outlive any the run leaves behind (a global, as stagehand-train's).
   const std::atomic<bool>* stop_requested = nullptr;
-  /// Where the Workers publish weights for the fully-async trainer's generators.
+  /// Where the Workers publish weights for the fully-async trainer's generators
+  /// (weight_sync.transport collective); null otherwise.
   std::shared_ptr<WeightStore> weights;
+  /// The weight-sync channel the Workers push to (weight_sync.transport shm): the
+  /// weight_sync.channel, or the run's own for the fully-async trainer's generators; empty for
+  /// none.
+  std::string weight_channel;
   /// What ckpt_path, resume_path, init_from and export_path are on.
   std::shared_ptr<FileSystem> file_system;
 };
+
+/// The channel options of `weight_sync` (connect waits: `call_timeout`).
+WeightChannelOptions weight_channel_options(const WeightSyncConfig& weight_sync, std::chrono::milliseconds call_timeout);
 
 /// What a trainer did, for the summary and the exit code.
 struct TrainerSummary {

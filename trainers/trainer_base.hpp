@@ -59,6 +59,15 @@ class TrainerBase : public caf::blocking_actor {
   /// Last call, after the final finalize.
   virtual void on_stop() {}
 
+  /// Whether the trainer pushes the weights itself (the fully-async trainer, to its generators);
+  /// otherwise, with a weight_sync.channel, every step's weights are pushed after the step.
+  virtual bool pushes_weights_itself() const { return false; }
+
+  /// Receivers outside the run each push waits for (weight_sync.receivers).
+  std::int32_t outside_receivers() const {
+    return static_cast<std::int32_t>(options_.config.weight_sync.receivers);
+  }
+
   const TrainerOptions& options() const { return options_; }
   DispatchClient& client() { return client_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -99,6 +108,10 @@ class TrainerBase : public caf::blocking_actor {
   Status run();
   /// Trains from `step` + 1 to the last step (or a stop); the last step trained.
   Result<std::int64_t> train_steps(std::int64_t step);
+  /// With a weight_sync.channel (and a trainer that does not push itself), pushes the weights of
+  /// `step` to the receivers: before the first step and after each one, so that the rollout
+  /// that follows can use them.
+  Status push_weights(std::int64_t step);
   void write_metrics(const nlohmann::json& line);
 
   // -- where training starts (trainer_resume.cpp) --

@@ -163,6 +163,7 @@ Status TrainerBase::run() {
   }
   summary_->first_step = step + 1;
   summary_->last_step = step;
+  SH_RETURN_IF_ERROR(push_weights(step));
   SH_ASSIGN_OR_RETURN(step, train_steps(step));
   // End of training: every save is finished before the trainer reports done, and so is every
   // export, unless a signal asked to stop (then the export running now ends with the trainer,
@@ -179,6 +180,11 @@ Status TrainerBase::run() {
   }
   if (uploads_ && !summary_->stopped_by_signal) SH_RETURN_IF_ERROR(finish_uploads());
   return Status::ok();
+}
+
+Status TrainerBase::push_weights(std::int64_t step) {
+  if (pushes_weights_itself() || options_.config.weight_sync.channel.empty()) return Status::ok();
+  return client_.export_weights(step, outside_receivers()).with_context("weight sync of step " + std::to_string(step));
 }
 
 Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
@@ -198,6 +204,7 @@ Result<std::int64_t> TrainerBase::train_steps(std::int64_t step) {
     summary_->total_fence_wait_s += metrics->fence_wait_s;
     if (pending_) pending_->fence_wait_s += metrics->fence_wait_s;
     SH_RETURN_IF_ERROR(after_step(step));
+    SH_RETURN_IF_ERROR(push_weights(step));
     auto accuracy = client_.evaluate();
     if (!accuracy.is_ok()) return accuracy.status().with_context("evaluation at step " + std::to_string(step));
     summary_->last_step = step;

@@ -171,7 +171,7 @@ Result<std::unique_ptr<ShmWeightPublisher>> ShmWeightPublisher::create(const std
   return std::unique_ptr<ShmWeightPublisher>(new ShmWeightPublisher(std::move(impl)));
 }
 
-Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& state) {
+Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
   Impl& m = *impl_;
   SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
   Header& h = m.seg.header();
@@ -181,7 +181,8 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
   const std::uint64_t first = m.next_seq;
   m.next_seq += n_buckets;
 
-  // Who takes part: every receiver waiting now.
+  // Who takes part: every receiver waiting now, and those that come while the push waits for
+  // `wait_for` of them (at most the receiver timeout; none when this rank sends nothing).
   struct Part {
     std::uint32_t entry;
     std::int32_t pid;
@@ -189,14 +190,23 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
     bool dropped = false;
   };
   std::vector<Part> parts;
-  for (std::uint32_t i = 0; i < h.max_receivers; ++i) {
-    ReceiverEntry& e = m.seg.entry(i);
-    if (at(e.used).load(std::memory_order_acquire) == 0) continue;
-    at(e.acked).store(first - 1, std::memory_order_relaxed);
-    std::uint64_t want = kWant;
-    if (at(e.want).compare_exchange_strong(want, version, std::memory_order_acq_rel)) {
-      parts.push_back({i, e.pid, std::string(e.name, strnlen(e.name, sizeof e.name))});
+  std::vector<bool> joined(h.max_receivers, false);
+  const auto join_until = Clock::now() + m.options.receiver_timeout;
+  const bool waits = wait_for > 0 && !m.sent.empty();
+  for (;;) {
+    const std::uint32_t seen = at(h.ack_word).load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < h.max_receivers; ++i) {
+      ReceiverEntry& e = m.seg.entry(i);
+      if (joined[i] || at(e.used).load(std::memory_order_acquire) == 0) continue;
+      at(e.acked).store(first - 1, std::memory_order_relaxed);
+      std::uint64_t want = kWant;
+      if (at(e.want).compare_exchange_strong(want, version, std::memory_order_acq_rel)) {
+        joined[i] = true;
+        parts.push_back({i, e.pid, std::string(e.name, strnlen(e.name, sizeof e.name))});
+      }
     }
+    if (!waits || static_cast<int>(parts.size()) >= wait_for || Clock::now() >= join_until) break;
+    futex_wait(h.ack_word, seen, milliseconds(5));
   }
   at(h.first_seq).store(first, std::memory_order_relaxed);
   at(h.n_buckets).store(n_buckets, std::memory_order_relaxed);
@@ -208,6 +218,11 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
   report.version = version;
   report.step = step;
   report.bytes = sent_bytes();
+  if (waits && static_cast<int>(parts.size()) < wait_for) {
+    report.dropped.push_back(std::to_string(wait_for - static_cast<int>(parts.size())) + " of the " +
+                             std::to_string(wait_for) + " receivers awaited did not wait for a version within " +
+                             std::to_string(m.options.receiver_timeout.count()) + " ms");
+  }
   // Waits until every taking part receiver took bucket `seq` (or left, or is dropped).
   auto wait_taken = [&](std::uint64_t seq) {
     const auto started = Clock::now();
@@ -327,12 +342,24 @@ struct ShmWeightReceiver::Impl {
                                               ": it took a bucket later than the publisher's receiver timeout"};
       }
       if (Clock::now() >= deadline) {
+        // Before a version took it in, it leaves; once one did (the push is about to say which
+        // buckets), it takes part: the push waits for it at most its receiver timeout.
+        std::uint64_t expected = kWant;
+        if (at(e.want).load(std::memory_order_acquire) == kWant &&
+            !at(e.want).compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel) && expected != kDropped) {
+          return std::nullopt;
+        }
+        const std::uint64_t w = at(e.want).load(std::memory_order_acquire);
+        if (w != kWant && w != kIdle && w != kDropped && at(h.version).load(std::memory_order_acquire) < w) {
+          return std::nullopt;  // taken in, the version not announced yet
+        }
         return Status{ErrorCode::timeout, "weight sync: receiver '" + name + "' waited in vain for " +
                                                         waiting_for + " of " + who};
       }
       return std::nullopt;
     };
     at(e.want).store(kWant, std::memory_order_release);
+    bump(h.ack_word);  // a push waiting for receivers to join sees this one at once
     for (;;) {
       // Wait until a version takes this receiver in.
       std::uint64_t version = 0;

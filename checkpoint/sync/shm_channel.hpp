@@ -69,11 +69,14 @@ class ShmWeightPublisher {
   ShmWeightPublisher(const ShmWeightPublisher&) = delete;
   ShmWeightPublisher& operator=(const ShmWeightPublisher&) = delete;
 
-  /// Pushes `state` as version `step` to every receiver now waiting in receive(). Returns when each
-  /// of them took every bucket or was dropped; it waits at most `receiver_timeout` per bucket for
-  /// one receiver. `state` must have the blocks given at creation, in host memory, and not change
-  /// while this runs.
-  Result<PushReport> push(std::int64_t step, const StateDict& state);
+  /// Pushes `state` as version `step` to every receiver now waiting in receive(). With `wait_for`,
+  /// it first waits (at most `receiver_timeout`) until that many receivers wait, for a trainer
+  /// that must not push before its inference ranks are ready (the sync trainer before the next
+  /// rollout, the fully-async trainer's generators); the shortfall, if any, is in the report's
+  /// `dropped`. Returns when each receiver taking part took every bucket or was dropped; it
+  /// waits at most `receiver_timeout` per bucket for one receiver. `state` must have the blocks
+  /// given at creation, in host memory, and not change while this runs.
+  Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0);
 
   /// Bytes this rank sends per version (its share of the model).
   std::uint64_t sent_bytes() const;
@@ -103,7 +106,8 @@ class ShmWeightReceiver {
 
   /// Waits for the next version whose step is at least `min_step` and fills `state` (the blocks
   /// given at connect, host memory) with it in place, every rank's part of one step. Returns that
-  /// step. Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
+  /// step. Once a push took it in, it takes part even past `timeout` (bounded by that push's
+  /// receiver timeout). Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
   /// rank that dropped this receiver (too slow) or whose process is gone; after an error the
   /// state's contents are a mix of versions and the next receive() starts over.
   Result<std::int64_t> receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout);
