@@ -112,6 +112,13 @@ parallel:
 fully_async:
   max_staleness_steps: 2
   num_generators: 3
+weight_sync:
+  transport: shm
+  channel: rollout-1
+  tensors: model.layers.
+  receivers: 2
+  bucket_mib: 16
+  receiver_timeout_s: 5
 storage:
   s3:
     endpoint: http://127.0.0.1:9000
@@ -148,6 +155,12 @@ storage:
   BOOST_TEST(c->parallel.data_parallel == 4);
   BOOST_TEST(c->fully_async.max_staleness_steps == 2);
   BOOST_TEST(c->fully_async.num_generators == 3);
+  BOOST_TEST((c->weight_sync.transport == WeightTransport::shm));
+  BOOST_TEST(c->weight_sync.channel == "rollout-1");
+  BOOST_TEST(c->weight_sync.tensors == "model.layers.");
+  BOOST_TEST(c->weight_sync.receivers == 2);
+  BOOST_TEST(c->weight_sync.bucket_mib == 16);
+  BOOST_TEST(c->weight_sync.receiver_timeout_s == 5);
   BOOST_TEST(c->storage.s3.endpoint == "http://127.0.0.1:9000");
   BOOST_TEST(c->storage.s3.region == "eu-west-1");
   BOOST_TEST(!c->storage.s3.path_style);
@@ -462,6 +475,20 @@ BOOST_AUTO_TEST_CASE(each_rule_fires_once_naming_its_key_and_where_it_was_given)
       {"trainer:\n  ckpt_path: ck\n",
        {"trainer.ckpt_path="},
        "--set trainer.ckpt_path=: trainer.ckpt_path: must not be empty"},
+      {"weight_sync:\n  channel: a/b\n",
+       {},
+       "bad.yaml:2: weight_sync.channel: may hold only letters, digits, '_', '.' and '-', got 'a/b'"},
+      {"",
+       {"weight_sync.transport=collective"},
+       "--set weight_sync.transport=collective: weight_sync.transport: collective carries only the "
+       "fully-async trainer's generators' weights; trainer.kind is sync"},
+      {"trainer:\n  kind: fully_async\nweight_sync:\n  transport: collective\n  channel: x\n",
+       {},
+       "bad.yaml:5: weight_sync.channel: receivers outside the run need weight_sync.transport shm, got "
+       "collective"},
+      {"weight_sync:\n  receivers: 1\n",
+       {},
+       "bad.yaml:2: weight_sync.receivers: receivers outside the run need weight_sync.channel"},
   };
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.message) {

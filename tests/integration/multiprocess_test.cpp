@@ -79,12 +79,17 @@ void wait_until_exists(const std::string& path) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_process_workers) {
-  // Sync RL with async and sync saves, and fully-async RL (its weight versions published from the
-  // tensor-parallel ranks to the generators in rank 0's process).
+  // Sync RL with async and sync saves, and fully-async RL (its weight versions pushed by every
+  // rank over the shared-memory channel to the generators in rank 0's process, or published
+  // through the tensor-parallel collectives; the in-process run's over shared memory).
   const std::string fully_async = kSource + "/examples/configs/fully_async_rl.yaml";
-  for (auto [config, async] : std::vector<std::pair<std::string, std::string>>{
-           {kConfig, "true"}, {kConfig, "false"}, {fully_async, "true"}}) {
-    BOOST_TEST_CONTEXT(config << ", async " << async) {
+  struct Case {
+    std::string config, async, procs_transport;
+  };
+  for (auto [config, async, procs_transport] : std::vector<Case>{
+           {kConfig, "true", "shm"}, {kConfig, "false", "shm"}, {fully_async, "true", "shm"},
+           {fully_async, "true", "collective"}}) {
+    BOOST_TEST_CONTEXT(config << ", async " << async << ", processes' weight_sync.transport " << procs_transport) {
       TempDir dir;
       std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=" + async, "trainer.ckpt_interval=10",
                                       "trainer.max_ckpts_to_keep=0"};
@@ -97,11 +102,14 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
       BOOST_REQUIRE_MESSAGE(straight.code == 0, straight.output);
       const std::string launch = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
       auto first = test::run_command(
-          launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20"}), config));
+          launch + train_command(with({"trainer.ckpt_path=" + dir / "procs", "trainer.total_steps=20",
+                                       "weight_sync.transport=" + procs_transport}),
+                                 config));
       BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
       const std::string launch2 = "MASTER_PORT=" + std::to_string(test::free_port()) + " " + kSource + "/scripts/launch-local.sh 4 ";
       auto second = test::run_command(launch2 + train_command(with({"trainer.ckpt_path=" + dir / "procs",
-                                                                    "trainer.total_steps=40", "trainer.resume_mode=latest"}),
+                                                                    "trainer.total_steps=40", "trainer.resume_mode=latest",
+                                                                    "weight_sync.transport=" + procs_transport}),
                                                                config));
       BOOST_REQUIRE_MESSAGE(second.code == 0, second.output);
       BOOST_TEST((test::committed_steps(dir / "procs") == std::vector<std::int64_t>{10, 20, 30, 40}));

@@ -194,6 +194,31 @@ BOOST_AUTO_TEST_CASE(fully_async_stays_within_the_staleness_bound_and_twice_the_
   BOOST_TEST(sync.find("total_steps: 500") != std::string::npos);
 }
 
+// Issue 57: the generators get each version over the shared-memory channel (every trainer rank
+// pushing its part, the replicas split) exactly as over the tensor-parallel collectives.
+BOOST_AUTO_TEST_CASE(fully_async_over_shared_memory_trains_what_it_trains_over_collectives) {
+  TempDir dir;
+  for (std::string transport : {"shm", "collective"}) {
+    Run r = train("fully_async_rl.yaml", {"trainer.ckpt_path=" + dir / transport, "trainer.total_steps=30",
+                                          "fully_async.max_staleness_steps=2", "weight_sync.transport=" + transport},
+                  dir / (transport + ".jsonl"));
+    BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  }
+  auto a = test::files_of(dir / "shm/global_step_30");
+  auto b = test::files_of(dir / "collective/global_step_30");
+  BOOST_TEST(a.size() == b.size());
+  BOOST_TEST(a.count("policy/metadata.json") == 1u);
+  for (const auto& [name, bytes] : a) BOOST_TEST((b[name] == bytes), name << " differs between the transports");
+  auto x = lines_of(dir / "shm.jsonl", "step");
+  auto y = lines_of(dir / "collective.jsonl", "step");
+  BOOST_REQUIRE(x.size() == 30u);
+  BOOST_REQUIRE(y.size() == 30u);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    BOOST_TEST(x[i]["reward"] == y[i]["reward"]);
+    BOOST_TEST(x[i]["behaviour_version"] == y[i]["behaviour_version"]);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact_for_every_trainer_and_save_mode) {
   for (std::string config : {"sync_rl.yaml", "sft.yaml", "fully_async_rl.yaml"}) {
     for (std::string async : {"true", "false"}) {
