@@ -16,7 +16,7 @@
 #include "stagehand/checkpoint/tiers/tier_copy.hpp"
 #include "stagehand/checkpoint/load/verify.hpp"
 #include "stagehand/storage/default_file_system.hpp"
-#include "stagehand/tools/progress_meter.hpp"
+#include "stagehand/core/progress_meter.hpp"
 
 using namespace stagehand;
 

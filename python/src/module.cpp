@@ -26,6 +26,7 @@
 #include "stagehand/checkpoint/interop/export.hpp"
 #include "stagehand/checkpoint/load/resolve.hpp"
 #include "stagehand/checkpoint/load/verify.hpp"
+#include "stagehand/core/progress_meter.hpp"
 #include "stagehand/storage/default_file_system.hpp"
 #include "stagehand/core/copy_engine.hpp"
 #include "stagehand/core/device.hpp"
@@ -43,6 +44,16 @@ namespace {
 /// Resolves `path` (a root, through its tracker, or one step folder) on the default file system
 /// and runs `read(fs, dir)` on the folder, the GIL released throughout.
 /// @return the folder and what `read` returned; raises stagehand.Error on a failure of either.
+
+/// `progress` as stagehand-ckpt's --progress spells it: "auto" (a terminal, after a second),
+/// "always" or "never"; anything else is a ValueError.
+ProgressMeter::Mode progress_mode(const std::string& progress) {
+  if (progress != "auto" && progress != "always" && progress != "never") {
+    throw nb::value_error(("progress: '" + progress + "' is none of 'auto', 'always', 'never'").c_str());
+  }
+  return ProgressMeter::parse_mode(progress);
+}
+
 template <class Read>
 auto read_resolved(const std::string& path, Read read) {
   using Value = std::remove_cvref_t<decltype(*read(std::declval<FileSystem&>(), std::string()))>;
@@ -172,10 +183,12 @@ NB_MODULE(_stagehand, m) {
       .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
   // noconvert: never a converted copy (a load would fill the copy).
   // stagehand-ckpt verify: a root (the step its tracker names) or one step folder.
-  m.def("verify", [](const std::string& path) {
-    auto [dir, result] = read_resolved(path, [](FileSystem& fs, const std::string& dir) {
-      return verify_checkpoint(fs, dir);
+  m.def("verify", [](const std::string& path, const std::string& progress) {
+    ProgressMeter meter(progress_mode(progress));
+    auto [dir, result] = read_resolved(path, [&meter](FileSystem& fs, const std::string& dir) {
+      return verify_checkpoint(fs, dir, meter.reporter());
     });
+    meter.finish();
     nb::dict out;
     out["checkpoint"] = dir;
     out["ok"] = result.ok();
@@ -184,7 +197,7 @@ NB_MODULE(_stagehand, m) {
     out["chunks_checked"] = result.chunks_checked;
     out["bytes_checked"] = result.bytes_checked;
     return out;
-  }, nb::arg("path"));
+  }, nb::arg("path"), nb::arg("progress") = "never");
   // stagehand-ckpt inspect: the metadata of a root's tracked step or one step folder.
   m.def("inspect", [](const std::string& path) {
     struct Read {
@@ -240,8 +253,11 @@ NB_MODULE(_stagehand, m) {
   }, nb::arg("path"));
   // stagehand-ckpt export: consolidated tensors in the Hugging Face layout.
   m.def("export", [](const std::string& checkpoint, const std::string& out, const std::string& what,
-                     const std::string& dtype, const std::string& max_shard_size, int threads) {
+                     const std::string& dtype, const std::string& max_shard_size, int threads,
+                     const std::string& progress) {
     ExportOptions options;
+    ProgressMeter meter(progress_mode(progress));
+    options.progress = meter.reporter();
     if (what == "all") {
       options.what = ExportOptions::What::all;
     } else if (what != "model") {
@@ -268,6 +284,7 @@ NB_MODULE(_stagehand, m) {
       auto fs = default_file_system(ObjectStoreOptions::from_environment());
       status = export_checkpoint(*fs, checkpoint, out, options, &report);
     }
+    meter.finish();
     check(status);
     nb::dict result;
     result["tensors"] = report.tensors;
@@ -278,7 +295,7 @@ NB_MODULE(_stagehand, m) {
     result["total_s"] = report.total_s;
     return result;
   }, nb::arg("checkpoint"), nb::arg("out"), nb::arg("what"), nb::arg("dtype"), nb::arg("max_shard_size"),
-     nb::arg("threads"));
+     nb::arg("threads"), nb::arg("progress") = "never");
   m.def("make_entry", &make_entry<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
         nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
   m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),

@@ -42,12 +42,14 @@ __all__ = ["Checkpointer", "PendingSave", "Shard", "Error", "WeightPublisher", "
            "verify"]
 
 
-def verify(path) -> dict:
+def verify(path, *, progress: str = "never") -> dict:
     """Checks a checkpoint as ``stagehand-ckpt verify`` does: the metadata and headers as a load
     reads them, every file's and chunk's checksum. ``path`` is a root (the step its tracker names)
     or one global_step_N folder. Returns ``{"checkpoint", "ok", "problems", "files_checked",
-    "chunks_checked", "bytes_checked"}``; raises ``stagehand.Error`` when it cannot be checked."""
-    return _verify(os.fspath(path))
+    "chunks_checked", "bytes_checked"}``; raises ``stagehand.Error`` when it cannot be checked.
+    ``progress``: a progress line on stderr as ``stagehand-ckpt --progress`` draws it: "auto" (on
+    a terminal, once it has run a second), "always" or "never"."""
+    return _verify(os.fspath(path), progress)
 
 
 def inspect(path) -> dict:
@@ -63,19 +65,19 @@ def inspect(path) -> dict:
 
 
 def export(checkpoint, out, *, what: str = "model", dtype: str | None = None, max_shard_size="5GiB",
-           threads: int = 4) -> dict:
+           threads: int = 4, progress: str = "never") -> dict:
     """Writes the checkpoint's tensors as consolidated full tensors with their plain names, in the
     Hugging Face layout (``model.safetensors``, or numbered shards and
     ``model.safetensors.index.json``), as ``stagehand-ckpt export`` does, verifying every chunk it
     reads. ``what``: "model" (tensors named model.*) or "all"; ``dtype``: None (as saved),
     "bf16" or "fp32" (floating point tensors converted); ``max_shard_size``: bytes, or text such
     as "5GB" or "2GiB". ``out`` must not exist or be empty; it appears whole or not at all.
-    Returns ``{"tensors", "bytes", "files", "largest_tensor_bytes", "buffer_peak_bytes",
-    "total_s"}``."""
+    ``progress``: a progress line on stderr, as for ``verify``. Returns ``{"tensors", "bytes",
+    "files", "largest_tensor_bytes", "buffer_peak_bytes", "total_s"}``."""
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, (int, str)):
         raise TypeError(f"max_shard_size: {max_shard_size!r} is neither a byte count nor a size text")
     return _export(os.fspath(checkpoint), os.fspath(out), what, "as-saved" if dtype is None else dtype,
-                   str(max_shard_size), threads)
+                   str(max_shard_size), threads, progress)
 
 
 class Shard:

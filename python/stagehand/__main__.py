@@ -25,7 +25,7 @@ def _human(n: int) -> str:
 
 
 def _verify(args) -> int:
-    report = verify(args.path)
+    report = verify(args.path, progress=args.progress)
     for problem in report["problems"]:
         print(f"problem: {problem}")
     state = "OK" if report["ok"] else "FAILED"
@@ -60,12 +60,18 @@ def _inspect(args) -> int:
 def _export(args) -> int:
     dtype = None if args.dtype == "as-saved" else args.dtype
     report = export(args.path, args.out, what=args.what, dtype=dtype, max_shard_size=args.max_shard_size,
-                    threads=args.threads)
+                    threads=args.threads, progress=args.progress)
     print(f"exported {report['tensors']} tensors, {_human(report['bytes'])}, into {len(report['files'])} files "
           f"in {args.out} in {report['total_s']:.2f} s")
     for name in report["files"]:
         print(f"  {name}")
     return 0
+
+
+def _progress_option(command) -> None:
+    command.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                         help="a progress line on stderr: auto (on a terminal, once the command has run a second), "
+                              "always, or never")
 
 
 def main(argv=None) -> int:
@@ -75,6 +81,7 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("verify", help="check every file and chunk of a checkpoint")
     check.add_argument("path")
+    _progress_option(check)
     check.set_defaults(run=_verify)
     listing = commands.add_parser("inspect", help="list a checkpoint's tensors, shards, files and objects")
     listing.add_argument("path")
@@ -89,6 +96,7 @@ def main(argv=None) -> int:
                      help="floating point tensors as saved, or converted (round to nearest even)")
     out.add_argument("--max-shard-size", default="5GiB", help="largest file: 5GB, 500MB, 2GiB, or bytes")
     out.add_argument("--threads", type=int, default=4, help="reads in flight at once (1 to 256)")
+    _progress_option(out)
     out.set_defaults(run=_export)
     args = parser.parse_args(argv)
     try:

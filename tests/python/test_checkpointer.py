@@ -6,6 +6,7 @@ Run by ctest (python_test) with PYTHONPATH=<build>/python and STAGEHAND_BIN_DIR=
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -548,6 +549,32 @@ def test_python_m_stagehand_verify_checks_every_chunk(tmp_path):
     assert data.name in bad.stdout and "FAILED" in bad.stdout
     missing = run(tmp_path / "nothing-here")
     assert missing.returncode == 2 and "nothing-here" in missing.stderr
+
+
+def test_python_m_stagehand_verify_and_export_draw_a_progress_line_when_asked(tmp_path):
+    """As stagehand-ckpt's: "verify: 72.0 KiB of 72.0 KiB (100%)", on stderr, ended by a new line;
+    none when not asked and stderr is no terminal (auto), or with never."""
+    w = random_array(np.float32, (256, 64), 11)
+    save_in(tmp_path / "ckpt", 2, {"model": {"w": w}, "step": 2})
+    m = [sys.executable, "-m", "stagehand"]
+    for args, phase in ((["verify", str(tmp_path / "ckpt")], "verify"),
+                        (["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")], "export")):
+        shown = subprocess.run(m + args + ["--progress", "always"], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        lines = [line.split("\r")[-1] for line in shown.stderr.splitlines()]
+        assert any(line.startswith(f"{phase}: ") and "(100%)" in line for line in lines), shown.stderr
+        assert shown.stderr.endswith("\n")
+        if phase == "export":
+            shutil.rmtree(tmp_path / "hf")
+        quiet = subprocess.run(m + args, capture_output=True, text=True, timeout=60)  # auto, stderr a pipe
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+        if phase == "export":
+            shutil.rmtree(tmp_path / "hf")
+    bad = subprocess.run(m + ["verify", str(tmp_path / "ckpt"), "--progress", "sometimes"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--progress" in bad.stderr
+    with pytest.raises(ValueError, match="progress: 'sometimes'"):
+        stagehand.verify(tmp_path / "ckpt", progress="sometimes")
 
 
 def test_inspect_lists_what_was_saved_and_python_m_prints_it(tmp_path):

@@ -1,4 +1,4 @@
-#include "stagehand/tools/progress_meter.hpp"
+#include "stagehand/core/progress_meter.hpp"
 
 #include <unistd.h>
 
