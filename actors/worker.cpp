@@ -6,9 +6,11 @@
 
 #include <exception>
 #include <future>
+#include <memory>
 #include <optional>
 
 #include "stagehand/checkpoint/save/planner.hpp"
+#include "stagehand/core/thread_pool.hpp"
 
 namespace stagehand {
 
@@ -165,7 +167,8 @@ class Worker : public worker_actor::base {
   /// bucket and receiver); its error, if it failed.
   Status finish_push() {
     if (!push_.valid()) return Status::ok();
-    return push_.get();
+    push_.get();
+    return *push_status_;
   }
 
   /// Starts pushing the state as `version` in the background, fence closed.
@@ -184,8 +187,10 @@ class Worker : public worker_actor::base {
       publisher_ = std::shared_ptr<ShmWeightPublisher>(std::move(*created));
     }
     if (fence_) fence_->close();
-    push_ = std::async(std::launch::async, [publisher = publisher_, selected, fence = fence_, version, wait_for,
-                                            rank = rank_]() -> Status {
+    if (!push_thread_) push_thread_ = std::make_unique<ThreadPool>(1);
+    push_status_ = std::make_shared<Status>();
+    push_ = push_thread_->submit([publisher = publisher_, selected, fence = fence_, version, wait_for, rank = rank_,
+                                  out = push_status_] {
       Status st;
       auto report = publisher->push(version, *selected, wait_for);
       if (!report.is_ok()) {
@@ -196,7 +201,7 @@ class Worker : public worker_actor::base {
         }
       }
       if (fence) fence->open();
-      return st.with_context("weight push of step " + std::to_string(version));
+      *out = st.with_context("weight push of step " + std::to_string(version));
     });
     return Status::ok();
   }
@@ -220,8 +225,10 @@ class Worker : public worker_actor::base {
   std::shared_ptr<StagingFence> fence_;
   std::optional<WeightPublishing> publishing_;
   std::shared_ptr<ShmWeightPublisher> publisher_;
-  /// The push in flight (its Status), if any.
-  std::future<Status> push_;
+  /// The thread that pushes, the push in flight (if any) and its outcome.
+  std::unique_ptr<ThreadPool> push_thread_;
+  std::future<void> push_;
+  std::shared_ptr<Status> push_status_;
 };
 
 /// A Checkpointable that is nothing but its state.

@@ -1,5 +1,7 @@
 #include "stagehand/checkpoint/sync/shm_channel.hpp"
 
+#include "stagehand/core/thread_pool.hpp"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -21,6 +23,7 @@
 #include "stagehand/checkpoint/save/global_plan.hpp"
 #include "stagehand/checkpoint/save/planner.hpp"
 #include "stagehand/checkpoint/sync/shm_segment.hpp"
+#include "stagehand/core/thread_pool.hpp"
 
 namespace stagehand {
 
@@ -308,6 +311,7 @@ struct ShmWeightReceiver::Impl {
   std::vector<Rank> ranks;  // only the trainer ranks that send a part of this receiver's blocks
   std::vector<Mapping> others;
   WeightChannelOptions options;
+  std::unique_ptr<ThreadPool> pool;  // made at the first receive(); joined before the entries go
 
   ~Impl() {
     for (Rank& r : ranks) {
@@ -554,13 +558,22 @@ Result<std::int64_t> ShmWeightReceiver::receive(StateDict& state, std::int64_t m
   std::vector<Result<std::int64_t>> steps(m.ranks.size(), Result<std::int64_t>(std::int64_t{-1}));
   std::vector<bool> again(m.ranks.size(), true);
   std::int64_t target = min_step;
+  // One thread per trainer rank taken from, kept for the receiver's life; the first rank's part
+  // on the calling thread.
+  if (!m.pool && m.ranks.size() > 1) m.pool = std::make_unique<ThreadPool>(static_cast<int>(m.ranks.size() - 1));
   for (;;) {
-    std::vector<std::thread> pool;
+    std::vector<std::future<void>> parts;
+    std::size_t here = m.ranks.size();
     for (std::size_t i = 0; i < m.ranks.size(); ++i) {
       if (!again[i]) continue;
-      pool.emplace_back([&, i] { steps[i] = m.take(m.ranks[i], state, target, deadline); });
+      if (here == m.ranks.size()) {
+        here = i;
+        continue;
+      }
+      parts.push_back(m.pool->submit([&, i] { steps[i] = m.take(m.ranks[i], state, target, deadline); }));
     }
-    for (auto& t : pool) t.join();
+    if (here < m.ranks.size()) steps[here] = m.take(m.ranks[here], state, target, deadline);
+    for (auto& f : parts) f.get();
     std::int64_t newest = target;
     for (auto& s : steps) {
       if (!s.is_ok()) return s.status();
