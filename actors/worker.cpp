@@ -167,7 +167,11 @@ class Worker : public worker_actor::base {
   /// bucket and receiver); its error, if it failed.
   Status finish_push() {
     if (!push_.valid()) return Status::ok();
-    push_.get();
+    try {
+      push_.get();
+    } catch (const std::exception& e) {
+      return {ErrorCode::internal, "rank " + std::to_string(rank_) + ": the weight push failed: " + e.what()};
+    }
     return *push_status_;
   }
 
@@ -183,26 +187,50 @@ class Worker : public worker_actor::base {
       }
       auto created = ShmWeightPublisher::create(publishing_->channel, rank_, publishing_->world,
                                                 selected->descriptors(), publishing_->options);
-      if (!created.is_ok()) return created.status().with_context("rank " + std::to_string(rank_));
+      if (!created.is_ok()) {
+        return created.status().with_context(
+            "rank " + std::to_string(rank_) +
+            " (the shared-memory channel needs every trainer rank on one host; ranks on several hosts: "
+            "weight_sync.transport collective)");
+      }
       publisher_ = std::shared_ptr<ShmWeightPublisher>(std::move(*created));
     }
-    if (fence_) fence_->close();
-    if (!push_thread_) push_thread_ = std::make_unique<ThreadPool>(1);
-    push_status_ = std::make_shared<Status>();
-    push_ = push_thread_->submit([publisher = publisher_, selected, fence = fence_, version, wait_for, rank = rank_,
-                                  out = push_status_] {
-      Status st;
-      auto report = publisher->push(version, *selected, wait_for);
-      if (!report.is_ok()) {
-        st = report.status();
-      } else {
-        for (const auto& dropped : report->dropped) {
-          spdlog::warn("rank {}: weight sync of step {}: not delivered: {}", rank, version, dropped);
+    bool closed = false;
+    try {
+      if (!push_thread_) push_thread_ = std::make_unique<ThreadPool>(1);
+      push_status_ = std::make_shared<Status>();
+      if (fence_) fence_->close();
+      closed = fence_ != nullptr;
+      push_ = push_thread_->submit([publisher = publisher_, selected, fence = fence_, version, wait_for, rank = rank_,
+                                    out = push_status_] {
+        // The fence opens however the push ends.
+        struct Open {
+          StagingFence* fence;
+          ~Open() {
+            if (fence) fence->open();
+          }
+        } open{fence.get()};
+        Status st;
+        try {
+          auto report = publisher->push(version, *selected, wait_for);
+          if (!report.is_ok()) {
+            st = report.status();
+          } else {
+            for (const auto& dropped : report->dropped) {
+              spdlog::warn("rank {}: weight sync of step {}: not delivered: {}", rank, version, dropped);
+            }
+          }
+        } catch (const std::exception& e) {
+          st = {ErrorCode::internal, std::string("the push threw: ") + e.what()};
         }
-      }
-      if (fence) fence->open();
-      *out = st.with_context("weight push of step " + std::to_string(version));
-    });
+        *out = st.with_context("weight push of step " + std::to_string(version));
+      });
+    } catch (const std::exception& e) {
+      // Nothing was submitted (submit() threw): this push's close is undone.
+      if (closed) fence_->open();
+      push_ = {};
+      return {ErrorCode::internal, "rank " + std::to_string(rank_) + ": starting the weight push failed: " + e.what()};
+    }
     return Status::ok();
   }
 

@@ -112,8 +112,10 @@ class MegatronStrategy : public strategy_actor::base {
       return to_caf_error(staged);
     }
     SaveEngine* engine = engine_.get();
-    std::shared_ptr<StagingFence> fence = options_.fence;
-    if (fence && engine->stages_in_background()) fence->close();
+    // Closed only while staging goes on in the background; then opened once, when it ends (the
+    // fence counts its readers: a weight push may hold it too).
+    std::shared_ptr<StagingFence> fence = engine->stages_in_background() ? options_.fence : nullptr;
+    if (fence) fence->close();
     queue_->schedule([engine, view, fence, policy_dir = order.policy_dir, step = order.step] {
       return engine->write_async(*view, policy_dir, step, [fence] {
         if (fence) fence->open();

@@ -27,6 +27,10 @@ class ChannelVersions {
 
   ~ChannelVersions() {
     stop_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (receiver_) receiver_->stop();
+    }
     thread_.join();
   }
 
@@ -50,56 +54,74 @@ class ChannelVersions {
  private:
   std::string last_error_text() const { return last_error_.empty() ? "" : "; last: " + last_error_; }
 
-  void run() {
-    // Connects in short tries, so that a generator stopped before the trainer ranks' segments
-    // exist (a run that failed at its start) ends at once.
+  void fail(Status st) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = st.with_context(weights_.name);
+    cv_.notify_all();
+  }
+
+  /// Connects in short tries, so that a generator stopped before the trainer ranks' segments
+  /// exist (a run that failed at its start) ends at once; null when stopped or failed.
+  std::shared_ptr<ShmWeightReceiver> connect() {
     const auto deadline = std::chrono::steady_clock::now() + weights_.options.connect_timeout;
     WeightChannelOptions options = weights_.options;
     options.connect_timeout = std::chrono::milliseconds(200);
-    auto receiver = ShmWeightReceiver::connect(weights_.channel, weights_.name, BanditMlp::policy_blocks(model_), options);
-    while (!receiver.is_ok() && receiver.status().code() == ErrorCode::timeout && !stop_ &&
-           std::chrono::steady_clock::now() < deadline) {
-      receiver = ShmWeightReceiver::connect(weights_.channel, weights_.name, BanditMlp::policy_blocks(model_), options);
+    for (;;) {
+      auto receiver = ShmWeightReceiver::connect(weights_.channel, weights_.name, BanditMlp::policy_blocks(model_),
+                                                 options);
+      if (stop_) return nullptr;
+      if (receiver.is_ok()) {
+        std::shared_ptr<ShmWeightReceiver> made(std::move(*receiver));
+        std::lock_guard<std::mutex> lock(mutex_);
+        receiver_ = made;
+        return made;
+      }
+      if (receiver.status().code() != ErrorCode::timeout || std::chrono::steady_clock::now() >= deadline) {
+        fail(receiver.status());
+        return nullptr;
+      }
     }
-    if (stop_) return;
-    if (!receiver.is_ok()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      failed_ = receiver.status().with_context(weights_.name);
-      cv_.notify_all();
-      return;
-    }
+  }
+
+  void run() {
     StateDict buffer;
     for (const auto& d : BanditMlp::policy_blocks(model_)) {
       auto t = Tensor::empty(d.dtype, d.local_shape, Device::host());
-      if (!t.is_ok()) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        failed_ = t.status().with_context(weights_.name);
-        cv_.notify_all();
-        return;
-      }
+      if (!t.is_ok()) return fail(t.status());
       buffer.add_full(d.name, std::move(*t));
     }
+    std::shared_ptr<ShmWeightReceiver> receiver;
     std::int64_t next = 0;
     while (!stop_) {
-      auto step = (*receiver)->receive(buffer, next, std::chrono::milliseconds(200));
+      if (!receiver && !(receiver = connect())) return;
+      if (stop_) return;
+      // A long wait (stop() ends it at once), so that every trainer rank's part of a version is
+      // taken in one receive even when the ranks push some time apart.
+      auto step = receiver->receive(buffer, next, weights_.options.connect_timeout);
       if (!step.is_ok()) {
-        // Nothing pushed yet (a timeout) is no news; a drop or a gone trainer rank is kept to
-        // say why a version never came.
-        if (step.status().code() != ErrorCode::timeout) {
+        if (step.status().code() == ErrorCode::timeout) continue;  // nothing pushed: no news
+        {
           std::lock_guard<std::mutex> lock(mutex_);
           last_error_ = step.status().message();
+        }
+        if (step.status().code() == ErrorCode::io_error) {
+          // A trainer rank's segment is gone or closed (one a crashed run left, replaced when
+          // the rank starts): connect again.
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            receiver_.reset();
+          }
+          receiver.reset();
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
         continue;
       }
       auto policy = BanditMlp::policy_from(buffer, *step);
+      if (!policy.is_ok()) return fail(policy.status());
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!policy.is_ok()) {
-        failed_ = policy.status().with_context(weights_.name);
-      } else {
-        versions_[*step] = std::make_shared<const PolicyWeights>(std::move(*policy));
-        newest_ = *step;
-        while (static_cast<std::int64_t>(versions_.size()) > weights_.keep) versions_.erase(versions_.begin());
-      }
+      versions_[*step] = std::make_shared<const PolicyWeights>(std::move(*policy));
+      newest_ = *step;
+      while (static_cast<std::int64_t>(versions_.size()) > weights_.keep) versions_.erase(versions_.begin());
       cv_.notify_all();
       next = *step + 1;
     }
@@ -114,6 +136,7 @@ class ChannelVersions {
   std::int64_t newest_ = -1;
   Status failed_;
   std::string last_error_;
+  std::shared_ptr<ShmWeightReceiver> receiver_;  // for stop() from the destructor
   std::thread thread_;  // last: it starts once the members above exist
 };
 
@@ -133,7 +156,9 @@ class Generator : public caf::event_based_actor {
     return {
         [this](generate_atom, std::int64_t, std::int64_t version, std::int64_t first,
                std::int64_t count) -> caf::result<std::vector<std::int32_t>> {
-          auto weights = store_ ? store_->wait_for(version, timeout_) : channel_->wait_for(version, timeout_);
+          // A little less than the trainer's request waits, so that the trainer hears why.
+          const auto wait = timeout_ - timeout_ / 10;
+          auto weights = store_ ? store_->wait_for(version, wait) : channel_->wait_for(version, wait);
           if (!weights.is_ok()) return to_caf_error(weights.status());
           return generate_actions(task_, **weights, model_.group_size, static_cast<std::uint64_t>(first),
                                   static_cast<std::size_t>(count));

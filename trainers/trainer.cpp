@@ -49,7 +49,8 @@ WeightChannelOptions weight_channel_options(const WeightSyncConfig& weight_sync,
   WeightChannelOptions options;
   options.bucket_bytes = static_cast<std::uint64_t>(weight_sync.bucket_mib) << 20;
   options.receiver_timeout = std::chrono::seconds(weight_sync.receiver_timeout_s);
-  options.connect_timeout = call_timeout;
+  // Within the export call that creates a publisher, which waits this long for the other ranks.
+  options.connect_timeout = call_timeout / 2;
   return options;
 }
 

@@ -37,7 +37,7 @@ struct TrainerOptions {
   std::shared_ptr<FileSystem> file_system;
 };
 
-/// The channel options of `weight_sync` (connect waits: `call_timeout`).
+/// The channel options of `weight_sync` (connect waits: half of `call_timeout`).
 WeightChannelOptions weight_channel_options(const WeightSyncConfig& weight_sync, std::chrono::milliseconds call_timeout);
 
 /// What a trainer did, for the summary and the exit code.

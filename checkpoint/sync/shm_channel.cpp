@@ -311,7 +311,8 @@ struct ShmWeightReceiver::Impl {
   std::vector<Rank> ranks;  // only the trainer ranks that send a part of this receiver's blocks
   std::vector<Mapping> others;
   WeightChannelOptions options;
-  std::unique_ptr<ThreadPool> pool;  // made at the first receive(); joined before the entries go
+  std::unique_ptr<ThreadPool> pool;  // made at the first receive(); idle whenever receive() is not running
+  std::atomic<bool> stopped{false};
 
   ~Impl() {
     for (Rank& r : ranks) {
@@ -324,6 +325,8 @@ struct ShmWeightReceiver::Impl {
 
   /// Takes the next version of rank `r` whose step is >= `min_step` into `state`.
   Result<std::int64_t> take(Rank& r, StateDict& state, std::int64_t min_step, Clock::time_point deadline) {
+    const auto now = Clock::now();
+    const Clock::time_point hard_deadline = deadline + std::max<Clock::duration>(deadline - now, std::chrono::seconds(1));
     Header& h = r.seg.header();
     ReceiverEntry& e = r.seg.entry(r.entry);
     const std::string who = "trainer rank " + std::to_string(r.rank);
@@ -345,18 +348,19 @@ struct ShmWeightReceiver::Impl {
                                               "' from version " + std::to_string(at(h.version).load()) +
                                               ": it took a bucket later than the publisher's receiver timeout"};
       }
+      if (stopped.load(std::memory_order_acquire)) {
+        return Status{ErrorCode::aborted, "weight sync: receiver '" + name + "' was stopped"};
+      }
       if (Clock::now() >= deadline) {
-        // Before a version took it in, it leaves; once one did (the push is about to say which
-        // buckets), it takes part: the push waits for it at most its receiver timeout.
+        // Before a version took it in, it leaves; once one did, it takes part to the version's
+        // end (the publisher drops it if it is too slow), up to a second timeout's length.
         std::uint64_t expected = kWant;
-        if (at(e.want).load(std::memory_order_acquire) == kWant &&
-            !at(e.want).compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel) && expected != kDropped) {
-          return std::nullopt;
+        if (at(e.want).load(std::memory_order_acquire) == kWant) {
+          at(e.want).compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel);
         }
         const std::uint64_t w = at(e.want).load(std::memory_order_acquire);
-        if (w != kWant && w != kIdle && w != kDropped && at(h.version).load(std::memory_order_acquire) < w) {
-          return std::nullopt;  // taken in, the version not announced yet
-        }
+        const bool taken_in = w != kWant && w != kIdle && w != kDropped;
+        if (taken_in && Clock::now() < hard_deadline) return std::nullopt;
         return Status{ErrorCode::timeout, "weight sync: receiver '" + name + "' waited in vain for " +
                                                         waiting_for + " of " + who};
       }
@@ -589,6 +593,8 @@ Result<std::int64_t> ShmWeightReceiver::receive(StateDict& state, std::int64_t m
     target = newest;
   }
 }
+
+void ShmWeightReceiver::stop() { impl_->stopped.store(true, std::memory_order_release); }
 
 std::int64_t ShmWeightReceiver::newest_pushed_step() const {
   std::int64_t newest = -1;

@@ -106,14 +106,18 @@ class ShmWeightReceiver {
 
   /// Waits for the next version whose step is at least `min_step` and fills `state` (the blocks
   /// given at connect, host memory) with it in place, every rank's part of one step. Returns that
-  /// step. Once a push took it in, it takes part even past `timeout` (bounded by that push's
-  /// receiver timeout). Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
+  /// step. Once a push took it in, it takes part in that version even past `timeout` (the
+  /// publisher drops it when it is too slow), up to a second `timeout` (at least 1 s). Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
   /// rank that dropped this receiver (too slow) or whose process is gone; after an error the
   /// state's contents are a mix of versions and the next receive() starts over.
   Result<std::int64_t> receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout);
 
   /// The newest step any trainer rank finished pushing (-1 before the first); for a staleness test.
   std::int64_t newest_pushed_step() const;
+
+  /// Ends a receive() running on another thread within 5 ms (an error: "was stopped"), and
+  /// every later one. Thread-safe.
+  void stop();
 
   struct Impl;
 

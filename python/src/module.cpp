@@ -41,10 +41,6 @@ using namespace stagehand_python;
 
 namespace {
 
-/// Resolves `path` (a root, through its tracker, or one step folder) on the default file system
-/// and runs `read(fs, dir)` on the folder, the GIL released throughout.
-/// @return the folder and what `read` returned; raises stagehand.Error on a failure of either.
-
 /// `progress` as stagehand-ckpt's --progress spells it: "auto" (a terminal, after a second),
 /// "always" or "never"; anything else is a ValueError.
 ProgressMeter::Mode progress_mode(const std::string& progress) {
@@ -54,6 +50,9 @@ ProgressMeter::Mode progress_mode(const std::string& progress) {
   return ProgressMeter::parse_mode(progress);
 }
 
+/// Resolves `path` (a root, through its tracker, or one step folder) on the default file system
+/// and runs `read(fs, dir)` on the folder, the GIL released throughout.
+/// @return the folder and what `read` returned; raises stagehand.Error on a failure of either.
 template <class Read>
 auto read_resolved(const std::string& path, Read read) {
   using Value = std::remove_cvref_t<decltype(*read(std::declval<FileSystem&>(), std::string()))>;

@@ -237,6 +237,48 @@ BOOST_AUTO_TEST_CASE(a_receiver_that_joins_late_gets_the_next_version_and_sees_t
   BOOST_TEST((*rx)->newest_pushed_step() == 6);
 }
 
+// A push that waits for 2 receivers when 1 comes: it waits the receiver timeout, names the
+// shortfall and serves the one that came, which takes the whole version though that came after
+// its own receive timeout (it was taken in before); stop() ends a receive at once.
+BOOST_AUTO_TEST_CASE(a_push_waits_for_receivers_and_one_taken_in_gets_the_whole_version_past_its_timeout) {
+  const std::string name = channel("wait");
+  auto options = small_buckets();
+  options.receiver_timeout = 300ms;
+  auto publisher = ShmWeightPublisher::create(name, 0, 1, rank_state(1, 0, true, 0).descriptors(), options);
+  BOOST_REQUIRE(publisher.is_ok());
+  StateDict state = rank_state(1, 0, false);
+  auto rx = ShmWeightReceiver::connect(name, "only", state.descriptors(), options);
+  BOOST_REQUIRE(rx.is_ok());
+  auto got = std::async(std::launch::async, [&] { return (*rx)->receive(state, 0, 100ms); });
+  while ((*publisher)->waiting_receivers() < 1) std::this_thread::sleep_for(1ms);
+  const auto started = std::chrono::steady_clock::now();
+  auto report = (*publisher)->push(4, rank_state(1, 0, true, 4), 2);
+  BOOST_REQUIRE(report.is_ok());
+  BOOST_TEST((std::chrono::steady_clock::now() - started >= 300ms));
+  BOOST_TEST(report->delivered == std::vector<std::string>{"only"});
+  BOOST_REQUIRE(report->dropped.size() == 1u);
+  BOOST_TEST(report->dropped[0].find("1 of the 2 receivers awaited did not wait") != std::string::npos,
+             report->dropped[0]);
+  auto step = got.get();
+  BOOST_REQUIRE_MESSAGE(step.is_ok(), step.status().message());
+  BOOST_TEST(*step == 4);
+  BOOST_TEST(first_mismatch(state, 4) == "");
+  // Nobody to wait for: a push with wait_for 0 does not wait.
+  auto quick = (*publisher)->push(5, rank_state(1, 0, true, 5));
+  BOOST_REQUIRE(quick.is_ok());
+  BOOST_TEST(quick->dropped.empty());
+  // stop(): a receive on another thread ends within a few ms, and so does every later one.
+  auto waiting = std::async(std::launch::async, [&] { return (*rx)->receive(state, 0, 20s); });
+  while ((*publisher)->waiting_receivers() < 1) std::this_thread::sleep_for(1ms);
+  const auto stopping = std::chrono::steady_clock::now();
+  (*rx)->stop();
+  auto stopped = waiting.get();
+  BOOST_TEST((std::chrono::steady_clock::now() - stopping < 2s));
+  BOOST_REQUIRE(!stopped.is_ok());
+  BOOST_TEST(stopped.status().message().find("'only' was stopped") != std::string::npos, stopped.status().message());
+  BOOST_TEST(!(*rx)->receive(state, 0, 1s).is_ok());
+}
+
 BOOST_AUTO_TEST_CASE(bad_input_and_waits_are_refused_or_bounded_by_name) {
   BOOST_TEST(ShmWeightPublisher::create("a/b", 0, 1, {}).status().message().find("channel name 'a/b'") != std::string::npos);
   BOOST_TEST(ShmWeightPublisher::create("x", 2, 2, {}).status().message().find("trainer rank 2 is outside a world of 2") !=

@@ -14,6 +14,7 @@
 #include "stagehand/core/foreground_gate.hpp"
 #include "stagehand/core/host_buffer.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/staging_fence.hpp"
 #include "stagehand/core/status.hpp"
 #include "stagehand/core/stream_copy.hpp"
 #include "stagehand/core/tensor.hpp"
@@ -402,4 +403,27 @@ BOOST_AUTO_TEST_CASE(the_foreground_gate_holds_work_back_at_most_its_limit_from_
   held = gate.hold();
   (void)gate.wait();
   BOOST_TEST(since(taken) >= 0.3);
+}
+
+// The fence counts its readers: a save staging in the background and a weight push may both
+// read the state, and it opens only when each of them is done.
+BOOST_AUTO_TEST_CASE(the_staging_fence_opens_when_its_last_reader_is_done) {
+  StagingFence fence;
+  BOOST_TEST(fence.is_open());
+  BOOST_TEST(fence.wait() == 0);
+  fence.close();
+  fence.close();
+  fence.open();
+  BOOST_TEST(!fence.is_open());
+  std::atomic<bool> passed{false};
+  std::thread waiter([&] {
+    (void)fence.wait();
+    passed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  BOOST_TEST(!passed.load());
+  fence.open();
+  waiter.join();
+  BOOST_TEST(passed.load());
+  BOOST_TEST(fence.is_open());
 }
