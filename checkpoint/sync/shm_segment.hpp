@@ -1,7 +1,8 @@
 #pragma once
 
-// The shared-memory segment of a weight-sync channel (shm_channel.cpp's internals): its layout,
-// the futex waits, descriptors in binary form, mapping and waiting for a rank's segment.
+// The shared-memory segment of a weight-sync channel (the internals of shm_publisher.cpp and
+// shm_receiver.cpp): its layout, the futex waits, descriptors in binary form, mapping and waiting
+// for a rank's segment.
 
 #include <fcntl.h>
 #include <linux/futex.h>
