@@ -12,6 +12,9 @@ namespace stagehand {
 
 namespace {
 
+/// The model weights' names, in params_' order (fc1 weight and bias, fc2 weight and bias).
+constexpr const char* kWeightNames[4] = {"model.fc1.weight", "model.fc1.bias", "model.fc2.weight", "model.fc2.bias"};
+
 std::uint16_t to_bf16(float f) {
   std::uint32_t x = 0;
   std::memcpy(&x, &f, 4);
@@ -111,13 +114,13 @@ Status BanditMlp::build_state() {
     p->global_index = std::move(index);
     params_.push_back(std::move(p));
   };
-  add("model.fc1.weight", true, Shape{H, D}, Shape{t * Hl, 0}, Shape{Hl, D}, 1.0 / std::sqrt(double(D)),
+  add(kWeightNames[0], true, Shape{H, D}, Shape{t * Hl, 0}, Shape{Hl, D}, 1.0 / std::sqrt(double(D)),
       [=](std::size_t i) { return static_cast<std::uint64_t>((t * Hl + std::int64_t(i) / D) * D + std::int64_t(i) % D); });
-  add("model.fc1.bias", true, Shape{H}, Shape{t * Hl}, Shape{Hl}, 0.0,
+  add(kWeightNames[1], true, Shape{H}, Shape{t * Hl}, Shape{Hl}, 0.0,
       [=](std::size_t i) { return static_cast<std::uint64_t>(t * Hl) + i; });
-  add("model.fc2.weight", true, Shape{K, H}, Shape{0, t * Hl}, Shape{K, Hl}, 1.0 / std::sqrt(double(H)),
+  add(kWeightNames[2], true, Shape{K, H}, Shape{0, t * Hl}, Shape{K, Hl}, 1.0 / std::sqrt(double(H)),
       [=](std::size_t i) { return static_cast<std::uint64_t>((std::int64_t(i) / Hl) * H + t * Hl + std::int64_t(i) % Hl); });
-  add("model.fc2.bias", false, Shape{K}, Shape{0}, Shape{K}, 0.0, [](std::size_t i) { return i; });
+  add(kWeightNames[3], false, Shape{K}, Shape{0}, Shape{K}, 0.0, [](std::size_t i) { return i; });
 
   state_ = std::make_shared<StateDict>();
   const int dp_size = layout_.data_parallel;
@@ -421,23 +424,22 @@ std::vector<ShardedTensorDesc> BanditMlp::policy_blocks(const ModelConfig& confi
     d.local_shape = shape;
     return d;
   };
-  return {full("model.fc1.weight", Shape{H, D}), full("model.fc1.bias", Shape{H}), full("model.fc2.weight", Shape{K, H}),
-          full("model.fc2.bias", Shape{K})};
+  return {full(kWeightNames[0], Shape{H, D}), full(kWeightNames[1], Shape{H}), full(kWeightNames[2], Shape{K, H}),
+          full(kWeightNames[3], Shape{K})};
 }
 
 Result<PolicyWeights> BanditMlp::policy_from(const StateDict& received, std::int64_t version) {
   PolicyWeights w;
   w.version = version;
   std::vector<float>* fields[] = {&w.fc1_weight, &w.fc1_bias, &w.fc2_weight, &w.fc2_bias};
-  const char* names[] = {"model.fc1.weight", "model.fc1.bias", "model.fc2.weight", "model.fc2.bias"};
   for (int i = 0; i < 4; ++i) {
     const ShardedTensor* found = nullptr;
     for (const auto& t : received.tensors) {
-      if (t.desc.name == names[i]) found = &t;
+      if (t.desc.name == kWeightNames[i]) found = &t;
     }
     if (found == nullptr || found->tensor.dtype() != DType::bf16 || found->tensor.device().is_cuda()) {
       return Status{ErrorCode::invalid_argument,
-                    std::string("the received policy has no bf16 host tensor '") + names[i] + "'"};
+                    std::string("the received policy has no bf16 host tensor '") + kWeightNames[i] + "'"};
     }
     const auto* src = static_cast<const std::uint16_t*>(found->tensor.data());
     fields[i]->resize(static_cast<std::size_t>(found->tensor.numel()));

@@ -123,6 +123,23 @@ inline std::map<std::string, std::string> files_of(const std::string& dir) {
   return out;
 }
 
+/// "" when the step folder `b_dir` holds the files of the checkpoint in `a_dir` (one with
+/// policy/metadata.json) byte for byte and no others; else what differs first.
+inline std::string checkpoint_difference(const std::string& a_dir, const std::string& b_dir) {
+  const auto a = files_of(a_dir);
+  const auto b = files_of(b_dir);
+  if (a.count("policy/metadata.json") != 1) return a_dir + " holds no policy/metadata.json";
+  if (a.size() != b.size()) {
+    return a_dir + " holds " + std::to_string(a.size()) + " files, " + b_dir + " " + std::to_string(b.size());
+  }
+  for (const auto& [name, bytes] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return name + " is missing in " + b_dir;
+    if (it->second != bytes) return name + " differs in " + b_dir;
+  }
+  return "";
+}
+
 /// A TCP port on 127.0.0.1 that nobody listened on a moment ago.
 inline int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
