@@ -22,40 +22,14 @@
 #include <string>
 #include <vector>
 
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
 
-struct WeightChannelOptions {
-  /// Bytes of one bucket (rounded up to 64).
-  std::uint64_t bucket_bytes = 64ull << 20;
-  /// Slots of the ring: pushes pipeline that many buckets ahead of the slowest receiver.
-  int buckets = 2;
-  /// Receivers one trainer rank serves at most.
-  int max_receivers = 64;
-  /// How long a push waits for one receiver to take one bucket before it drops it from the version.
-  std::chrono::milliseconds receiver_timeout{10000};
-  /// How long creating a publisher waits for the other trainer ranks' segments, and connecting a
-  /// receiver for all of them.
-  std::chrono::milliseconds connect_timeout{30000};
-};
-
-/// What one push did.
-struct PushReport {
-  std::uint64_t version = 0;
-  std::int64_t step = 0;
-  /// Bytes this rank pushed through its ring.
-  std::uint64_t bytes = 0;
-  /// Receivers (by name) that got the whole version from this rank.
-  std::vector<std::string> delivered;
-  /// Receivers dropped from this version, each with why ("'gen-1' (pid 123) died", "... took no
-  /// bucket for 10000 ms").
-  std::vector<std::string> dropped;
-};
-
 /// The trainer side of a channel: one per trainer rank.
-class ShmWeightPublisher {
+class ShmWeightPublisher final : public WeightPublisher {
  public:
   /// Creates rank `rank`'s segment (one left by a process that died is replaced), waits up to
   /// `connect_timeout` for the other `world - 1` ranks' segments and plans which blocks this rank
@@ -65,7 +39,7 @@ class ShmWeightPublisher {
   static Result<std::unique_ptr<ShmWeightPublisher>> create(const std::string& channel, int rank, int world,
                                                             std::vector<ShardedTensorDesc> blocks,
                                                             const WeightChannelOptions& options = {});
-  ~ShmWeightPublisher();
+  ~ShmWeightPublisher() override;
   ShmWeightPublisher(const ShmWeightPublisher&) = delete;
   ShmWeightPublisher& operator=(const ShmWeightPublisher&) = delete;
 
@@ -76,13 +50,13 @@ class ShmWeightPublisher {
   /// `dropped`. Returns when each receiver taking part took every bucket or was dropped; it
   /// waits at most `receiver_timeout` per bucket for one receiver. `state` must have the blocks
   /// given at creation, in host memory, and not change while this runs.
-  Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0);
+  Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0) override;
 
   /// Bytes this rank sends per version (its share of the model).
-  std::uint64_t sent_bytes() const;
+  std::uint64_t sent_bytes() const override;
 
   /// Receivers waiting in receive() now: those the next push would serve.
-  int waiting_receivers() const;
+  int waiting_receivers() const override;
 
   struct Impl;
 
@@ -92,7 +66,7 @@ class ShmWeightPublisher {
 };
 
 /// The inference side: one per inference rank (or per process that wants the weights).
-class ShmWeightReceiver {
+class ShmWeightReceiver final : public WeightReceiver {
  public:
   /// Opens every trainer rank's segment of `channel` (waiting up to `connect_timeout` for them),
   /// checks that the trainer ranks hold each of `blocks` (same dtype and global shape) and
@@ -100,7 +74,7 @@ class ShmWeightReceiver {
   static Result<std::unique_ptr<ShmWeightReceiver>> connect(const std::string& channel, const std::string& name,
                                                             std::vector<ShardedTensorDesc> blocks,
                                                             const WeightChannelOptions& options = {});
-  ~ShmWeightReceiver();
+  ~ShmWeightReceiver() override;
   ShmWeightReceiver(const ShmWeightReceiver&) = delete;
   ShmWeightReceiver& operator=(const ShmWeightReceiver&) = delete;
 
@@ -110,14 +84,14 @@ class ShmWeightReceiver {
   /// publisher drops it when it is too slow), up to a second `timeout` (at least 1 s). Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
   /// rank that dropped this receiver (too slow) or whose process is gone; after an error the
   /// state's contents are a mix of versions and the next receive() starts over.
-  Result<std::int64_t> receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout);
+  Result<std::int64_t> receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout) override;
 
   /// The newest step any trainer rank finished pushing (-1 before the first); for a staleness test.
-  std::int64_t newest_pushed_step() const;
+  std::int64_t newest_pushed_step() const override;
 
   /// Ends a receive() running on another thread within 5 ms (an error: "was stopped"), and
   /// every later one. Thread-safe.
-  void stop();
+  void stop() override;
 
   struct Impl;
 

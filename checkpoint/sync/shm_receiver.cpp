@@ -33,10 +33,6 @@ using namespace shm_detail;
 // Receiver
 
 struct ShmWeightReceiver::Impl {
-  struct Part {
-    std::uint32_t sent_index;  // into the rank's sent list
-    std::uint32_t block;       // this receiver's block
-  };
   struct Rank {
     int rank = 0;
     Mapping seg;
@@ -230,23 +226,9 @@ Result<std::unique_ptr<ShmWeightReceiver>> ShmWeightReceiver::connect(const std:
     std::uint64_t stream = 0;
     rank.offsets = stream_offsets(rank.descs, rank.sent, &stream);
     if (stream != h.stream_bytes) return Status{ErrorCode::corruption, "weight sync: trainer rank " + std::to_string(r) + "'s segment is damaged"};
-    for (std::uint32_t s = 0; s < rank.sent.size(); ++s) {
-      const ShardedTensorDesc& from = rank.descs[rank.sent[s]];
-      for (std::uint32_t j = 0; j < blocks.size(); ++j) {
-        const ShardedTensorDesc& block = blocks[j];
-        if (from.name != block.name) continue;
-        if (from.dtype != block.dtype || from.global_shape != block.global_shape) {
-          return invalid(who + "'s tensor '" + block.name + "' is " + std::string(dtype_name(block.dtype)) + " " +
-                         block.global_shape.to_string() + ", the trainer ranks' " +
-                         std::string(dtype_name(from.dtype)) + " " + from.global_shape.to_string());
-        }
-        held[j] = true;
-        const std::int64_t n = overlap_numel(chunk_of(from), block);
-        if (n == 0) continue;
-        covered[j] += n;
-        rank.parts.push_back({s, j});
-      }
-    }
+    auto parts = receiver_parts(rank.descs, rank.sent, blocks, who, covered, held);
+    if (!parts.is_ok()) return parts.status();
+    rank.parts = std::move(*parts);
     if (rank.parts.empty()) {
       impl->others.push_back(std::move(rank.seg));
       continue;
@@ -260,14 +242,7 @@ Result<std::unique_ptr<ShmWeightReceiver>> ShmWeightReceiver::connect(const std:
     }
     impl->ranks.push_back(std::move(rank));
   }
-  for (std::size_t j = 0; j < blocks.size(); ++j) {
-    if (!held[j]) return invalid(who + "'s tensor '" + blocks[j].name + "' is held by no trainer rank");
-    if (covered[j] != blocks[j].local_shape.numel()) {
-      return Status{ErrorCode::internal, "weight sync: " + who + "'s block of '" + blocks[j].name + "' is covered by " +
-                                             std::to_string(covered[j]) + " of its " +
-                                             std::to_string(blocks[j].local_shape.numel()) + " elements"};
-    }
-  }
+  SH_RETURN_IF_ERROR(check_covered(blocks, covered, held, who));
   // Register with each rank that sends a part.
   for (auto& rank : impl->ranks) {
     Header& h = rank.seg.header();
@@ -301,39 +276,11 @@ Result<std::int64_t> ShmWeightReceiver::receive(StateDict& state, std::int64_t m
   Impl& m = *impl_;
   SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "receiver '" + m.name + "'"));
   const auto deadline = Clock::now() + timeout;
-  std::vector<Result<std::int64_t>> steps(m.ranks.size(), Result<std::int64_t>(std::int64_t{-1}));
-  std::vector<bool> again(m.ranks.size(), true);
-  std::int64_t target = min_step;
   // One thread per trainer rank taken from, kept for the receiver's life; the first rank's part
   // on the calling thread.
   if (!m.pool && m.ranks.size() > 1) m.pool = std::make_unique<ThreadPool>(static_cast<int>(m.ranks.size() - 1));
-  for (;;) {
-    std::vector<std::future<void>> parts;
-    std::size_t here = m.ranks.size();
-    for (std::size_t i = 0; i < m.ranks.size(); ++i) {
-      if (!again[i]) continue;
-      if (here == m.ranks.size()) {
-        here = i;
-        continue;
-      }
-      parts.push_back(m.pool->submit([&, i] { steps[i] = m.take(m.ranks[i], state, target, deadline); }));
-    }
-    if (here < m.ranks.size()) steps[here] = m.take(m.ranks[here], state, target, deadline);
-    for (auto& f : parts) f.get();
-    std::int64_t newest = target;
-    for (auto& s : steps) {
-      if (!s.is_ok()) return s.status();
-      newest = std::max(newest, *s);
-    }
-    // Every rank's part of one step: those behind take their next version of at least that step.
-    bool agree = true;
-    for (std::size_t i = 0; i < m.ranks.size(); ++i) {
-      again[i] = *steps[i] != newest;
-      agree = agree && !again[i];
-    }
-    if (agree) return newest;
-    target = newest;
-  }
+  return receive_agreeing(m.ranks.size(), m.pool.get(), min_step,
+                          [&](std::size_t i, std::int64_t target) { return m.take(m.ranks[i], state, target, deadline); });
 }
 
 void ShmWeightReceiver::stop() { impl_->stopped.store(true, std::memory_order_release); }

@@ -27,10 +27,13 @@
 #include <vector>
 
 #include "stagehand/checkpoint/save/planner.hpp"
+#include "stagehand/checkpoint/sync/channel_wire.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand::shm_detail {
+
+using namespace sync_detail;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -94,89 +97,6 @@ inline bool process_gone(std::int32_t pid) { return pid > 0 && kill(pid, 0) == -
 
 inline std::string segment_name(const std::string& channel, int rank) {
   return "/stagehand-" + channel + "-s" + std::to_string(rank);
-}
-
-inline Status invalid(const std::string& why) { return {ErrorCode::invalid_argument, "weight sync: " + why}; }
-
-inline Status check_channel(const std::string& channel) {
-  if (channel.empty() || channel.size() > 200 ||
-      !std::all_of(channel.begin(), channel.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-      })) {
-    return invalid("channel name '" + channel + "' must be 1 to 200 of [A-Za-z0-9_.-]");
-  }
-  return Status::ok();
-}
-
-// ---- Descriptors in the segment: a small binary form, read with bounds checks.
-
-inline void put(std::string& out, const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); }
-
-inline void put_shape(std::string& out, const Shape& s) {
-  const auto rank = static_cast<std::uint8_t>(s.rank());
-  put(out, &rank, 1);
-  for (std::size_t i = 0; i < s.rank(); ++i) {
-    const std::int64_t d = s[i];
-    put(out, &d, 8);
-  }
-}
-
-inline std::string encode(const std::vector<ShardedTensorDesc>& descs) {
-  std::string out;
-  for (const auto& d : descs) {
-    const auto n = static_cast<std::uint32_t>(d.name.size());
-    put(out, &n, 4);
-    out += d.name;
-    const auto dt = static_cast<std::uint8_t>(d.dtype);
-    put(out, &dt, 1);
-    put_shape(out, d.global_shape);
-    put_shape(out, d.global_offset);
-    put_shape(out, d.local_shape);
-    put(out, &d.replica_id, 4);
-  }
-  return out;
-}
-
-struct Decoder {
-  const char* p;
-  const char* end;
-  bool ok = true;
-  void get(void* dst, std::size_t n) {
-    if (!ok || static_cast<std::size_t>(end - p) < n) {
-      ok = false;
-      return;
-    }
-    std::memcpy(dst, p, n);
-    p += n;
-  }
-  Shape shape() {
-    std::uint8_t rank = 0;
-    get(&rank, 1);
-    std::vector<std::int64_t> dims(rank);
-    for (auto& d : dims) get(&d, 8);
-    return Shape(dims);
-  }
-};
-
-inline Result<std::vector<ShardedTensorDesc>> decode(const char* p, std::size_t n, std::uint32_t count) {
-  Decoder in{p, p + n};
-  std::vector<ShardedTensorDesc> out(count);
-  for (auto& d : out) {
-    std::uint32_t len = 0;
-    in.get(&len, 4);
-    if (!in.ok || len > n) break;
-    d.name.resize(len);
-    in.get(d.name.data(), len);
-    std::uint8_t dt = 0;
-    in.get(&dt, 1);
-    d.dtype = static_cast<DType>(dt);
-    d.global_shape = in.shape();
-    d.global_offset = in.shape();
-    d.local_shape = in.shape();
-    in.get(&d.replica_id, 4);
-  }
-  if (!in.ok) return Status{ErrorCode::corruption, "weight sync: a trainer rank's segment holds damaged descriptors"};
-  return out;
 }
 
 // ---- A mapped segment.
@@ -264,19 +184,6 @@ inline std::vector<std::uint64_t> stream_offsets(const std::vector<ShardedTensor
   }
   *total = at_byte;
   return offsets;
-}
-
-inline Status check_host_state(const StateDict& state, std::uint64_t signature, const std::string& who) {
-  if (structure_signature(state) != signature) {
-    return invalid(who + "'s state has other tensors or shapes than it was created with");
-  }
-  for (const auto& t : state.tensors) {
-    if (t.tensor.device().is_cuda()) {
-      return invalid(who + "'s tensor '" + t.desc.name +
-                     "' is in device memory: the device path of weight sync is not built yet");
-    }
-  }
-  return state.validate().with_context("weight sync: " + who);
 }
 
 }  // namespace stagehand::shm_detail

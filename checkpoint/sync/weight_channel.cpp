@@ -1,0 +1,41 @@
+// Picks a weight-sync transport by the channel's name (weight_channel.hpp).
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
+
+#include "stagehand/checkpoint/sync/shm_channel.hpp"
+#include "stagehand/checkpoint/sync/tcp_channel.hpp"
+
+namespace stagehand {
+
+namespace {
+constexpr char kTcp[] = "tcp://";
+}
+
+bool is_tcp_channel(const std::string& channel) { return channel.rfind(kTcp, 0) == 0; }
+
+Result<std::unique_ptr<WeightPublisher>> open_weight_publisher(const std::string& channel, int rank, int world,
+                                                               std::vector<ShardedTensorDesc> blocks,
+                                                               const WeightChannelOptions& options) {
+  if (is_tcp_channel(channel)) {
+    auto made = TcpWeightPublisher::create(channel.substr(sizeof kTcp - 1), rank, world, std::move(blocks), options);
+    if (!made.is_ok()) return made.status();
+    return std::unique_ptr<WeightPublisher>(std::move(*made));
+  }
+  auto made = ShmWeightPublisher::create(channel, rank, world, std::move(blocks), options);
+  if (!made.is_ok()) return made.status();
+  return std::unique_ptr<WeightPublisher>(std::move(*made));
+}
+
+Result<std::unique_ptr<WeightReceiver>> connect_weight_receiver(const std::string& channel, const std::string& name,
+                                                                std::vector<ShardedTensorDesc> blocks,
+                                                                const WeightChannelOptions& options) {
+  if (is_tcp_channel(channel)) {
+    auto made = TcpWeightReceiver::connect(channel.substr(sizeof kTcp - 1), name, std::move(blocks), options);
+    if (!made.is_ok()) return made.status();
+    return std::unique_ptr<WeightReceiver>(std::move(*made));
+  }
+  auto made = ShmWeightReceiver::connect(channel, name, std::move(blocks), options);
+  if (!made.is_ok()) return made.status();
+  return std::unique_ptr<WeightReceiver>(std::move(*made));
+}
+
+}  // namespace stagehand
