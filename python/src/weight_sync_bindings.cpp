@@ -1,4 +1,5 @@
-// The weight-sync channel's classes: stagehand.WeightPublisher / WeightReceiver wrap these.
+// The weight-sync channel's classes (shared memory or TCP, by the channel's name):
+// stagehand.WeightPublisher / WeightReceiver wrap these.
 
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -7,7 +8,7 @@
 #include <chrono>
 
 #include "binding_common.hpp"
-#include "stagehand/checkpoint/sync/shm_channel.hpp"
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
 
 namespace stagehand_python {
 
@@ -27,29 +28,29 @@ void bind_weight_sync(nb::module_& m) {
     for (const Entry* e : entries) descs.push_back(e->tensor.desc);
     return descs;
   };
-  nb::class_<ShmWeightPublisher>(m, "_WeightPublisher")
+  nb::class_<WeightPublisher>(m, "_WeightPublisher")
       .def_static(
           "create",
           [=](const std::string& channel, int rank, int world, const std::vector<const Entry*>& entries,
               std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s, double connect_timeout_s) {
             std::vector<ShardedTensorDesc> descs = descs_of(entries);
-            Result<std::unique_ptr<ShmWeightPublisher>> made = Status{ErrorCode::internal, "not run"};
+            Result<std::unique_ptr<WeightPublisher>> made = Status{ErrorCode::internal, "not run"};
             {
               nb::gil_scoped_release release;
-              made = ShmWeightPublisher::create(channel, rank, world, std::move(descs),
-                                                channel_options(bucket_bytes, buckets, receiver_timeout_s,
-                                                                connect_timeout_s));
+              made = open_weight_publisher(channel, rank, world, std::move(descs),
+                                            channel_options(bucket_bytes, buckets, receiver_timeout_s,
+                                                            connect_timeout_s));
             }
             check(made.status());
             return std::move(*made);
           })
       .def(
           "push",
-          [](ShmWeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries) {
+          [](WeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries, int wait_for) {
             Result<PushReport> report = Status{ErrorCode::internal, "not run"};
             {
               nb::gil_scoped_release release;
-              report = self.push(step, state_of(entries, {}));
+              report = self.push(step, state_of(entries, {}), wait_for);
             }
             check(report.status());
             nb::dict out;
@@ -60,27 +61,27 @@ void bind_weight_sync(nb::module_& m) {
             out["dropped"] = report->dropped;
             return out;
           })
-      .def_prop_ro("waiting_receivers", &ShmWeightPublisher::waiting_receivers)
-      .def_prop_ro("sent_bytes", &ShmWeightPublisher::sent_bytes);
-  nb::class_<ShmWeightReceiver>(m, "_WeightReceiver")
+      .def_prop_ro("waiting_receivers", &WeightPublisher::waiting_receivers)
+      .def_prop_ro("sent_bytes", &WeightPublisher::sent_bytes);
+  nb::class_<WeightReceiver>(m, "_WeightReceiver")
       .def_static("connect",
                   [descs_of](const std::string& channel, const std::string& name, const std::vector<const Entry*>& entries,
                       double connect_timeout_s) {
                     std::vector<ShardedTensorDesc> descs = descs_of(entries);
-                    Result<std::unique_ptr<ShmWeightReceiver>> made = Status{ErrorCode::internal, "not run"};
+                    Result<std::unique_ptr<WeightReceiver>> made = Status{ErrorCode::internal, "not run"};
                     {
                       nb::gil_scoped_release release;
                       WeightChannelOptions options;  // a receiver uses only the connect timeout
                       options.connect_timeout =
                           std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
-                      made = ShmWeightReceiver::connect(channel, name, std::move(descs), options);
+                      made = connect_weight_receiver(channel, name, std::move(descs), options);
                     }
                     check(made.status());
                     return std::move(*made);
                   })
       .def(
           "receive",
-          [](ShmWeightReceiver& self, const std::vector<const Entry*>& entries, std::int64_t min_step,
+          [](WeightReceiver& self, const std::vector<const Entry*>& entries, std::int64_t min_step,
              double timeout_s) {
             StateDict state = state_of(entries, {});
             Result<std::int64_t> got = Status{ErrorCode::internal, "not run"};
@@ -91,7 +92,12 @@ void bind_weight_sync(nb::module_& m) {
             check(got.status());
             return *got;
           })
-      .def_prop_ro("newest_pushed_step", &ShmWeightReceiver::newest_pushed_step);
+      .def_prop_ro("newest_pushed_step",
+                   [](const WeightReceiver& self) {
+                     nb::gil_scoped_release release;  // a TCP receiver asks the trainer ranks
+                     return self.newest_pushed_step();
+                   })
+      .def("stop", &WeightReceiver::stop);
 }
 
 }  // namespace stagehand_python

@@ -494,7 +494,9 @@ class _Closing:
 
 
 class WeightPublisher(_Closing):
-    """The trainer side of a weight-sync channel on one host (shared memory): one per trainer rank.
+    """The trainer side of a weight-sync channel: one per trainer rank. ``channel`` is a name
+    (shared memory, on one host) or ``"tcp://HOST:PORT"`` (TCP, between hosts: trainer rank 0
+    listens at that address, the other ranks register with it, receivers connect to it).
 
     ``state`` gives this rank's tensors (numpy arrays, torch CPU tensors, ``Shard``s for blocks of
     a global tensor, with replica ids for data-parallel copies): the ranks' blocks are planned as
@@ -503,7 +505,8 @@ class WeightPublisher(_Closing):
     sends ``state`` as version ``step`` to every receiver waiting in ``receive`` and returns a
     report: ``{"version", "step", "bytes", "delivered": [names], "dropped": [why]}``; a receiver
     that dies, or takes no bucket for ``receiver_timeout`` seconds, is dropped and named. Extra
-    memory: ``buckets`` x ``bucket_bytes``."""
+    memory: ``buckets`` x ``bucket_bytes`` over shared memory; none over TCP (each rank sends
+    straight from its tensors)."""
 
     def __init__(self, channel: str, state: dict, *, rank: int = 0, world_size: int = 1,
                  bucket_bytes: int = 64 << 20, buckets: int = 2, receiver_timeout: float = 10.0,
@@ -513,11 +516,14 @@ class WeightPublisher(_Closing):
             channel, int(rank), int(world_size), bound.entries, int(bucket_bytes), int(buckets),
             _seconds("receiver_timeout", receiver_timeout), _seconds("connect_timeout", connect_timeout))
 
-    def push(self, step: int, state: dict) -> dict:
+    def push(self, step: int, state: dict, *, wait_for: int = 0) -> dict:
         """Sends ``state`` (the structure given at construction; it must not change meanwhile) as
-        version ``step``; the GIL is released throughout."""
+        version ``step``; with ``wait_for``, first waits (at most ``receiver_timeout``) until that
+        many receivers wait. The GIL is released throughout."""
         bound = _Bound(state, writable=False)
-        return self._impl.push(_step(step), bound.entries)
+        if isinstance(wait_for, bool) or not isinstance(wait_for, int) or wait_for < 0:
+            raise ValueError(f"wait_for must be a count of receivers >= 0, not {wait_for!r}")
+        return self._impl.push(_step(step), bound.entries, wait_for)
 
     @property
     def waiting_receivers(self) -> int:
@@ -532,7 +538,8 @@ class WeightPublisher(_Closing):
 
 
 class WeightReceiver(_Closing):
-    """The inference side of a weight-sync channel on one host: ``state`` gives this receiver's
+    """The inference side of a weight-sync channel (a name: shared memory; ``"tcp://HOST:PORT"``:
+    trainer rank 0's address over TCP): ``state`` gives this receiver's
     tensors in its own layout (its blocks of each global tensor, any split). ``receive(state)``
     waits for the next version of at least ``min_step`` and fills the tensors in place;
     ``weights()`` returns ``[(name, tensor)]`` pairs in this receiver's layout instead (what vLLM's
@@ -574,6 +581,10 @@ class WeightReceiver(_Closing):
     def newest_pushed_step(self) -> int:
         """The newest step any trainer rank finished pushing (-1 before the first)."""
         return self._impl.newest_pushed_step
+
+    def stop(self) -> None:
+        """Ends a ``receive`` running on another thread at once (it raises), and every later one."""
+        self._impl.stop()
 
 
 

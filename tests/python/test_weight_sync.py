@@ -1,9 +1,10 @@
 """stagehand.WeightPublisher / WeightReceiver: weights from trainer ranks to receivers in another
-layout over shared memory, bit-exact, from numpy and torch tensors, across processes."""
+layout over shared memory and over TCP, bit-exact, from numpy and torch tensors, across processes."""
 
 import contextlib
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -37,8 +38,16 @@ def trainer_state(rank, tp, step):
     }
 
 
-def channel(what):
+def channel(what, transport="shm"):
+    """A channel of `transport`: a shared-memory name, or TCP on a free port of 127.0.0.1."""
+    if transport == "tcp":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
     return f"pytest-{what}-{os.getpid()}"
+
+
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "tcp"])
 
 
 def serve(name, tp, steps, done, errors, waiting=None):
@@ -80,8 +89,9 @@ def serving(name, tp, steps, waiting=None):
     assert errors == []
 
 
-def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact():
-    name = channel("numpy")
+@TRANSPORTS
+def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact(transport):
+    name = channel("numpy", transport)
     with serving(name, 2, [3, 4]):
         # The receiver's layout: w split by columns into 2, this receiver holding the second half.
         state = {"layer": {"w": stagehand.Shard(np.zeros((ROWS, COLS // 2), np.float32), [ROWS, COLS],
@@ -96,8 +106,9 @@ def test_numpy_receiver_in_its_own_layout_gets_each_version_bit_exact():
         rx.close()
 
 
-def test_weights_returns_name_tensor_pairs_in_the_receivers_layout():
-    name = channel("pairs")
+@TRANSPORTS
+def test_weights_returns_name_tensor_pairs_in_the_receivers_layout(transport):
+    name = channel("pairs", transport)
     with serving(name, 2, [7]):
         template = {"layer.w": np.zeros((ROWS, COLS), np.float32), "layer.b": np.zeros(COLS, np.float32)}
         rx = stagehand.WeightReceiver(name, template)
@@ -110,9 +121,10 @@ def test_weights_returns_name_tensor_pairs_in_the_receivers_layout():
         assert not np.shares_memory(got["layer.w"], template["layer.w"])  # its own arrays
 
 
-def test_a_torch_receiver_in_another_process_gets_the_weights():
+@TRANSPORTS
+def test_a_torch_receiver_in_another_process_gets_the_weights(transport):
     torch = pytest.importorskip("torch")
-    name = channel("torch")
+    name = channel("torch", transport)
     child = f"""
 import sys, numpy as np, torch, stagehand
 state = {{"layer": {{"w": stagehand.Shard(torch.zeros({ROWS // 4}, {COLS}), [{ROWS}, {COLS}], [{ROWS // 4}, 0]),
@@ -123,7 +135,7 @@ np.save(sys.argv[1], state["layer"]["w"].tensor.numpy())
 """
     # Rows 16-31 of w lie on rank 0, which also sends b: rank 1 sends this receiver nothing.
     with serving(name, 2, [2], waiting=[1, 0]):
-        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"{name}.npy")
+        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torch-rx-{os.getpid()}-{transport}.npy")
         proc = subprocess.run([sys.executable, "-c", child, out], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "2"
