@@ -185,15 +185,17 @@ class Worker : public worker_actor::base {
         return {ErrorCode::invalid_argument, "weight_sync.tensors '" + publishing_->prefix +
                                                  "' matches no tensor of rank " + std::to_string(rank_) + "'s state"};
       }
-      auto created = ShmWeightPublisher::create(publishing_->channel, rank_, publishing_->world,
-                                                selected->descriptors(), publishing_->options);
+      auto created = open_weight_publisher(publishing_->channel, rank_, publishing_->world, selected->descriptors(),
+                                           publishing_->options);
       if (!created.is_ok()) {
         return created.status().with_context(
             "rank " + std::to_string(rank_) +
-            " (the shared-memory channel needs every trainer rank on one host; ranks on several hosts: "
-            "weight_sync.transport collective)");
+            (is_tcp_channel(publishing_->channel)
+                 ? std::string()
+                 : " (the shared-memory channel needs every trainer rank on one host; ranks on several hosts: "
+                   "weight_sync.transport tcp or collective)"));
       }
-      publisher_ = std::shared_ptr<ShmWeightPublisher>(std::move(*created));
+      publisher_ = std::shared_ptr<WeightPublisher>(std::move(*created));
     }
     bool closed = false;
     try {
@@ -252,7 +254,7 @@ class Worker : public worker_actor::base {
   std::vector<RankSaveReport> unsent_;
   std::shared_ptr<StagingFence> fence_;
   std::optional<WeightPublishing> publishing_;
-  std::shared_ptr<ShmWeightPublisher> publisher_;
+  std::shared_ptr<WeightPublisher> publisher_;
   /// The thread that pushes, the push in flight (if any) and its outcome.
   std::unique_ptr<ThreadPool> push_thread_;
   std::future<void> push_;

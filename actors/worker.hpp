@@ -7,7 +7,7 @@
 #include <string>
 
 #include "stagehand/actors/model.hpp"
-#include "stagehand/checkpoint/sync/shm_channel.hpp"
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
 #include "stagehand/actors/protocol.hpp"
 #include "stagehand/strategy/megatron_strategy.hpp"
 
@@ -15,7 +15,8 @@ namespace stagehand {
 
 /// Where a Worker pushes its weights (weight_sync, docs/weight_sync.md): on each export it pushes
 /// the tensors of its state whose names start with `prefix` as that version through its rank's
-/// ShmWeightPublisher on `channel` (made at the first export). The push runs in the background
+/// publisher on `channel` (open_weight_publisher: "tcp://HOST:PORT" over TCP, a name over shared
+/// memory; made at the first export). The push runs in the background
 /// with the state's fence closed: the next training step's forward and backward passes overlap
 /// it, and its optimizer step waits at the fence until the push ended.
 struct WeightPublishing {

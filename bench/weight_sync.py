@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Weight sync on one host: Stagehand's shared-memory channel against the raw transport and against
-rank 0 gathering the state and broadcasting it (torch.distributed, gloo), in one run, interleaved.
+"""Weight sync on one host: Stagehand's shared-memory and TCP channels against their raw transports
+and against rank 0 gathering the state and broadcasting it (torch.distributed, gloo), in one run,
+interleaved.
 
 The model is `--bytes` of int32 (one matrix, every value exact: each receiver is checked after each transfer) split by rows over 2 trainer ranks; each of N
 receivers (N in `--receivers`) wants all of it (inference tensor 1, N replicas). For each N one
@@ -14,10 +15,16 @@ set of 2 + N processes is started (one gloo world, used for barriers and the bas
   raw_read    the floor: only the receivers' memcpy out of shared memory already holding the model.
   gather_bcast rank 1 sends its half to rank 0 (gather), rank 0 broadcasts the whole to the
               receivers (dist.broadcast over gloo): the common baseline.
+  stagehand_tcp the TCP channel (tcp://127.0.0.1:PORT): each trainer rank streams its half to each
+              receiver straight from its tensor; every receiver reads straight into its own.
+  raw_tcp     the raw TCP transport between the same processes: each trainer rank sendall()s its
+              half on a plain socket to each receiver (a thread per receiver), which recv_into()s
+              it (a thread per trainer rank); no framing, no versions.
 Each time is from a barrier of all processes to the next; reported: medians of GB/s delivered
 (N x model bytes / time), the ratios stagehand/raw, stagehand/raw_read and
-stagehand/gather_bcast, and the trainer ranks' peak extra memory during a push (anonymous RSS
-above the one before it, plus the segment: header and ring) against 2 buckets.
+stagehand/gather_bcast, stagehand_tcp/raw_tcp and stagehand_tcp/gather_bcast, and the trainer
+ranks' peak extra memory during a push (anonymous RSS above the one before it, plus the segment:
+header and ring) against 2 buckets, for each channel.
 
   python3 bench/compare_peers.py --setup      # once: torch into /work/peers-venv
   PYTHONPATH=build/python /work/peers-venv/bin/python bench/weight_sync.py \\
@@ -26,14 +33,16 @@ above the one before it, plus the segment: header and ring) against 2 buckets.
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 from peer_common import PeakSampler, anon_rss_bytes, parse_size  # noqa: E402
 
-METHODS = ("stagehand", "raw", "raw_read", "gather_bcast")
+METHODS = ("stagehand", "raw", "raw_read", "gather_bcast", "stagehand_tcp", "raw_tcp")
 TRAINERS = 2
 
 
@@ -70,26 +79,70 @@ def worker(rank, world, receivers, args, port, results):
     if rank != 0:
         raw = shared_memory.SharedMemory(name=raw_name)
     raw_view = np.ndarray((rows, cols), np.int32, buffer=raw.buf)
-    if not trainer:
-        rx = stagehand.WeightReceiver(channel, state, name=f"gen-{rank - TRAINERS}", connect_timeout=120)
+    tcp_channel = f"tcp://127.0.0.1:{port + 2100}"
+    if trainer:
+        tcp_pub = [None]
+        made = threading.Thread(target=lambda: tcp_pub.__setitem__(0, stagehand.WeightPublisher(
+            tcp_channel, state, rank=rank, world_size=TRAINERS, bucket_bytes=args.bucket, receiver_timeout=60,
+            connect_timeout=120)))
+        made.start()
+    # The raw TCP streams: trainer rank t listens on port + 4200 + t; each receiver connects to both.
+    raw_socks = []
+    if trainer:
+        lsock = socket.socket()
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind(("127.0.0.1", port + 4200 + rank))
+        lsock.listen(receivers)
     dist.barrier()
+    if trainer:
+        raw_socks = [lsock.accept()[0] for _ in range(receivers)]
+        lsock.close()
+        made.join()
+        tcp_pub = tcp_pub[0]
+    else:
+        for t in range(TRAINERS):
+            c = socket.create_connection(("127.0.0.1", port + 4200 + t))
+            raw_socks.append(c)
+        rx = stagehand.WeightReceiver(channel, state, name=f"gen-{rank - TRAINERS}", connect_timeout=120)
+        tcp_rx = stagehand.WeightReceiver(tcp_channel, state, name=f"gen-{rank - TRAINERS}", connect_timeout=120)
+    for c in raw_socks:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    dist.barrier()
+
+    def in_threads(fns):
+        threads = [threading.Thread(target=f) for f in fns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def recv_exactly(sock, view):
+        while len(view):
+            n = sock.recv_into(view)
+            if n == 0:
+                raise RuntimeError("raw_tcp: a trainer rank closed its socket")
+            view = view[n:]
 
     def run(method, step):
         extra = None
-        if method == "stagehand":
+        if method in ("stagehand", "stagehand_tcp"):
+            if method == "stagehand":
+                p, r_ = (pub, None) if trainer else (None, rx)
+            else:
+                p, r_ = (tcp_pub, None) if trainer else (None, tcp_rx)
             if trainer:
                 deadline = time.monotonic() + 60
-                while pub.waiting_receivers < receivers:
+                while p.waiting_receivers < receivers:
                     if time.monotonic() > deadline:
                         raise RuntimeError("receivers never waited")
                     time.sleep(0.0002)
                 with PeakSampler(anon_rss_bytes) as peak:
-                    report = pub.push(step, state)
+                    report = p.push(step, state)
                 if report["dropped"] or len(report["delivered"]) != receivers:
                     raise RuntimeError(f"push: {report}")
                 extra = peak.peak - peak.base
             else:
-                got = rx.receive(state, min_step=step, timeout=120)
+                got = r_.receive(state, min_step=step, timeout=120)
                 assert got == step
         elif method == "raw":
             if trainer:
@@ -108,6 +161,15 @@ def worker(rank, world, receivers, args, port, results):
                 dist.recv(full[half:], src=1)
             if rank == 0 or not trainer:
                 dist.broadcast(full if rank == 0 else own, src=0, group=bcast)
+        elif method == "raw_tcp":
+            if trainer:
+                data = memoryview(mine.numpy()).cast("B")
+                in_threads([lambda c=c: c.sendall(data) for c in raw_socks])
+            else:
+                flat = memoryview(own.numpy()).cast("B")
+                part = len(flat) // TRAINERS
+                in_threads([lambda t=t: recv_exactly(raw_socks[t], flat[t * part:(t + 1) * part])
+                            for t in range(TRAINERS)])
         return extra
 
     times = {m: [] for m in METHODS}
@@ -123,7 +185,7 @@ def worker(rank, world, receivers, args, port, results):
             if r > 0:
                 times[method].append(took)
                 if extra is not None:
-                    extras.append(extra)
+                    extras.append((method, extra))
             if not trainer and method != "raw_read":
                 # Every receiver holds the whole model exactly (each method, each round).
                 expect = torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols)
@@ -131,10 +193,14 @@ def worker(rank, world, receivers, args, port, results):
                     raise RuntimeError(f"{method}: receiver {rank} got other weights")
                 own.zero_()
     results.put({"rank": rank, "times": times, "extra": extras})
+    for c in raw_socks:
+        c.close()
     if trainer:
         pub.close()
+        tcp_pub.close()
     else:
         rx.close()
+        tcp_rx.close()
     raw.close()
     dist.barrier()
     if rank == 0:
@@ -171,18 +237,24 @@ def main():
         rank0 = next(g for g in got if g["rank"] == 0)
         model = args.bytes // (4 * 4096) // TRAINERS * TRAINERS * 4096 * 4
         gbs = {m: statistics.median(n * model / t / 1e9 for t in rank0["times"][m]) for m in METHODS}
-        extra = max(e for g in got if g["rank"] < TRAINERS for e in g["extra"])
+        extra = max(e for g in got if g["rank"] < TRAINERS for m, e in g["extra"] if m == "stagehand")
+        extra_tcp = max(e for g in got if g["rank"] < TRAINERS for m, e in g["extra"] if m == "stagehand_tcp")
         ring = 2 * args.bucket
         row = {"gb_s": gbs, "stagehand_over_raw": gbs["stagehand"] / gbs["raw"],
                "stagehand_over_raw_read": gbs["stagehand"] / gbs["raw_read"],
                "stagehand_over_gather_bcast": gbs["stagehand"] / gbs["gather_bcast"],
+               "tcp_over_raw_tcp": gbs["stagehand_tcp"] / gbs["raw_tcp"],
+               "tcp_over_gather_bcast": gbs["stagehand_tcp"] / gbs["gather_bcast"],
                "trainer_peak_extra_anon_mib": extra / 2**20, "ring_mib": ring / 2**20,
+               "tcp_trainer_peak_extra_anon_mib": extra_tcp / 2**20,
                "times_s": rank0["times"]}
         out["by_receivers"][n] = row
         print(f"{n} receiver(s): GB/s delivered " + ", ".join(f"{m} {gbs[m]:.2f}" for m in METHODS) +
               f"; stagehand/raw {row['stagehand_over_raw']:.2f}, /raw_read {row['stagehand_over_raw_read']:.2f}, "
               f"/gather_bcast {row['stagehand_over_gather_bcast']:.2f}; trainer peak extra anon "
-              f"{row['trainer_peak_extra_anon_mib']:.1f} MiB + ring {row['ring_mib']:.0f} MiB (2 buckets)", flush=True)
+              f"{row['trainer_peak_extra_anon_mib']:.1f} MiB + ring {row['ring_mib']:.0f} MiB (2 buckets); "
+              f"tcp/raw_tcp {row['tcp_over_raw_tcp']:.2f}, tcp/gather_bcast {row['tcp_over_gather_bcast']:.2f}, "
+              f"tcp trainer peak extra anon {row['tcp_trainer_peak_extra_anon_mib']:.1f} MiB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -40,6 +40,8 @@ const char* to_string(WeightTransport transport) {
   switch (transport) {
     case WeightTransport::shm:
       return "shm";
+    case WeightTransport::tcp:
+      return "tcp";
     case WeightTransport::collective:
       return "collective";
   }

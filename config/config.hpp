@@ -19,7 +19,7 @@ enum class HostTransport { file_system, network };
 /// How the trainer ranks push weights to inference: the weight-sync channel over shared memory
 /// (every rank and receiver on one host), or, for the fully-async trainer's generators only, the
 /// tensor-parallel group's collectives (ranks on several hosts).
-enum class WeightTransport { shm, collective };
+enum class WeightTransport { shm, tcp, collective };
 
 /// The YAML name of each value ("fully_async", "from_path", "per_save").
 const char* to_string(TrainerKind kind);
@@ -153,9 +153,11 @@ struct FullyAsyncConfig {
 /// `weight_sync:` keys (docs/weight_sync.md).
 struct WeightSyncConfig {
   WeightTransport transport = WeightTransport::shm;
-  /// The shared-memory channel every trainer rank pushes each step's weights to, for receivers
-  /// outside the run (stagehand.WeightReceiver); empty: none. The fully-async trainer's
-  /// generators use it too; without one, a channel of the run's own.
+  /// The channel every trainer rank pushes each step's weights to, for receivers outside the run
+  /// (stagehand.WeightReceiver): a name with transport shm, trainer rank 0's "HOST:PORT" with
+  /// transport tcp; empty: none. The fully-async trainer's generators use it too; without one, a
+  /// channel of the run's own (tcp: 127.0.0.1 in one process, the master address and the master
+  /// port + 1 across processes).
   std::string channel;
   /// The tensors pushed: those whose names start with this.
   std::string tensors = "model.";

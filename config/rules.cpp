@@ -170,11 +170,21 @@ Status check_save_buckets(std::int64_t thread_count, std::int64_t staging_bucket
                            std::to_string(staging_buckets));
 }
 
-/// A channel names POSIX shared-memory segments ("/stagehand-<channel>-s<rank>"); the collective
-/// transport carries only the fully-async trainer's generators' weights.
+/// A shm channel names POSIX shared-memory segments ("/stagehand-<channel>-s<rank>"), a tcp one
+/// is trainer rank 0's HOST:PORT; the collective transport carries only the fully-async
+/// trainer's generators' weights.
 Status check_weight_sync(const Config& c, const ConfigOrigins& origins) {
   const WeightSyncConfig& w = c.weight_sync;
-  for (char ch : w.channel) {
+  if (w.transport == WeightTransport::tcp && !w.channel.empty()) {
+    const auto colon = w.channel.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : w.channel.substr(colon + 1);
+    const bool numeric = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    if (colon == 0 || !numeric || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return origins.error({"weight_sync.channel", "weight_sync.transport"},
+                           "with transport tcp is trainer rank 0's HOST:PORT (port 1 to 65535), got '" + w.channel + "'");
+    }
+  }
+  for (char ch : w.transport == WeightTransport::tcp ? std::string() : w.channel) {
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-')) {
       return origins.error({"weight_sync.channel"}, "may hold only letters, digits, '_', '.' and '-', got '" +
                                                         w.channel + "'");
@@ -184,7 +194,7 @@ Status check_weight_sync(const Config& c, const ConfigOrigins& origins) {
   if (w.transport == WeightTransport::collective) {
     if (!w.channel.empty()) {
       return origins.error({"weight_sync.channel", "weight_sync.transport"},
-                           "receivers outside the run need weight_sync.transport shm, got collective");
+                           "receivers outside the run need weight_sync.transport shm or tcp, got collective");
     }
     if (c.trainer.kind != TrainerKind::fully_async) {
       return origins.error({"weight_sync.transport", "trainer.kind"},

@@ -158,7 +158,7 @@ std::vector<ConfigKey> make_config_keys() {
        integer<kFullyAsync, &FullyAsyncConfig::num_generators>(1, 1024)},
 
       {"weight_sync.transport", one_of<kWeightSync, &WeightSyncConfig::transport>(
-                                    {WeightTransport::shm, WeightTransport::collective})},
+                                    {WeightTransport::shm, WeightTransport::tcp, WeightTransport::collective})},
       {"weight_sync.channel", string<kWeightSync, &WeightSyncConfig::channel>(true)},
       {"weight_sync.tensors", string<kWeightSync, &WeightSyncConfig::tensors>(true)},
       {"weight_sync.receivers", integer<kWeightSync, &WeightSyncConfig::receivers>(0, 1024)},

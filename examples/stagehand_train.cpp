@@ -258,7 +258,9 @@ int run_in_process(caf::actor_system& system, const Config& c, const ParallelLay
                    const std::string& metrics_out, bool quiet) {
   auto groups = make_host_groups(layout);
   // The fully-async generators' channel of its own: named after this process.
-  RunWeights weights{nullptr, run_channel(c, "train-" + std::to_string(::getpid()))};
+  const bool own_tcp = c.weight_sync.transport == WeightTransport::tcp && c.weight_sync.channel.empty();
+  RunWeights weights{nullptr, run_channel(c, "train-" + std::to_string(::getpid()),
+                                          own_tcp ? "127.0.0.1:" + std::to_string(free_loopback_port()) : "")};
   if (c.trainer.kind == TrainerKind::fully_async && c.weight_sync.transport == WeightTransport::collective) {
     weights.store = std::make_shared<WeightStore>(layout.tensor_parallel, c.model.context_dim, c.model.num_arms,
                                             c.model.hidden);
@@ -310,9 +312,10 @@ int run_rank_process(caf::actor_system& system, const Config& c, const ParallelL
   RankGroups groups = collectives.groups(layout, rank);
   // Fully async over the shared-memory channel: every rank pushes its part of each version to
   // the generators in rank 0's process (a channel named after the launch's port, which every
-  // rank knows). With the collective transport, the first data-parallel replica's ranks publish
+  // rank knows; over TCP rank 0 listens on the master address at the master port + 1). With the collective transport, the first data-parallel replica's ranks publish
   // each version through their tensor-parallel group to rank 0.
-  RunWeights weights{nullptr, run_channel(c, "train-port" + std::to_string(launch.master_port))};
+  RunWeights weights{nullptr, run_channel(c, "train-port" + std::to_string(launch.master_port),
+                                          launch.master_addr + ":" + std::to_string(launch.master_port + 1))};
   if (c.trainer.kind == TrainerKind::fully_async && c.weight_sync.transport == WeightTransport::collective &&
       layout.data_index(rank) == 0) {
     weights.store = WeightStore::across_group(groups.tensor, layout.tensor_index(rank), rank == 0, c.model.context_dim,

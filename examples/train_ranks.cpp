@@ -1,5 +1,10 @@
 #include "stagehand/examples/train_ranks.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <caf/all.hpp>
 
 #include <chrono>
@@ -116,11 +121,28 @@ StrategyOptions strategy_options(const Config& c, int rank, const std::shared_pt
   return options;
 }
 
-/// The run's channel: weight_sync.channel, else, for the fully-async trainer's generators, `own`.
-std::string run_channel(const Config& c, const std::string& own) {
-  if (c.weight_sync.transport != WeightTransport::shm) return "";
-  if (!c.weight_sync.channel.empty()) return c.weight_sync.channel;
-  return c.trainer.kind == TrainerKind::fully_async ? own : "";
+std::string run_channel(const Config& c, const std::string& own_name, const std::string& own_address) {
+  const WeightTransport t = c.weight_sync.transport;
+  if (t == WeightTransport::collective) return "";
+  const std::string prefix = t == WeightTransport::tcp ? "tcp://" : "";
+  if (!c.weight_sync.channel.empty()) return prefix + c.weight_sync.channel;
+  if (c.trainer.kind != TrainerKind::fully_async) return "";
+  return t == WeightTransport::tcp ? prefix + own_address : own_name;
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
 }
 
 /// Rank `rank`'s Worker with its model on `groups`; `load_group` joins the ranks of this process

@@ -47,8 +47,13 @@ struct RunWeights {
   std::string channel;
 };
 
-/// The run's channel: weight_sync.channel, else, for the fully-async trainer's generators, `own`.
-std::string run_channel(const Config& c, const std::string& own);
+/// The run's channel: weight_sync.channel ("tcp://" before it with transport tcp), else, for the
+/// fully-async trainer's generators, the run's own: `own_name` over shared memory, `own_address`
+/// ("HOST:PORT") over TCP.
+std::string run_channel(const Config& c, const std::string& own_name, const std::string& own_address);
+
+/// A TCP port of 127.0.0.1 that nothing listened on a moment ago (the run's own TCP channel in one process).
+int free_loopback_port();
 
 /// Rank `rank`'s Worker with its model on `groups`; `load_group` joins the ranks of this process
 /// that load together (null with one rank per process).

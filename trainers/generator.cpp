@@ -61,17 +61,16 @@ class ChannelVersions {
   }
 
   /// Connects in short tries, so that a generator stopped before the trainer ranks' segments
-  /// exist (a run that failed at its start) ends at once; null when stopped or failed.
-  std::shared_ptr<ShmWeightReceiver> connect() {
+  /// exist or rank 0 listens (a run that failed at its start) ends at once; null when stopped or failed.
+  std::shared_ptr<WeightReceiver> connect() {
     const auto deadline = std::chrono::steady_clock::now() + weights_.options.connect_timeout;
     WeightChannelOptions options = weights_.options;
     options.connect_timeout = std::chrono::milliseconds(200);
     for (;;) {
-      auto receiver = ShmWeightReceiver::connect(weights_.channel, weights_.name, BanditMlp::policy_blocks(model_),
-                                                 options);
+      auto receiver = connect_weight_receiver(weights_.channel, weights_.name, BanditMlp::policy_blocks(model_), options);
       if (stop_) return nullptr;
       if (receiver.is_ok()) {
-        std::shared_ptr<ShmWeightReceiver> made(std::move(*receiver));
+        std::shared_ptr<WeightReceiver> made(std::move(*receiver));
         std::lock_guard<std::mutex> lock(mutex_);
         receiver_ = made;
         return made;
@@ -90,7 +89,7 @@ class ChannelVersions {
       if (!t.is_ok()) return fail(t.status());
       buffer.add_full(d.name, std::move(*t));
     }
-    std::shared_ptr<ShmWeightReceiver> receiver;
+    std::shared_ptr<WeightReceiver> receiver;
     std::int64_t next = 0;
     while (!stop_) {
       if (!receiver && !(receiver = connect())) return;
@@ -136,7 +135,7 @@ class ChannelVersions {
   std::int64_t newest_ = -1;
   Status failed_;
   std::string last_error_;
-  std::shared_ptr<ShmWeightReceiver> receiver_;  // for stop() from the destructor
+  std::shared_ptr<WeightReceiver> receiver_;  // for stop() from the destructor
   std::thread thread_;  // last: it starts once the members above exist
 };
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "stagehand/checkpoint/sync/shm_channel.hpp"
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/models/weight_store.hpp"
 

@@ -12,7 +12,7 @@
 #include "stagehand/actors/protocol.hpp"
 #include "stagehand/config/config.hpp"
 #include "stagehand/core/status.hpp"
-#include "stagehand/checkpoint/sync/shm_channel.hpp"
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
 #include "stagehand/models/weight_store.hpp"
 
 namespace stagehand {
@@ -29,9 +29,9 @@ struct TrainerOptions {
   /// Where the Workers publish weights for the fully-async trainer's generators
   /// (weight_sync.transport collective); null otherwise.
   std::shared_ptr<WeightStore> weights;
-  /// The weight-sync channel the Workers push to (weight_sync.transport shm): the
-  /// weight_sync.channel, or the run's own for the fully-async trainer's generators; empty for
-  /// none.
+  /// The weight-sync channel the Workers push to (weight_sync.transport shm: a name, tcp:
+  /// "tcp://HOST:PORT"): the weight_sync.channel, or the run's own for the fully-async trainer's
+  /// generators; empty for none.
   std::string weight_channel;
   /// What ckpt_path, resume_path, init_from and export_path are on.
   std::shared_ptr<FileSystem> file_system;

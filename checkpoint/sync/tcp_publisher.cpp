@@ -349,8 +349,12 @@ struct TcpWeightPublisher::Impl {
       for (auto& c : conns) {
         if (c->role == Conn::receiver && c->waiting && !c->in_version && !c->drop && c->min_step <= j.step) take_in(*c);
       }
-      const int ready = static_cast<int>(j.parts.size()) +
-                        static_cast<int>(std::count_if(conns.begin(), conns.end(), [](const auto& c) { return c->role == Conn::receiver && c->waiting; }));
+      // Ready: those taken in, and those waiting for a later step (one taken in that got the
+      // version and waits again for the next is counted once).
+      int ready = static_cast<int>(j.parts.size());
+      for (const auto& c : conns) {
+        if (c->role == Conn::receiver && c->waiting && std::find(j.parts.begin(), j.parts.end(), c.get()) == j.parts.end()) ++ready;
+      }
       const bool waits = j.wait_for > 0 && !sent.empty();
       if (waits && ready < j.wait_for && now < j.join_until) return;
       j.joining = false;

@@ -37,8 +37,10 @@ struct TcpWeightReceiver::Impl {
 
   /// Connects to `r` and says hello with this receiver's blocks.
   Status hello(Rank& r, Clock::time_point deadline) {
-    auto fd = connect_to(r.at, deadline, r.who());
+    // Every rank listened when rank 0 gave the directory: one that refuses now is gone.
+    auto fd = connect_to(r.at, deadline, r.who(), /*retry=*/false, stop_fd.fd);
     if (!fd.is_ok()) {
+      if (fd.status().code() == ErrorCode::aborted) return fd.status();
       return Status{ErrorCode::io_error, "weight sync: " + r.who() + " is gone (" + fd.status().message() + ")"};
     }
     Fd conn(*fd);
@@ -46,7 +48,7 @@ struct TcpWeightReceiver::Impl {
     w.pod(kMagic).pod(static_cast<std::int32_t>(getpid())).str(name).descs(blocks);
     const std::string f = frame(kHello, w.out);
     SH_RETURN_IF_ERROR(write_all(conn.fd, f.data(), f.size(), deadline, r.who()));
-    auto reply = read_frame(conn.fd, deadline, -1, r.who());
+    auto reply = read_frame(conn.fd, deadline, stop_fd.fd, r.who());
     if (!reply.is_ok()) return reply.status();
     if (reply->type != kHelloOk) return Status{ErrorCode::corruption, "weight sync: " + r.who() + " answered hello with " + std::to_string(reply->type)};
     r.fd = std::move(conn);

@@ -150,8 +150,10 @@ inline int wait_fd(int fd, short events, Clock::time_point deadline, int stop_fd
   }
 }
 
-/// Connects to `e`, trying again while nothing listens there, until `deadline`.
-inline Result<int> connect_to(const Endpoint& e, Clock::time_point deadline, const std::string& who) {
+/// Connects to `e` by `deadline`; with `retry`, trying again while nothing listens there. A
+/// readable `stop_fd` ends it (aborted).
+inline Result<int> connect_to(const Endpoint& e, Clock::time_point deadline, const std::string& who, bool retry = true,
+                              int stop_fd = -1) {
   auto addr = resolve(e);
   if (!addr.is_ok()) return addr.status();
   std::string last = "nothing listens there";
@@ -161,7 +163,12 @@ inline Result<int> connect_to(const Endpoint& e, Clock::time_point deadline, con
     set_socket_options(fd);
     int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr);
     if (rc != 0 && errno == EINPROGRESS) {
-      if (wait_fd(fd, POLLOUT, deadline, -1) == 1) {
+      const int ready = wait_fd(fd, POLLOUT, deadline, stop_fd);
+      if (ready < 0) {
+        ::close(fd);
+        return Status{ErrorCode::aborted, "weight sync: stopped"};
+      }
+      if (ready == 1) {
         int err = 0;
         socklen_t n = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &n);
@@ -174,10 +181,13 @@ inline Result<int> connect_to(const Endpoint& e, Clock::time_point deadline, con
     if (rc == 0) return fd;
     last = std::strerror(errno);
     ::close(fd);
-    if (Clock::now() >= deadline) {
-      return Status{ErrorCode::timeout, "weight sync: " + who + " at " + e.to_string() + " cannot be reached: " + last};
+    if (!retry || Clock::now() >= deadline) {
+      return Status{retry ? ErrorCode::timeout : ErrorCode::io_error,
+                    "weight sync: " + who + " at " + e.to_string() + " cannot be reached: " + last};
     }
-    std::this_thread::sleep_for(milliseconds(20));
+    if (wait_fd(stop_fd, POLLIN, std::min(deadline, Clock::now() + milliseconds(20)), -1) == 1) {
+      return Status{ErrorCode::aborted, "weight sync: stopped"};
+    }
   }
 }
 

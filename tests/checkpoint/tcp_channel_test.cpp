@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <future>
@@ -292,6 +293,40 @@ BOOST_AUTO_TEST_CASE(waits_for_receivers_takes_in_past_the_timeout_sees_the_newe
   BOOST_REQUIRE(!stopped.is_ok());
   BOOST_TEST(stopped.status().message().find("'only' was stopped") != std::string::npos, stopped.status().message());
   BOOST_TEST(!(*rx)->receive(state, 0, 1s).is_ok());
+}
+
+// A receiver that got the version and waits for the next at once is not counted twice: a push
+// waiting for 2 receivers still waits for the second (the fully-async generators' first version).
+BOOST_AUTO_TEST_CASE(a_push_waiting_for_two_counts_a_receiver_that_came_back_once) {
+  const std::string at = address();
+  auto options = small_buckets();
+  options.receiver_timeout = 2s;
+  auto publisher = TcpWeightPublisher::create(at, 0, 1, rank_state(1, 0, true, 0).descriptors(), options);
+  BOOST_REQUIRE(publisher.is_ok());
+  StateDict a_state = rank_state(1, 0, false), b_state = rank_state(1, 0, false);
+  auto a = TcpWeightReceiver::connect(at, "a", a_state.descriptors(), options);
+  auto b = TcpWeightReceiver::connect(at, "b", b_state.descriptors(), options);
+  BOOST_REQUIRE(a.is_ok());
+  BOOST_REQUIRE(b.is_ok());
+  auto a_got = std::async(std::launch::async, [&] {
+    auto first = (*a)->receive(a_state, 0, 20s);
+    if (first.is_ok()) (void)(*a)->receive(a_state, *first + 1, 300ms);  // waits again at once
+    return first;
+  });
+  wait_until_waiting(**publisher, 1);
+  auto b_got = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(300ms);  // comes while the push waits
+    return (*b)->receive(b_state, 0, 20s);
+  });
+  auto report = (*publisher)->push(1, rank_state(1, 0, true, 1), 2);
+  BOOST_REQUIRE(report.is_ok());
+  BOOST_TEST(report->dropped.empty());
+  std::vector<std::string> delivered = report->delivered;
+  std::sort(delivered.begin(), delivered.end());
+  BOOST_TEST((delivered == std::vector<std::string>{"a", "b"}));
+  BOOST_TEST(a_got.get().is_ok());
+  BOOST_TEST(b_got.get().is_ok());
+  BOOST_TEST(first_mismatch(b_state, 1) == "");
 }
 
 BOOST_AUTO_TEST_CASE(bad_input_and_waits_are_refused_or_bounded_by_name) {

@@ -164,6 +164,11 @@ storage:
   BOOST_TEST(c->storage.s3.endpoint == "http://127.0.0.1:9000");
   BOOST_TEST(c->storage.s3.region == "eu-west-1");
   BOOST_TEST(!c->storage.s3.path_style);
+  // TCP: the channel is trainer rank 0's address.
+  auto tcp = load_config_string("weight_sync:\n  transport: tcp\n  channel: trainer-0.cluster:29700\n", "tcp.yaml", {});
+  BOOST_REQUIRE_MESSAGE(tcp.is_ok(), tcp.status().to_string());
+  BOOST_TEST((tcp->weight_sync.transport == WeightTransport::tcp));
+  BOOST_TEST(tcp->weight_sync.channel == "trainer-0.cluster:29700");
 }
 
 struct BadCase {
@@ -484,8 +489,16 @@ BOOST_AUTO_TEST_CASE(each_rule_fires_once_naming_its_key_and_where_it_was_given)
        "fully-async trainer's generators' weights; trainer.kind is sync"},
       {"trainer:\n  kind: fully_async\nweight_sync:\n  transport: collective\n  channel: x\n",
        {},
-       "bad.yaml:5: weight_sync.channel: receivers outside the run need weight_sync.transport shm, got "
+       "bad.yaml:5: weight_sync.channel: receivers outside the run need weight_sync.transport shm or tcp, got "
        "collective"},
+      {"weight_sync:\n  transport: tcp\n  channel: rollout\n",
+       {},
+       "bad.yaml:3: weight_sync.channel: with transport tcp is trainer rank 0's HOST:PORT (port 1 to 65535), got "
+       "'rollout'"},
+      {"",
+       {"weight_sync.transport=tcp", "weight_sync.channel=host:0"},
+       "--set weight_sync.channel=host:0: weight_sync.channel: with transport tcp is trainer rank 0's HOST:PORT "
+       "(port 1 to 65535), got 'host:0'"},
       {"weight_sync:\n  receivers: 1\n",
        {},
        "bad.yaml:2: weight_sync.receivers: receivers outside the run need weight_sync.channel"},

@@ -76,7 +76,7 @@ void wait_until_exists(const std::string& path) {
 
 BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_process_workers) {
   // Sync RL with async and sync saves, and fully-async RL (its weight versions pushed by every
-  // rank over the shared-memory channel to the generators in rank 0's process, or published
+  // rank over the shared-memory channel or over TCP to the generators in rank 0's process, or published
   // through the tensor-parallel collectives; the in-process run's over shared memory).
   const std::string fully_async = kSource + "/examples/configs/fully_async_rl.yaml";
   struct Case {
@@ -84,7 +84,7 @@ BOOST_AUTO_TEST_CASE(four_processes_train_save_and_resume_byte_identical_to_in_p
   };
   for (auto [config, async, procs_transport] : std::vector<Case>{
            {kConfig, "true", "shm"}, {kConfig, "false", "shm"}, {fully_async, "true", "shm"},
-           {fully_async, "true", "collective"}}) {
+           {fully_async, "true", "tcp"}, {fully_async, "true", "collective"}}) {
     BOOST_TEST_CONTEXT(config << ", async " << async << ", processes' weight_sync.transport " << procs_transport) {
       TempDir dir;
       std::vector<std::string> common{"megatron_config.async_dist_ckpt_save=" + async, "trainer.ckpt_interval=10",

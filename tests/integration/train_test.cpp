@@ -194,24 +194,28 @@ BOOST_AUTO_TEST_CASE(fully_async_stays_within_the_staleness_bound_and_twice_the_
   BOOST_TEST(sync.find("total_steps: 500") != std::string::npos);
 }
 
-// Issue 57: the generators get each version over the shared-memory channel (every trainer rank
-// pushing its part, the replicas split) exactly as over the tensor-parallel collectives.
-BOOST_AUTO_TEST_CASE(fully_async_over_shared_memory_trains_what_it_trains_over_collectives) {
+// Issue 57: the generators get each version over the shared-memory channel and over TCP (every
+// trainer rank pushing its part, the replicas split) exactly as over the tensor-parallel collectives.
+BOOST_AUTO_TEST_CASE(fully_async_over_shared_memory_and_tcp_trains_what_it_trains_over_collectives) {
   TempDir dir;
-  for (std::string transport : {"shm", "collective"}) {
+  for (std::string transport : {"shm", "tcp", "collective"}) {
     Run r = train("fully_async_rl.yaml", {"trainer.ckpt_path=" + dir / transport, "trainer.total_steps=30",
                                           "fully_async.max_staleness_steps=2", "weight_sync.transport=" + transport},
                   dir / (transport + ".jsonl"));
     BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
   }
-  BOOST_TEST(test::checkpoint_difference(dir / "shm/global_step_30", dir / "collective/global_step_30") == "");
-  auto x = lines_of(dir / "shm.jsonl", "step");
   auto y = lines_of(dir / "collective.jsonl", "step");
-  BOOST_REQUIRE(x.size() == 30u);
   BOOST_REQUIRE(y.size() == 30u);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    BOOST_TEST(x[i]["reward"] == y[i]["reward"]);
-    BOOST_TEST(x[i]["behaviour_version"] == y[i]["behaviour_version"]);
+  for (std::string transport : {"shm", "tcp"}) {
+    BOOST_TEST_CONTEXT(transport) {
+      BOOST_TEST(test::checkpoint_difference(dir / (transport + "/global_step_30"), dir / "collective/global_step_30") == "");
+      auto x = lines_of(dir / (transport + ".jsonl"), "step");
+      BOOST_REQUIRE(x.size() == 30u);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        BOOST_TEST(x[i]["reward"] == y[i]["reward"]);
+        BOOST_TEST(x[i]["behaviour_version"] == y[i]["behaviour_version"]);
+      }
+    }
   }
 }
 
