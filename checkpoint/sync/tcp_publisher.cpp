@@ -48,10 +48,11 @@ struct TcpWeightPublisher::Impl {
     std::string name, host;
     std::int32_t pid = 0;
     std::vector<Span> spans;
+    std::uint64_t payload = 0;  // bytes of one version: the spans'
     bool waiting = false;
     std::int64_t min_step = 0;
     // A version under way: the cursor into `spans`, the last bucket's progress.
-    bool in_version = false, sent_all = false, got = false, idle_after = false, drop = false;
+    bool in_version = false, sent_all = false, idle_after = false, drop = false;
     std::size_t span_i = 0;
     std::uint64_t span_off = 0, since_progress = 0;
     Clock::time_point progress;
@@ -70,7 +71,6 @@ struct TcpWeightPublisher::Impl {
   };
 
   int rank = 0, world = 1;
-  Endpoint address;
   WeightChannelOptions options;
   std::vector<ShardedTensorDesc> blocks;
   std::uint64_t signature = 0;
@@ -205,6 +205,7 @@ struct TcpWeightPublisher::Impl {
           }
         }
         c.spans = spans_of(blocks, sent, *parts, *descs);
+        for (const Span& s : c.spans) c.payload += s.bytes(dtype_size(blocks[s.tensor].dtype));
         c.role = Conn::receiver;
         c.out += frame(kHelloOk);
         return;
@@ -228,7 +229,6 @@ struct TcpWeightPublisher::Impl {
         if (job && r.pod<std::uint64_t>() == job->version && c.sent_all) {
           // Delivered: it may ask for the next version at once (its WANT may follow in this read).
           job->report.delivered.push_back(c.name);
-          c.got = true;
           c.in_version = c.idle_after = false;
         }
         return;
@@ -329,12 +329,10 @@ struct TcpWeightPublisher::Impl {
 
   void take_in(Conn& c) {
     Job& j = *job;
-    std::uint64_t bytes = 0;
-    for (const Span& s : c.spans) bytes += s.bytes(dtype_size(blocks[s.tensor].dtype));
-    c.out += frame(kVersion, Writer().pod(j.version).pod(j.step).pod(bytes).out);
+    c.out += frame(kVersion, Writer().pod(j.version).pod(j.step).pod(c.payload).out);
     c.waiting = false;
     c.in_version = true;
-    c.sent_all = c.got = c.idle_after = false;
+    c.sent_all = c.idle_after = false;
     c.span_i = 0;
     c.span_off = c.since_progress = 0;
     c.progress = Clock::now();
@@ -486,7 +484,6 @@ Result<std::unique_ptr<TcpWeightPublisher>> TcpWeightPublisher::create(const std
   Impl& m = *impl;
   m.rank = rank;
   m.world = world;
-  m.address = *endpoint;
   m.options = options;
   m.signature = structure_signature(blocks);
   m.blocks = blocks;

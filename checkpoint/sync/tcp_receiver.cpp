@@ -22,6 +22,7 @@ struct TcpWeightReceiver::Impl {
     Endpoint at;
     std::vector<ShardedTensorDesc> descs;
     std::vector<Span> spans;
+    std::uint64_t payload = 0;  // bytes of one version: the spans'
     Fd fd;
     std::string who() const { return "trainer rank " + std::to_string(rank) + " (" + at.to_string() + ")"; }
   };
@@ -58,9 +59,7 @@ struct TcpWeightReceiver::Impl {
   /// Reads a version's payload (`bytes`) into `state`.
   Status read_payload(Rank& r, StateDict& state, std::uint64_t bytes, Clock::time_point deadline,
                       std::vector<std::uint8_t>& scratch) {
-    std::uint64_t expected = 0;
-    for (const Span& s : r.spans) expected += s.bytes(dtype_size(r.descs[s.tensor].dtype));
-    if (bytes != expected) return Status{ErrorCode::corruption, "weight sync: " + r.who() + " sent a version of " + std::to_string(bytes) + " bytes, not " + std::to_string(expected)};
+    if (bytes != r.payload) return Status{ErrorCode::corruption, "weight sync: " + r.who() + " sent a version of " + std::to_string(bytes) + " bytes, not " + std::to_string(r.payload)};
     for (const Span& s : r.spans) {
       const ShardedTensorDesc& from = r.descs[s.tensor];
       ShardedTensor& to = state.tensors[s.block];
@@ -203,6 +202,7 @@ Result<std::unique_ptr<TcpWeightReceiver>> TcpWeightReceiver::connect(const std:
     if (!parts.is_ok()) return parts.status();
     if (parts->empty()) continue;
     rank.spans = spans_of(rank.descs, sent, *parts, blocks);
+    for (const Span& s : rank.spans) rank.payload += s.bytes(dtype_size(rank.descs[s.tensor].dtype));
     m.ranks.push_back(std::move(rank));
   }
   SH_RETURN_IF_ERROR(check_covered(blocks, covered, held, who));

@@ -106,15 +106,6 @@ inline std::string peer_host(int fd) {
   return buf;
 }
 
-inline std::string local_host(int fd) {
-  sockaddr_in a{};
-  socklen_t n = sizeof a;
-  char buf[INET_ADDRSTRLEN] = {};
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) return "?";
-  inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
-  return buf;
-}
-
 /// A listening socket on `e` (port 0: one the system picks); sets `*port` to the port bound.
 inline Result<int> listen_on(const Endpoint& e, int* port) {
   auto addr = resolve(e);
@@ -340,7 +331,7 @@ inline Span span_of(const ShardedTensorDesc& from, std::uint32_t tensor, const S
     last += (lo[i] + shape[i] - 1 - from.global_offset[i]) * strides[i];
   }
   Span s{tensor, block, first, last + 1, std::nullopt};
-  if (contiguous_offset(overlap, from) && overlap.shape.numel() == s.end - s.first) s.direct = contiguous_offset(overlap, to);
+  if (contiguous_offset(overlap, from)) s.direct = contiguous_offset(overlap, to);
   return s;
 }
 

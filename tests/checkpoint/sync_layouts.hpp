@@ -8,6 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "stagehand/checkpoint/sync/weight_channel.hpp"
+#include "stagehand/checkpoint/sync/weight_sync.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand::sync_layouts {
@@ -101,6 +108,39 @@ inline void check_exact(const std::vector<StateDict>& receivers, std::int64_t st
     const std::string wrong = first_mismatch(receivers[q], step);
     if (!wrong.empty()) BOOST_FAIL("receiver " << q << " " << wrong);
   }
+}
+
+/// Trainer rank `rank` of `senders`: pushes each of `steps` until every receiver it serves took
+/// it (receivers may not all be waiting yet when a push begins), then keeps its segment until
+/// `done` (a shm receiver maps every rank's segment, also those that send it nothing). "" or why
+/// it failed.
+inline std::string run_publisher(const std::string& name, int rank, std::vector<StateDict>& senders,
+                          const std::vector<StateDict>& receivers, const std::vector<std::int64_t>& steps, int tp,
+                          const WeightChannelOptions& options, std::shared_future<void> done) {
+  auto publisher = open_weight_publisher(name, rank, static_cast<int>(senders.size()),
+                                         senders[static_cast<std::size_t>(rank)].descriptors(), options);
+  if (!publisher.is_ok()) return publisher.status().to_string();
+  auto plan = plan_weight_sync(descs(senders), descs(receivers));
+  if (!plan.is_ok()) return plan.status().to_string();
+  std::set<int> served;
+  for (const auto& t : plan->transfers) {
+    if (t.sender == rank) served.insert(t.receiver);
+  }
+  for (std::int64_t step : steps) {
+    StateDict state = rank_state(tp, rank, true, step);
+    std::set<std::string> got;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (got.size() < served.size()) {
+      if (std::chrono::steady_clock::now() > deadline) return "rank " + std::to_string(rank) + ": receivers never came";
+      auto report = (*publisher)->push(step, state);
+      if (!report.is_ok()) return report.status().to_string();
+      if (!report->dropped.empty()) return "dropped: " + report->dropped.front();
+      got.insert(report->delivered.begin(), report->delivered.end());
+      if (got.size() < served.size()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  done.wait();
+  return "";
 }
 
 }  // namespace stagehand::sync_layouts

@@ -36,37 +36,6 @@ WeightChannelOptions small_buckets(std::uint64_t bytes = 64) {
   return o;
 }
 
-/// Trainer rank `rank`: pushes each of `steps` until every receiver it serves took it, then
-/// keeps serving until `done`. "" or why it failed.
-std::string run_publisher(const std::string& channel, int rank, std::vector<StateDict>& senders,
-                          const std::vector<StateDict>& receivers, const std::vector<std::int64_t>& steps, int tp,
-                          const WeightChannelOptions& options, std::shared_future<void> done) {
-  auto publisher = open_weight_publisher(channel, rank, static_cast<int>(senders.size()),
-                                         senders[static_cast<std::size_t>(rank)].descriptors(), options);
-  if (!publisher.is_ok()) return publisher.status().to_string();
-  auto plan = plan_weight_sync(descs(senders), descs(receivers));
-  if (!plan.is_ok()) return plan.status().to_string();
-  std::set<int> served;
-  for (const auto& t : plan->transfers) {
-    if (t.sender == rank) served.insert(t.receiver);
-  }
-  for (std::int64_t step : steps) {
-    StateDict state = rank_state(tp, rank, true, step);
-    std::set<std::string> got;
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (got.size() < served.size()) {
-      if (std::chrono::steady_clock::now() > deadline) return "rank " + std::to_string(rank) + ": receivers never came";
-      auto report = (*publisher)->push(step, state);
-      if (!report.is_ok()) return report.status().to_string();
-      if (!report->dropped.empty()) return "dropped: " + report->dropped.front();
-      got.insert(report->delivered.begin(), report->delivered.end());
-      if (got.size() < served.size()) std::this_thread::sleep_for(2ms);
-    }
-  }
-  done.wait();
-  return "";
-}
-
 void wait_until_waiting(TcpWeightPublisher& publisher, int n) {
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (publisher.waiting_receivers() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
