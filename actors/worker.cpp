@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <exception>
 #include <future>
 #include <memory>
@@ -167,6 +168,7 @@ class Worker : public worker_actor::base {
   /// bucket and receiver); its error, if it failed.
   Status finish_push() {
     if (!push_.valid()) return Status::ok();
+    if (stop_serving_) stop_serving_->store(true);
     try {
       push_.get();
     } catch (const std::exception& e) {
@@ -201,10 +203,11 @@ class Worker : public worker_actor::base {
     try {
       if (!push_thread_) push_thread_ = std::make_unique<ThreadPool>(1);
       push_status_ = std::make_shared<Status>();
+      stop_serving_ = std::make_shared<std::atomic<bool>>(false);
       if (fence_) fence_->close();
       closed = fence_ != nullptr;
       push_ = push_thread_->submit([publisher = publisher_, selected, fence = fence_, version, wait_for, rank = rank_,
-                                    out = push_status_] {
+                                    out = push_status_, stop = stop_serving_] {
         // The fence opens however the push ends.
         struct Open {
           StagingFence* fence;
@@ -214,13 +217,19 @@ class Worker : public worker_actor::base {
         } open{fence.get()};
         Status st;
         try {
+          auto log = [rank, version](const PushReport& report) {
+            for (const auto& dropped : report.dropped) {
+              spdlog::warn("rank {}: weight sync of step {}: not delivered: {}", rank, version, dropped);
+            }
+          };
           auto report = publisher->push(version, *selected, wait_for);
           if (!report.is_ok()) {
             st = report.status();
           } else {
-            for (const auto& dropped : report->dropped) {
-              spdlog::warn("rank {}: weight sync of step {}: not delivered: {}", rank, version, dropped);
-            }
+            log(*report);
+            // Until the state is modified (someone waits at the fence) or the next export, a
+            // receiver that joins late gets this version, the newest, at once.
+            if (fence) st = serve_late_receivers(*publisher, version, *selected, *fence, *stop, log);
           }
         } catch (const std::exception& e) {
           st = {ErrorCode::internal, std::string("the push threw: ") + e.what()};
@@ -259,6 +268,8 @@ class Worker : public worker_actor::base {
   std::unique_ptr<ThreadPool> push_thread_;
   std::future<void> push_;
   std::shared_ptr<Status> push_status_;
+  /// Set to end the push thread's serving of late receivers (the next push, a load, exit).
+  std::shared_ptr<std::atomic<bool>> stop_serving_;
 };
 
 /// A Checkpointable that is nothing but its state.

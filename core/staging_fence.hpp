@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -23,11 +24,16 @@ class StagingFence {
   /// @return the seconds waited (0 when it was open).
   double wait();
   bool is_open() const;
+  /// Blocks until someone waits in wait() (about to modify the state) or `at_most` passed: a
+  /// reader that could go on reading (a weight push serving late receivers) stops for them.
+  /// @return whether someone waits.
+  bool wait_for_waiter(std::chrono::milliseconds at_most);
 
  private:
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   int readers_ = 0;
+  int waiters_ = 0;
 };
 
 }  // namespace stagehand

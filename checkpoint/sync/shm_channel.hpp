@@ -57,6 +57,7 @@ class ShmWeightPublisher final : public WeightPublisher {
 
   /// Receivers waiting in receive() now: those the next push would serve.
   int waiting_receivers() const override;
+  int late_receivers(std::int64_t step) const override;
 
   struct Impl;
 

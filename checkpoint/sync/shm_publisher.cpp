@@ -60,6 +60,18 @@ std::uint64_t ShmWeightPublisher::sent_bytes() const {
   return total;
 }
 
+int ShmWeightPublisher::late_receivers(std::int64_t step) const {
+  int n = 0;
+  for (std::uint32_t i = 0; i < impl_->seg.header().max_receivers; ++i) {
+    ReceiverEntry& e = impl_->seg.entry(i);
+    if (at(e.used).load(std::memory_order_acquire) == 1 && at(e.want).load(std::memory_order_acquire) == kWant &&
+        at(e.min_step).load(std::memory_order_relaxed) <= step) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 int ShmWeightPublisher::waiting_receivers() const {
   int n = 0;
   for (std::uint32_t i = 0; i < impl_->seg.header().max_receivers; ++i) {

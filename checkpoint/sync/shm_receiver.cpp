@@ -104,6 +104,7 @@ struct ShmWeightReceiver::Impl {
       }
       return std::nullopt;
     };
+    at(e.min_step).store(min_step, std::memory_order_relaxed);
     at(e.want).store(kWant, std::memory_order_release);
     bump(h.ack_word);  // a push waiting for receivers to join sees this one at once
     for (;;) {

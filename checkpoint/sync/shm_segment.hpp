@@ -40,7 +40,7 @@ using std::chrono::milliseconds;
 
 // ---- The segment: plain integers in shared memory, read and written through std::atomic_ref.
 
-constexpr char kMagic[8] = {'S', 'H', 'W', 'S', 'Y', 'N', 'C', '1'};
+constexpr char kMagic[8] = {'S', 'H', 'W', 'S', 'Y', 'N', 'C', '2'};
 constexpr std::uint64_t kAlign = 64;
 /// ReceiverEntry::want: not waiting, waiting for the next version, dropped by the publisher;
 /// any other value is the version the receiver takes part in.
@@ -64,8 +64,9 @@ struct ReceiverEntry {
   std::uint32_t used;
   std::int32_t pid;
   std::uint64_t want;
-  std::uint64_t acked;  // the last bucket sequence number taken
-  char name[104];
+  std::uint64_t acked;     // the last bucket sequence number taken
+  std::int64_t min_step;   // while it waits: the least step it takes (written before `want`)
+  char name[96];
 };
 static_assert(sizeof(ReceiverEntry) == 128);
 

@@ -51,6 +51,7 @@ class TcpWeightPublisher final : public WeightPublisher {
   Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0) override;
   std::uint64_t sent_bytes() const override;
   int waiting_receivers() const override;
+  int late_receivers(std::int64_t step) const override;
   /// The port this rank listens on (rank 0: the address's; the others: their own).
   int port() const;
 

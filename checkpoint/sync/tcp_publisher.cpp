@@ -88,6 +88,9 @@ struct TcpWeightPublisher::Impl {
   std::unique_ptr<Job> job;        // the push under way: the loop thread's only
   std::atomic<bool> stopping{false};
   std::atomic<int> waiting{0};
+  /// The min_step of each receiver counted in `waiting` (guarded by waiting_mutex).
+  mutable std::mutex waiting_mutex;
+  std::vector<std::int64_t> waiting_steps;
   std::atomic<std::int64_t> done_step{-1};
   std::uint64_t next_version = 1;
   std::thread loop;
@@ -389,6 +392,16 @@ struct TcpWeightPublisher::Impl {
     c.drop = true;
   }
 
+  void count_waiting() {
+    std::vector<std::int64_t> steps;
+    for (const auto& c : conns) {
+      if (c->role == Conn::receiver && c->waiting && !c->drop) steps.push_back(c->min_step);
+    }
+    std::lock_guard<std::mutex> lock(waiting_mutex);
+    waiting = static_cast<int>(steps.size());
+    waiting_steps = std::move(steps);
+  }
+
   void run() {
     std::vector<pollfd> fds;
     while (!stopping.load()) {
@@ -429,6 +442,8 @@ struct TcpWeightPublisher::Impl {
         }
       }
       drive(now);
+      // Counted before anything is written: a receiver that reads its IDLE_ACK is no longer counted.
+      count_waiting();
       for (auto& c : conns) {
         if (!c->drop && !write_to(*c)) close_conn(*c, "broke its connection");
       }
@@ -446,7 +461,7 @@ struct TcpWeightPublisher::Impl {
                                    return true;
                                  }),
                   conns.end());
-      waiting = static_cast<int>(std::count_if(conns.begin(), conns.end(), [](const auto& c) { return c->role == Conn::receiver && c->waiting; }));
+      count_waiting();
     }
     std::lock_guard<std::mutex> lock(mutex);
     for (auto* j : {&job, &pending}) {
@@ -465,6 +480,12 @@ std::uint64_t TcpWeightPublisher::sent_bytes() const {
 }
 
 int TcpWeightPublisher::waiting_receivers() const { return impl_->waiting.load(); }
+
+int TcpWeightPublisher::late_receivers(std::int64_t step) const {
+  std::lock_guard<std::mutex> lock(impl_->waiting_mutex);
+  return static_cast<int>(std::count_if(impl_->waiting_steps.begin(), impl_->waiting_steps.end(),
+                                        [step](std::int64_t s) { return s <= step; }));
+}
 
 int TcpWeightPublisher::port() const { return impl_->port; }
 

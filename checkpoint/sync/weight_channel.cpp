@@ -12,6 +12,18 @@ constexpr char kTcp[] = "tcp://";
 
 bool is_tcp_channel(const std::string& channel) { return channel.rfind(kTcp, 0) == 0; }
 
+Status serve_late_receivers(WeightPublisher& publisher, std::int64_t step, const StateDict& state, StagingFence& fence,
+                            const std::atomic<bool>& stop, const std::function<void(const PushReport&)>& on_report,
+                            std::chrono::milliseconds poll) {
+  while (!stop.load() && !fence.wait_for_waiter(poll)) {
+    if (publisher.late_receivers(step) == 0) continue;
+    auto report = publisher.push(step, state);
+    if (!report.is_ok()) return report.status().with_context("serving step " + std::to_string(step) + " to late receivers");
+    if (on_report) on_report(*report);
+  }
+  return Status::ok();
+}
+
 Result<std::unique_ptr<WeightPublisher>> open_weight_publisher(const std::string& channel, int rank, int world,
                                                                std::vector<ShardedTensorDesc> blocks,
                                                                const WeightChannelOptions& options) {

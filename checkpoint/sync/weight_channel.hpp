@@ -7,13 +7,16 @@
 // (shm_channel.hpp) and TCP between processes and hosts (tcp_channel.hpp);
 // open_weight_publisher / connect_weight_receiver pick one by the channel's name.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "stagehand/core/sharded_tensor.hpp"
+#include "stagehand/core/staging_fence.hpp"
 #include "stagehand/core/status.hpp"
 
 namespace stagehand {
@@ -59,6 +62,9 @@ class WeightPublisher {
   virtual std::uint64_t sent_bytes() const = 0;
   /// Receivers waiting in receive() now: those the next push would serve.
   virtual int waiting_receivers() const = 0;
+  /// Receivers waiting now for a step of at most `step` (their receive()'s min_step): those that
+  /// joined after the push of `step`, or lost it, and that a push of `step` again would serve.
+  virtual int late_receivers(std::int64_t step) const = 0;
 };
 
 /// An inference rank's side of a channel (any transport).
@@ -76,6 +82,16 @@ class WeightReceiver {
   /// Ends a receive() running on another thread at once (an error: "was stopped"), and every later one.
   virtual void stop() = 0;
 };
+
+/// Serves receivers that join late the newest version: until someone waits at `fence` (about to
+/// modify `state`) or `stop` is set, each time receivers wait for a step of at most `step`, pushes
+/// `state` as `step` again (only they take it; those waiting for a later step do not). The caller
+/// pushed `state` as `step` and holds `fence` closed, so `state` is still that version. Each push's
+/// report goes to `on_report`. Returns within `poll` of a waiter or of `stop`, or once a push
+/// under way ends (bounded as push() is); the first push error, if any.
+Status serve_late_receivers(WeightPublisher& publisher, std::int64_t step, const StateDict& state, StagingFence& fence,
+                            const std::atomic<bool>& stop, const std::function<void(const PushReport&)>& on_report,
+                            std::chrono::milliseconds poll = std::chrono::milliseconds(5));
 
 /// True when `channel` names a TCP channel: "tcp://HOST:PORT" (trainer rank 0's address).
 bool is_tcp_channel(const std::string& channel);

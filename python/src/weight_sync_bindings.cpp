@@ -62,6 +62,7 @@ void bind_weight_sync(nb::module_& m) {
             return out;
           })
       .def_prop_ro("waiting_receivers", &WeightPublisher::waiting_receivers)
+      .def("late_receivers", &WeightPublisher::late_receivers, nb::arg("step"))
       .def_prop_ro("sent_bytes", &WeightPublisher::sent_bytes);
   nb::class_<WeightReceiver>(m, "_WeightReceiver")
       .def_static("connect",

@@ -530,6 +530,12 @@ class WeightPublisher(_Closing):
         """Receivers waiting in ``receive`` now (the next push serves them)."""
         return self._impl.waiting_receivers
 
+    def late_receivers(self, step: int) -> int:
+        """Receivers waiting now for a step of at most ``step``: those that joined after the push of
+        ``step`` (or lost it). While the weights are still that version, ``push(step, state)`` again
+        serves them, and only them."""
+        return self._impl.late_receivers(_step(step))
+
     @property
     def sent_bytes(self) -> int:
         """Bytes this rank sends per version."""

@@ -164,6 +164,66 @@ BIN = pathlib.Path(os.environ.get("STAGEHAND_BIN_DIR", "build/bin"))
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
+def _policy(D, K, H):
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    return {"model": {"fc1": {"weight": np.zeros((H, D), bf16), "bias": np.zeros(H, bf16)},
+                      "fc2": {"weight": np.zeros((K, H), bf16), "bias": np.zeros(K, bf16)}}}
+
+
+def _train_cmd(sets):
+    cmd = [BIN / "stagehand-train", "--quiet", "--config", CONFIGS / "sync_rl.yaml"]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    return cmd
+
+
+def _same_bits(a_state, b_state):
+    for layer in ("fc1", "fc2"):
+        for part in ("weight", "bias"):
+            a, b = a_state["model"][layer][part], b_state["model"][layer][part]
+            assert a.view(np.uint16).tobytes() == b.view(np.uint16).tobytes(), (layer, part)
+
+
+def test_a_receiver_joining_between_pushes_gets_the_newest_version_at_once(tmp_path):
+    """stagehand-train (sync RL, tensor 2 x data 2, no receiver awaited) hangs in its save of step 4,
+    which comes after the push of step 4: a receiver that joins then gets step 4 at once (each
+    Worker serves late receivers until its next optimizer step), bit-exact what a run of 4 steps
+    saves, though no later push comes."""
+    name = channel("late")
+    D, K, H = 16, 8, 128
+    common = {"model.context_dim": D, "model.num_arms": K, "model.hidden": H, "trainer.ckpt_interval": 4,
+              "megatron_config.async_dist_ckpt_save": "false"}
+    hung = tmp_path / "hung"
+    env = dict(os.environ, STAGEHAND_TEST_HANG_FILES_UNDER=str(hung / "global_step_4"))
+    proc = subprocess.Popen(_train_cmd({**common, "trainer.ckpt_path": hung, "trainer.total_steps": 12,
+                                        "weight_sync.channel": name}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        state = _policy(D, K, H)
+        with stagehand.WeightReceiver(name, state, name="late", connect_timeout=60) as rx:
+            deadline = time.monotonic() + 60
+            while rx.newest_pushed_step < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, "the run never pushed step 4"
+                time.sleep(0.02)
+            got = rx.receive(state, min_step=0, timeout=20)
+            assert rx.newest_pushed_step == 4
+        assert proc.poll() is None  # still in the save of step 4: no later push served the receiver
+    finally:
+        proc.kill()
+        out, _ = proc.communicate(timeout=60)
+    assert got == 4, out
+    done = tmp_path / "done"
+    run = subprocess.run(_train_cmd({**common, "trainer.ckpt_path": done, "trainer.total_steps": 4}),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout
+    saved = _policy(D, K, H)
+    with stagehand.Checkpointer(str(tmp_path / "load-root"), rank=0, world_size=1) as ckpt:
+        ckpt.load(saved, str(done / "global_step_4"))
+    _same_bits(state, saved)
+    assert np.any(state["model"]["fc1"]["weight"].view(np.uint16) != 0)
+
+
 def test_a_sync_training_run_pushes_every_step_to_a_receiver_outside_it_bit_exact(tmp_path):
     """stagehand-train (sync RL, tensor 2 x data 2) with weight_sync.channel and receivers 1: each
     push waits for this receiver, so it gets every step's weights, and the last equal the last
