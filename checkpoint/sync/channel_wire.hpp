@@ -103,15 +103,9 @@ inline Result<std::vector<ShardedTensorDesc>> decode(const char* p, std::size_t 
   return out;
 }
 
-inline Status check_host_state(const StateDict& state, std::uint64_t signature, const std::string& who) {
+inline Status check_state(const StateDict& state, std::uint64_t signature, const std::string& who) {
   if (structure_signature(state) != signature) {
     return invalid(who + "'s state has other tensors or shapes than it was created with");
-  }
-  for (const auto& t : state.tensors) {
-    if (t.tensor.device().is_cuda()) {
-      return invalid(who + "'s tensor '" + t.desc.name +
-                     "' is in device memory: the device path of weight sync is not built yet");
-    }
   }
   return state.validate().with_context("weight sync: " + who);
 }

@@ -49,7 +49,7 @@ class ShmWeightPublisher final : public WeightPublisher {
   /// rollout, the fully-async trainer's generators); the shortfall, if any, is in the report's
   /// `dropped`. Returns when each receiver taking part took every bucket or was dropped; it
   /// waits at most `receiver_timeout` per bucket for one receiver. `state` must have the blocks
-  /// given at creation, in host memory, and not change while this runs.
+  /// given at creation (host or device memory) and not change while this runs.
   Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0) override;
 
   /// Bytes this rank sends per version (its share of the model).
@@ -80,7 +80,7 @@ class ShmWeightReceiver final : public WeightReceiver {
   ShmWeightReceiver& operator=(const ShmWeightReceiver&) = delete;
 
   /// Waits for the next version whose step is at least `min_step` and fills `state` (the blocks
-  /// given at connect, host memory) with it in place, every rank's part of one step. Returns that
+  /// given at connect, host or device memory) with it in place, every rank's part of one step. Returns that
   /// step. Once a push took it in, it takes part in that version even past `timeout` (the
   /// publisher drops it when it is too slow), up to a second `timeout` (at least 1 s). Errors: nothing within `timeout` (naming the trainer ranks still awaited), a trainer
   /// rank that dropped this receiver (too slow) or whose process is gone; after an error the

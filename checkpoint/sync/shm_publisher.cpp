@@ -23,6 +23,7 @@
 #include "stagehand/checkpoint/save/global_plan.hpp"
 #include "stagehand/checkpoint/save/planner.hpp"
 #include "stagehand/checkpoint/sync/shm_segment.hpp"
+#include "stagehand/core/device.hpp"
 
 namespace stagehand {
 
@@ -186,7 +187,7 @@ Result<std::unique_ptr<ShmWeightPublisher>> ShmWeightPublisher::create(const std
 
 Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
   Impl& m = *impl_;
-  SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
+  SH_RETURN_IF_ERROR(check_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
   Header& h = m.seg.header();
   const std::uint64_t bucket = h.bucket_bytes;
   const std::uint64_t n_buckets = (h.stream_bytes + bucket - 1) / bucket;
@@ -281,7 +282,14 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
       const std::uint64_t o = m.offsets[k], n = t.desc.nbytes();
       const std::uint64_t x = std::max(o, begin), y = std::min(o + n, end);
       if (x >= y) continue;
-      std::memcpy(dst + (x - begin), static_cast<const char*>(t.tensor.data()) + (x - o), y - x);
+      const char* src = static_cast<const char*>(t.tensor.data()) + (x - o);
+      if (!t.tensor.device().is_cuda()) {
+        std::memcpy(dst + (x - begin), src, y - x);
+      } else if (!copy_to_host(t.tensor.device(), src, dst + (x - begin), y - x)) {
+        // The receivers taking part are left in the version: each is dropped at its timeout.
+        return Status{ErrorCode::internal, "weight sync: trainer rank " + std::to_string(m.rank) + ": copying '" +
+                                               t.desc.name + "' from " + t.tensor.device().to_string() + " failed"};
+      }
     }
     at(m.seg.slot(seq).seq).store(seq, std::memory_order_release);
     bump(h.data_word);

@@ -275,7 +275,7 @@ Result<std::unique_ptr<ShmWeightReceiver>> ShmWeightReceiver::connect(const std:
 Result<std::int64_t> ShmWeightReceiver::receive(StateDict& state, std::int64_t min_step,
                                                 std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
-  SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "receiver '" + m.name + "'"));
+  SH_RETURN_IF_ERROR(check_state(state, m.signature, "receiver '" + m.name + "'"));
   const auto deadline = Clock::now() + timeout;
   // One thread per trainer rank taken from, kept for the receiver's life; the first rank's part
   // on the calling thread.

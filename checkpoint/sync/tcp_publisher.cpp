@@ -13,6 +13,7 @@
 #include "stagehand/checkpoint/save/planner.hpp"
 #include "stagehand/checkpoint/sync/tcp_channel.hpp"
 #include "stagehand/checkpoint/sync/tcp_wire.hpp"
+#include "stagehand/core/device.hpp"
 
 namespace stagehand {
 
@@ -56,6 +57,11 @@ struct TcpWeightPublisher::Impl {
     std::size_t span_i = 0;
     std::uint64_t span_off = 0, since_progress = 0;
     Clock::time_point progress;
+    // Device tensors: bytes [stage_from, stage_from + staged.size()) of span stage_span, copied
+    // to host memory through the copy engine (at most one bucket), sent from there.
+    std::vector<char> staged;
+    std::size_t stage_span = SIZE_MAX;
+    std::uint64_t stage_from = 0;
     std::string who() const { return "'" + name + "' (pid " + std::to_string(pid) + " on " + host + ")"; }
   };
   struct Job {
@@ -293,7 +299,30 @@ struct TcpWeightPublisher::Impl {
         const Span& s = c.spans[i];
         const ShardedTensor& t = state.tensors[s.tensor];
         const std::size_t elem = dtype_size(t.desc.dtype);
-        iov[n_iov].iov_base = static_cast<char*>(const_cast<void*>(t.tensor.data())) + static_cast<std::uint64_t>(s.first) * elem + off;
+        const char* base = static_cast<const char*>(t.tensor.data()) + static_cast<std::uint64_t>(s.first) * elem;
+        if (t.tensor.device().is_cuda()) {
+          // Sent from host memory: the next bucket of this span is staged (device-to-host) once
+          // the last is sent; the iovec list ends with it.
+          if (n_iov > 0) break;
+          if (c.stage_span != i || off < c.stage_from || off >= c.stage_from + c.staged.size()) {
+            const std::uint64_t n = std::min<std::uint64_t>(options.bucket_bytes, s.bytes(elem) - off);
+            c.staged.resize(static_cast<std::size_t>(n));
+            if (!copy_to_host(t.tensor.device(), base + off, c.staged.data(), c.staged.size())) {
+              job->report.dropped.push_back(c.who() + " not served: copying '" + t.desc.name + "' from " +
+                                            t.tensor.device().to_string() + " failed");
+              c.in_version = false;
+              c.drop = true;
+              return true;
+            }
+            c.stage_span = i;
+            c.stage_from = off;
+          }
+          iov[0].iov_base = c.staged.data() + (off - c.stage_from);
+          iov[0].iov_len = c.staged.size() - (off - c.stage_from);
+          n_iov = 1;
+          break;
+        }
+        iov[n_iov].iov_base = const_cast<char*>(base) + off;
         iov[n_iov].iov_len = s.bytes(elem) - off;
         ++n_iov;
       }
@@ -324,6 +353,7 @@ struct TcpWeightPublisher::Impl {
     }
     if (c.span_i >= c.spans.size()) {
       c.sent_all = true;
+      std::vector<char>().swap(c.staged);  // held only while a version is sent
       c.progress = Clock::now();
       if (c.idle_after) c.out += frame(kIdleAck);
     }
@@ -338,6 +368,7 @@ struct TcpWeightPublisher::Impl {
     c.sent_all = c.idle_after = false;
     c.span_i = 0;
     c.span_off = c.since_progress = 0;
+    c.stage_span = SIZE_MAX;  // what was staged is an older version's
     c.progress = Clock::now();
     j.parts.push_back(&c);
   }
@@ -568,7 +599,7 @@ Result<std::unique_ptr<TcpWeightPublisher>> TcpWeightPublisher::create(const std
 
 Result<PushReport> TcpWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
   Impl& m = *impl_;
-  SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
+  SH_RETURN_IF_ERROR(check_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
   auto job = std::make_unique<Impl::Job>();
   job->step = step;
   job->state = &state;

@@ -65,7 +65,7 @@ struct TcpWeightReceiver::Impl {
       ShardedTensor& to = state.tensors[s.block];
       const std::size_t elem = dtype_size(from.dtype);
       auto* dst = static_cast<std::uint8_t*>(to.tensor.data());
-      if (s.direct) {
+      if (s.direct && !to.tensor.device().is_cuda()) {  // device tensors: through the bucket, then copied in
         SH_RETURN_IF_ERROR(read_all(r.fd.fd, dst + static_cast<std::uint64_t>(*s.direct) * elem, s.bytes(elem), deadline,
                                     stop_fd.fd, r.who()));
         continue;
@@ -213,7 +213,7 @@ Result<std::unique_ptr<TcpWeightReceiver>> TcpWeightReceiver::connect(const std:
 
 Result<std::int64_t> TcpWeightReceiver::receive(StateDict& state, std::int64_t min_step, std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
-  SH_RETURN_IF_ERROR(check_host_state(state, m.signature, "receiver '" + m.name + "'"));
+  SH_RETURN_IF_ERROR(check_state(state, m.signature, "receiver '" + m.name + "'"));
   const auto deadline = Clock::now() + timeout;
   if (!m.pool && m.ranks.size() > 1) m.pool = std::make_unique<ThreadPool>(static_cast<int>(m.ranks.size() - 1));
   return receive_agreeing(m.ranks.size(), m.pool.get(), min_step,

@@ -56,7 +56,9 @@ class WeightPublisher {
   /// it first waits (at most `receiver_timeout`) until that many receivers wait; the shortfall,
   /// if any, is in the report's `dropped`. Returns when each receiver taking part took the
   /// version or was dropped (waiting at most `receiver_timeout` per bucket for one receiver).
-  /// `state` must have the blocks given at creation, in host memory, and not change while this runs.
+  /// `state` must have the blocks given at creation and not change while this runs. Tensors in
+  /// device memory are copied to host memory through the copy engine (copy_engine.hpp) on their
+  /// way out: into the ring (shared memory) or one bucket per receiver being sent to (TCP).
   virtual Result<PushReport> push(std::int64_t step, const StateDict& state, int wait_for = 0) = 0;
   /// Bytes this rank sends per version and receiver (its share of the model).
   virtual std::uint64_t sent_bytes() const = 0;
@@ -72,7 +74,7 @@ class WeightReceiver {
  public:
   virtual ~WeightReceiver() = default;
   /// Waits for the next version whose step is at least `min_step` and fills `state` (the blocks
-  /// given at connect, host memory) with it in place, every trainer rank's part of one step;
+  /// given at connect; device tensors through the copy engine) with it in place, every trainer rank's part of one step;
   /// returns that step. Once a push took it in, it takes part in that version even past
   /// `timeout`, up to a second `timeout` (at least 1 s). After an error the state's contents are
   /// a mix of versions and the next receive() starts over.

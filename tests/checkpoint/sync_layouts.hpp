@@ -4,21 +4,20 @@
 // filled with values that depend on the tensor, the global element and the step.
 
 #include <algorithm>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <chrono>
+#include <functional>
 #include <future>
 #include <set>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "stagehand/checkpoint/sync/weight_channel.hpp"
 #include "stagehand/checkpoint/sync/weight_sync.hpp"
 #include "stagehand/core/sharded_tensor.hpp"
 
 namespace stagehand::sync_layouts {
-
 
 /// Rows [begin, end) of `parts` nearly equal parts of `n` (the first parts one longer): uneven
 /// splits too.
@@ -114,9 +113,11 @@ inline void check_exact(const std::vector<StateDict>& receivers, std::int64_t st
 /// it (receivers may not all be waiting yet when a push begins), then keeps its segment until
 /// `done` (a shm receiver maps every rank's segment, also those that send it nothing). "" or why
 /// it failed.
+/// `place` puts each step's state where it is pushed from (default: host memory, as made).
 inline std::string run_publisher(const std::string& name, int rank, std::vector<StateDict>& senders,
                           const std::vector<StateDict>& receivers, const std::vector<std::int64_t>& steps, int tp,
-                          const WeightChannelOptions& options, std::shared_future<void> done) {
+                          const WeightChannelOptions& options, std::shared_future<void> done,
+                          const std::function<StateDict(StateDict)>& place = {}) {
   auto publisher = open_weight_publisher(name, rank, static_cast<int>(senders.size()),
                                          senders[static_cast<std::size_t>(rank)].descriptors(), options);
   if (!publisher.is_ok()) return publisher.status().to_string();
@@ -127,7 +128,7 @@ inline std::string run_publisher(const std::string& name, int rank, std::vector<
     if (t.sender == rank) served.insert(t.receiver);
   }
   for (std::int64_t step : steps) {
-    StateDict state = rank_state(tp, rank, true, step);
+    StateDict state = place ? place(rank_state(tp, rank, true, step)) : rank_state(tp, rank, true, step);
     std::set<std::string> got;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (got.size() < served.size()) {
