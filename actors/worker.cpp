@@ -229,7 +229,13 @@ class Worker : public worker_actor::base {
             log(*report);
             // Until the state is modified (someone waits at the fence) or the next export, a
             // receiver that joins late gets this version, the newest, at once.
-            if (fence) st = serve_late_receivers(*publisher, version, *selected, *fence, *stop, log);
+            // Its failure is logged: the version itself was pushed.
+            if (fence) {
+              if (Status served = serve_late_receivers(*publisher, version, *selected, *fence, *stop, log);
+                  !served.is_ok()) {
+                spdlog::warn("rank {}: weight sync: {}", rank, served.message());
+              }
+            }
           }
         } catch (const std::exception& e) {
           st = {ErrorCode::internal, std::string("the push threw: ") + e.what()};

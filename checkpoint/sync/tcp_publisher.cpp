@@ -12,8 +12,8 @@
 #include "stagehand/checkpoint/save/global_plan.hpp"
 #include "stagehand/checkpoint/save/planner.hpp"
 #include "stagehand/checkpoint/sync/tcp_channel.hpp"
+#include "stagehand/checkpoint/sync/tcp_span_cursor.hpp"
 #include "stagehand/checkpoint/sync/tcp_wire.hpp"
-#include "stagehand/core/device.hpp"
 
 namespace stagehand {
 
@@ -54,14 +54,9 @@ struct TcpWeightPublisher::Impl {
     std::int64_t min_step = 0;
     // A version under way: the cursor into `spans`, the last bucket's progress.
     bool in_version = false, sent_all = false, idle_after = false, drop = false;
-    std::size_t span_i = 0;
-    std::uint64_t span_off = 0, since_progress = 0;
+    SpanCursor cursor;
+    std::uint64_t since_progress = 0;
     Clock::time_point progress;
-    // Device tensors: bytes [stage_from, stage_from + staged.size()) of span stage_span, copied
-    // to host memory through the copy engine (at most one bucket), sent from there.
-    std::vector<char> staged;
-    std::size_t stage_span = SIZE_MAX;
-    std::uint64_t stage_from = 0;
     std::string who() const { return "'" + name + "' (pid " + std::to_string(pid) + " on " + host + ")"; }
   };
   struct Job {
@@ -292,39 +287,13 @@ struct TcpWeightPublisher::Impl {
     const StateDict& state = *job->state;
     for (;;) {
       iovec iov[64];
-      int n_iov = 0;
-      std::size_t i = c.span_i;
-      std::uint64_t off = c.span_off;
-      for (; i < c.spans.size() && n_iov < 64; ++i, off = 0) {
-        const Span& s = c.spans[i];
-        const ShardedTensor& t = state.tensors[s.tensor];
-        const std::size_t elem = dtype_size(t.desc.dtype);
-        const char* base = static_cast<const char*>(t.tensor.data()) + static_cast<std::uint64_t>(s.first) * elem;
-        if (t.tensor.device().is_cuda()) {
-          // Sent from host memory: the next bucket of this span is staged (device-to-host) once
-          // the last is sent; the iovec list ends with it.
-          if (n_iov > 0) break;
-          if (c.stage_span != i || off < c.stage_from || off >= c.stage_from + c.staged.size()) {
-            const std::uint64_t n = std::min<std::uint64_t>(options.bucket_bytes, s.bytes(elem) - off);
-            c.staged.resize(static_cast<std::size_t>(n));
-            if (!copy_to_host(t.tensor.device(), base + off, c.staged.data(), c.staged.size())) {
-              job->report.dropped.push_back(c.who() + " not served: copying '" + t.desc.name + "' from " +
-                                            t.tensor.device().to_string() + " failed");
-              c.in_version = false;
-              c.drop = true;
-              return true;
-            }
-            c.stage_span = i;
-            c.stage_from = off;
-          }
-          iov[0].iov_base = c.staged.data() + (off - c.stage_from);
-          iov[0].iov_len = c.staged.size() - (off - c.stage_from);
-          n_iov = 1;
-          break;
-        }
-        iov[n_iov].iov_base = const_cast<char*>(base) + off;
-        iov[n_iov].iov_len = s.bytes(elem) - off;
-        ++n_iov;
+      std::string error;
+      const int n_iov = c.cursor.next(c.spans, state, options.bucket_bytes, iov, 64, &error);
+      if (n_iov < 0) {
+        job->report.dropped.push_back(c.who() + " not served: " + error);
+        c.in_version = false;
+        c.drop = true;
+        return true;
       }
       if (n_iov == 0) break;
       msghdr msg{};
@@ -332,28 +301,16 @@ struct TcpWeightPublisher::Impl {
       msg.msg_iovlen = static_cast<std::size_t>(n_iov);
       const ssize_t w = ::sendmsg(c.fd.fd, &msg, MSG_NOSIGNAL);
       if (w < 0) return errno == EAGAIN || errno == EINTR;
-      std::uint64_t left = static_cast<std::uint64_t>(w);
-      c.since_progress += left;
-      while (left > 0 && c.span_i < c.spans.size()) {
-        const Span& s = c.spans[c.span_i];
-        const std::uint64_t rest = s.bytes(dtype_size(state.tensors[s.tensor].desc.dtype)) - c.span_off;
-        if (left >= rest) {
-          left -= rest;
-          ++c.span_i;
-          c.span_off = 0;
-        } else {
-          c.span_off += left;
-          left = 0;
-        }
-      }
+      c.since_progress += static_cast<std::uint64_t>(w);
+      c.cursor.advance(c.spans, state, static_cast<std::uint64_t>(w));
     }
     if (c.since_progress >= options.bucket_bytes) {
       c.progress = Clock::now();
       c.since_progress = 0;
     }
-    if (c.span_i >= c.spans.size()) {
+    if (c.cursor.done(c.spans)) {
       c.sent_all = true;
-      std::vector<char>().swap(c.staged);  // held only while a version is sent
+      c.cursor.release();
       c.progress = Clock::now();
       if (c.idle_after) c.out += frame(kIdleAck);
     }
@@ -366,9 +323,8 @@ struct TcpWeightPublisher::Impl {
     c.waiting = false;
     c.in_version = true;
     c.sent_all = c.idle_after = false;
-    c.span_i = 0;
-    c.span_off = c.since_progress = 0;
-    c.stage_span = SIZE_MAX;  // what was staged is an older version's
+    c.cursor.restart();
+    c.since_progress = 0;
     c.progress = Clock::now();
     j.parts.push_back(&c);
   }
