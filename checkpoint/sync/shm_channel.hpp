@@ -58,10 +58,13 @@ class ShmWeightPublisher final : public WeightPublisher {
   /// Receivers waiting in receive() now: those the next push would serve.
   int waiting_receivers() const override;
   int late_receivers(std::int64_t step) const override;
+  Result<PushReport> push_late(std::int64_t step, const StateDict& state) override;
 
   struct Impl;
 
  private:
+  /// push(), or push_late() with `late_only`: only entries waiting for at most `step` without it.
+  Result<PushReport> push_version(std::int64_t step, const StateDict& state, int wait_for, bool late_only);
   explicit ShmWeightPublisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

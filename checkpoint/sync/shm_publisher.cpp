@@ -61,16 +61,34 @@ std::uint64_t ShmWeightPublisher::sent_bytes() const {
   return total;
 }
 
+namespace {
+
+/// Whether entry `e`, waiting now, is a late receiver of `step`: it waits for at most `step` and
+/// has not got `step` from this rank.
+bool late_for(ReceiverEntry& e, std::int64_t step) {
+  return at(e.min_step).load(std::memory_order_relaxed) <= step && at(e.have_step).load(std::memory_order_relaxed) < step;
+}
+
+}  // namespace
+
 int ShmWeightPublisher::late_receivers(std::int64_t step) const {
   int n = 0;
   for (std::uint32_t i = 0; i < impl_->seg.header().max_receivers; ++i) {
     ReceiverEntry& e = impl_->seg.entry(i);
     if (at(e.used).load(std::memory_order_acquire) == 1 && at(e.want).load(std::memory_order_acquire) == kWant &&
-        at(e.min_step).load(std::memory_order_relaxed) <= step) {
+        late_for(e, step)) {
       ++n;
     }
   }
   return n;
+}
+
+Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
+  return push_version(step, state, wait_for, false);
+}
+
+Result<PushReport> ShmWeightPublisher::push_late(std::int64_t step, const StateDict& state) {
+  return push_version(step, state, 0, true);
 }
 
 int ShmWeightPublisher::waiting_receivers() const {
@@ -185,7 +203,8 @@ Result<std::unique_ptr<ShmWeightPublisher>> ShmWeightPublisher::create(const std
   return std::unique_ptr<ShmWeightPublisher>(new ShmWeightPublisher(std::move(impl)));
 }
 
-Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
+Result<PushReport> ShmWeightPublisher::push_version(std::int64_t step, const StateDict& state, int wait_for,
+                                                    bool late_only) {
   Impl& m = *impl_;
   SH_RETURN_IF_ERROR(check_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
   Header& h = m.seg.header();
@@ -212,6 +231,7 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
     for (std::uint32_t i = 0; i < h.max_receivers; ++i) {
       ReceiverEntry& e = m.seg.entry(i);
       if (joined[i] || at(e.used).load(std::memory_order_acquire) == 0) continue;
+      if (late_only && (at(e.want).load(std::memory_order_acquire) != kWant || !late_for(e, step))) continue;
       at(e.acked).store(first - 1, std::memory_order_relaxed);
       std::uint64_t want = kWant;
       if (at(e.want).compare_exchange_strong(want, version, std::memory_order_acq_rel)) {
@@ -286,7 +306,12 @@ Result<PushReport> ShmWeightPublisher::push(std::int64_t step, const StateDict& 
       if (!t.tensor.device().is_cuda()) {
         std::memcpy(dst + (x - begin), src, y - x);
       } else if (!copy_to_host(t.tensor.device(), src, dst + (x - begin), y - x)) {
-        // The receivers taking part are left in the version: each is dropped at its timeout.
+        // The receivers taking part are dropped from the version (their receive() says so).
+        for (const Part& p : parts) {
+          std::uint64_t expected = version;
+          at(m.seg.entry(p.entry).want).compare_exchange_strong(expected, kDropped, std::memory_order_acq_rel);
+        }
+        bump(h.data_word);
         return Status{ErrorCode::internal, "weight sync: trainer rank " + std::to_string(m.rank) + ": copying '" +
                                                t.desc.name + "' from " + t.tensor.device().to_string() + " failed"};
       }

@@ -169,6 +169,7 @@ struct ShmWeightReceiver::Impl {
         bump(h.ack_word);
       }
       if (auto st = stop("nothing"); st && st->code() == ErrorCode::aborted) return leave(*st);
+      at(e.have_step).store(step, std::memory_order_relaxed);  // published by the release below
       std::uint64_t expected = version;
       at(e.want).compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel);
       bump(h.ack_word);
@@ -256,6 +257,7 @@ Result<std::unique_ptr<ShmWeightReceiver>> ShmWeightReceiver::connect(const std:
       std::memset(e.name, 0, sizeof e.name);
       std::memcpy(e.name, name.data(), name.size());
       at(e.want).store(kIdle, std::memory_order_relaxed);
+      at(e.have_step).store(INT64_MIN, std::memory_order_relaxed);
       at(e.used).store(1, std::memory_order_release);
       rank.entry = i;
       taken = true;

@@ -66,7 +66,8 @@ struct ReceiverEntry {
   std::uint64_t want;
   std::uint64_t acked;     // the last bucket sequence number taken
   std::int64_t min_step;   // while it waits: the least step it takes (written before `want`)
-  char name[96];
+  std::int64_t have_step;  // the last step it took from this rank (INT64_MIN: none; before `want`)
+  char name[88];
 };
 static_assert(sizeof(ReceiverEntry) == 128);
 

@@ -52,12 +52,15 @@ class TcpWeightPublisher final : public WeightPublisher {
   std::uint64_t sent_bytes() const override;
   int waiting_receivers() const override;
   int late_receivers(std::int64_t step) const override;
+  Result<PushReport> push_late(std::int64_t step, const StateDict& state) override;
   /// The port this rank listens on (rank 0: the address's; the others: their own).
   int port() const;
 
   struct Impl;
 
  private:
+  /// push(), or push_late() with `late_only`: only receivers waiting for at most `step` without it.
+  Result<PushReport> push_version(std::int64_t step, const StateDict& state, int wait_for, bool late_only);
   explicit TcpWeightPublisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

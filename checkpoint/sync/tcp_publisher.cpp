@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -52,6 +53,7 @@ struct TcpWeightPublisher::Impl {
     std::uint64_t payload = 0;  // bytes of one version: the spans'
     bool waiting = false;
     std::int64_t min_step = 0;
+    std::int64_t got_step = INT64_MIN;  // the last step it acknowledged
     // A version under way: the cursor into `spans`, the last bucket's progress.
     bool in_version = false, sent_all = false, idle_after = false, drop = false;
     SpanCursor cursor;
@@ -63,6 +65,7 @@ struct TcpWeightPublisher::Impl {
     std::int64_t step = 0;
     const StateDict* state = nullptr;
     int wait_for = 0;
+    bool late_only = false;  // push_late(): only receivers that wait for at most `step` without it
     std::uint64_t version = 0;
     bool joining = true;
     Clock::time_point join_until;
@@ -89,9 +92,10 @@ struct TcpWeightPublisher::Impl {
   std::unique_ptr<Job> job;        // the push under way: the loop thread's only
   std::atomic<bool> stopping{false};
   std::atomic<int> waiting{0};
-  /// The min_step of each receiver counted in `waiting` (guarded by waiting_mutex).
+  /// The min_step and last acknowledged step of each receiver counted in `waiting` (guarded by
+  /// waiting_mutex).
   mutable std::mutex waiting_mutex;
-  std::vector<std::int64_t> waiting_steps;
+  std::vector<std::pair<std::int64_t, std::int64_t>> waiting_steps;
   std::atomic<std::int64_t> done_step{-1};
   std::uint64_t next_version = 1;
   std::thread loop;
@@ -233,6 +237,7 @@ struct TcpWeightPublisher::Impl {
         if (job && r.pod<std::uint64_t>() == job->version && c.sent_all) {
           // Delivered: it may ask for the next version at once (its WANT may follow in this read).
           job->report.delivered.push_back(c.name);
+          c.got_step = job->step;
           c.in_version = c.idle_after = false;
         }
         return;
@@ -335,7 +340,10 @@ struct TcpWeightPublisher::Impl {
     Job& j = *job;
     if (j.joining) {
       for (auto& c : conns) {
-        if (c->role == Conn::receiver && c->waiting && !c->in_version && !c->drop && c->min_step <= j.step) take_in(*c);
+        if (c->role == Conn::receiver && c->waiting && !c->in_version && !c->drop && c->min_step <= j.step &&
+            (!j.late_only || c->got_step < j.step)) {
+          take_in(*c);
+        }
       }
       // Ready: those taken in, and those waiting for a later step (one taken in that got the
       // version and waits again for the next is counted once).
@@ -380,9 +388,9 @@ struct TcpWeightPublisher::Impl {
   }
 
   void count_waiting() {
-    std::vector<std::int64_t> steps;
+    std::vector<std::pair<std::int64_t, std::int64_t>> steps;
     for (const auto& c : conns) {
-      if (c->role == Conn::receiver && c->waiting && !c->drop) steps.push_back(c->min_step);
+      if (c->role == Conn::receiver && c->waiting && !c->drop) steps.emplace_back(c->min_step, c->got_step);
     }
     std::lock_guard<std::mutex> lock(waiting_mutex);
     waiting = static_cast<int>(steps.size());
@@ -470,8 +478,9 @@ int TcpWeightPublisher::waiting_receivers() const { return impl_->waiting.load()
 
 int TcpWeightPublisher::late_receivers(std::int64_t step) const {
   std::lock_guard<std::mutex> lock(impl_->waiting_mutex);
-  return static_cast<int>(std::count_if(impl_->waiting_steps.begin(), impl_->waiting_steps.end(),
-                                        [step](std::int64_t s) { return s <= step; }));
+  return static_cast<int>(std::count_if(impl_->waiting_steps.begin(), impl_->waiting_steps.end(), [step](const auto& s) {
+    return s.first <= step && s.second < step;
+  }));
 }
 
 int TcpWeightPublisher::port() const { return impl_->port; }
@@ -554,12 +563,22 @@ Result<std::unique_ptr<TcpWeightPublisher>> TcpWeightPublisher::create(const std
 }
 
 Result<PushReport> TcpWeightPublisher::push(std::int64_t step, const StateDict& state, int wait_for) {
+  return push_version(step, state, wait_for, false);
+}
+
+Result<PushReport> TcpWeightPublisher::push_late(std::int64_t step, const StateDict& state) {
+  return push_version(step, state, 0, true);
+}
+
+Result<PushReport> TcpWeightPublisher::push_version(std::int64_t step, const StateDict& state, int wait_for,
+                                                    bool late_only) {
   Impl& m = *impl_;
   SH_RETURN_IF_ERROR(check_state(state, m.signature, "trainer rank " + std::to_string(m.rank)));
   auto job = std::make_unique<Impl::Job>();
   job->step = step;
   job->state = &state;
   job->wait_for = wait_for;
+  job->late_only = late_only;
   job->version = m.next_version++;
   job->join_until = Clock::now() + m.options.receiver_timeout;
   job->report.version = job->version;

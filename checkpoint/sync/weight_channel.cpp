@@ -17,7 +17,7 @@ Status serve_late_receivers(WeightPublisher& publisher, std::int64_t step, const
                             std::chrono::milliseconds poll) {
   while (!stop.load() && !fence.wait_for_waiter(poll)) {
     if (publisher.late_receivers(step) == 0) continue;
-    auto report = publisher.push(step, state);
+    auto report = publisher.push_late(step, state);
     if (!report.is_ok()) return report.status().with_context("serving step " + std::to_string(step) + " to late receivers");
     if (on_report) on_report(*report);
   }

@@ -64,9 +64,12 @@ class WeightPublisher {
   virtual std::uint64_t sent_bytes() const = 0;
   /// Receivers waiting in receive() now: those the next push would serve.
   virtual int waiting_receivers() const = 0;
-  /// Receivers waiting now for a step of at most `step` (their receive()'s min_step): those that
-  /// joined after the push of `step`, or lost it, and that a push of `step` again would serve.
+  /// Late receivers of `step`: those waiting now for a step of at most `step` (their receive()'s
+  /// min_step) that have not got `step` from this rank (they joined after its push, or lost it).
   virtual int late_receivers(std::int64_t step) const = 0;
+  /// Pushes `state` as `step` again to the late receivers of `step` only (none of the others
+  /// takes part); at once with nobody when there is none. Bounded as push() is.
+  virtual Result<PushReport> push_late(std::int64_t step, const StateDict& state) = 0;
 };
 
 /// An inference rank's side of a channel (any transport).
@@ -86,8 +89,9 @@ class WeightReceiver {
 };
 
 /// Serves receivers that join late the newest version: until someone waits at `fence` (about to
-/// modify `state`) or `stop` is set, each time receivers wait for a step of at most `step`, pushes
-/// `state` as `step` again (only they take it; those waiting for a later step do not). The caller
+/// modify `state`) or `stop` is set, each time late receivers of `step` wait (late_receivers()),
+/// pushes `state` as `step` to them (push_late(): receivers that have it or wait for a later step
+/// take no part). The caller
 /// pushed `state` as `step` and holds `fence` closed, so `state` is still that version. Each push's
 /// report goes to `on_report`. Returns within `poll` of a waiter or of `stop`, or once a push
 /// under way ends (bounded as push() is); the first push error, if any.

@@ -46,11 +46,13 @@ void bind_weight_sync(nb::module_& m) {
           })
       .def(
           "push",
-          [](WeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries, int wait_for) {
+          [](WeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries, int wait_for,
+             bool late_only) {
             Result<PushReport> report = Status{ErrorCode::internal, "not run"};
             {
               nb::gil_scoped_release release;
-              report = self.push(step, state_of(entries, {}), wait_for);
+              report = late_only ? self.push_late(step, state_of(entries, {}))
+                                 : self.push(step, state_of(entries, {}), wait_for);
             }
             check(report.status());
             nb::dict out;

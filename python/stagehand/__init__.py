@@ -523,7 +523,14 @@ class WeightPublisher(_Closing):
         bound = _Bound(state, writable=False)
         if isinstance(wait_for, bool) or not isinstance(wait_for, int) or wait_for < 0:
             raise ValueError(f"wait_for must be a count of receivers >= 0, not {wait_for!r}")
-        return self._impl.push(_step(step), bound.entries, wait_for)
+        return self._impl.push(_step(step), bound.entries, wait_for, False)
+
+    def push_late(self, step: int, state: dict) -> dict:
+        """Sends ``state`` as ``step`` again to the late receivers of ``step`` only (see
+        ``late_receivers``); receivers that have it or wait for a later step take no part. Call it
+        only while ``state`` still holds that version."""
+        bound = _Bound(state, writable=False)
+        return self._impl.push(_step(step), bound.entries, 0, True)
 
     @property
     def waiting_receivers(self) -> int:
@@ -531,9 +538,9 @@ class WeightPublisher(_Closing):
         return self._impl.waiting_receivers
 
     def late_receivers(self, step: int) -> int:
-        """Receivers waiting now for a step of at most ``step``: those that joined after the push of
-        ``step`` (or lost it). While the weights are still that version, ``push(step, state)`` again
-        serves them, and only them."""
+        """Late receivers of ``step``: those waiting now for a step of at most ``step`` that have not
+        got ``step`` from this rank (they joined after its push, or lost it); ``push_late`` serves
+        them."""
         return self._impl.late_receivers(_step(step))
 
     @property

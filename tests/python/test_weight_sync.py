@@ -175,9 +175,7 @@ reports = [None] * tp
 
 def publish(r):
     with stagehand.WeightPublisher(channel, senders[r], rank=r, world_size=tp, bucket_bytes=512) as pub:
-        while pub.waiting_receivers < 2:
-            pass
-        reports[r] = pub.push(5, senders[r])
+        reports[r] = pub.push(5, senders[r], wait_for=2)  # waits at most its receiver timeout
 
 
 threads = [threading.Thread(target=publish, args=(r,)) for r in range(tp)]
