@@ -31,6 +31,12 @@ class Worker : public worker_actor::base {
         fence_(std::move(fence)),
         publishing_(std::move(publishing)) {}
 
+  // The push thread (joined as push_thread_ goes) serves late receivers until told to stop; on_exit
+  // has told it already, unless the Worker is destroyed without running.
+  ~Worker() override {
+    if (stop_serving_) stop_serving_->store(true);
+  }
+
   behavior_type make_behavior() override {
     return {
         [this](attach_atom, strategy_actor& strategy) {
