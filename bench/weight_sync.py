@@ -245,6 +245,7 @@ def main():
                "stagehand_over_gather_bcast": gbs["stagehand"] / gbs["gather_bcast"],
                "tcp_over_raw_tcp": gbs["stagehand_tcp"] / gbs["raw_tcp"],
                "tcp_over_gather_bcast": gbs["stagehand_tcp"] / gbs["gather_bcast"],
+               "raw_tcp_over_gather_bcast": gbs["raw_tcp"] / gbs["gather_bcast"],
                "trainer_peak_extra_anon_mib": extra / 2**20, "ring_mib": ring / 2**20,
                "tcp_trainer_peak_extra_anon_mib": extra_tcp / 2**20,
                "times_s": rank0["times"]}
@@ -253,7 +254,8 @@ def main():
               f"; stagehand/raw {row['stagehand_over_raw']:.2f}, /raw_read {row['stagehand_over_raw_read']:.2f}, "
               f"/gather_bcast {row['stagehand_over_gather_bcast']:.2f}; trainer peak extra anon "
               f"{row['trainer_peak_extra_anon_mib']:.1f} MiB + ring {row['ring_mib']:.0f} MiB (2 buckets); "
-              f"tcp/raw_tcp {row['tcp_over_raw_tcp']:.2f}, tcp/gather_bcast {row['tcp_over_gather_bcast']:.2f}, "
+              f"tcp/raw_tcp {row['tcp_over_raw_tcp']:.2f}, tcp/gather_bcast {row['tcp_over_gather_bcast']:.2f} "
+              f"(raw_tcp/gather_bcast {row['raw_tcp_over_gather_bcast']:.2f}), "
               f"tcp trainer peak extra anon {row['tcp_trainer_peak_extra_anon_mib']:.1f} MiB", flush=True)
     if args.json:
         with open(args.json, "w") as f:

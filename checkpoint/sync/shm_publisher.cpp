@@ -231,7 +231,7 @@ Result<PushReport> ShmWeightPublisher::push_version(std::int64_t step, const Sta
     for (std::uint32_t i = 0; i < h.max_receivers; ++i) {
       ReceiverEntry& e = m.seg.entry(i);
       if (joined[i] || at(e.used).load(std::memory_order_acquire) == 0) continue;
-      if (late_only && (at(e.want).load(std::memory_order_acquire) != kWant || !late_for(e, step))) continue;
+      if (late_only && !late_for(e, step)) continue;  // the exchange below takes it only if it waits
       at(e.acked).store(first - 1, std::memory_order_relaxed);
       std::uint64_t want = kWant;
       if (at(e.want).compare_exchange_strong(want, version, std::memory_order_acq_rel)) {
@@ -302,10 +302,8 @@ Result<PushReport> ShmWeightPublisher::push_version(std::int64_t step, const Sta
       const std::uint64_t o = m.offsets[k], n = t.desc.nbytes();
       const std::uint64_t x = std::max(o, begin), y = std::min(o + n, end);
       if (x >= y) continue;
-      const char* src = static_cast<const char*>(t.tensor.data()) + (x - o);
-      if (!t.tensor.device().is_cuda()) {
-        std::memcpy(dst + (x - begin), src, y - x);
-      } else if (!copy_to_host(t.tensor.device(), src, dst + (x - begin), y - x)) {
+      // A memcpy for host tensors; device ones through the copy engine.
+      if (!copy_to_host(t.tensor.device(), static_cast<const char*>(t.tensor.data()) + (x - o), dst + (x - begin), y - x)) {
         // The receivers taking part are dropped from the version (their receive() says so).
         for (const Part& p : parts) {
           std::uint64_t expected = version;

@@ -52,6 +52,16 @@ struct Rank {
 
   ~Rank() { stop = true; }  // a failed check ends serving before the future's destructor waits for it
 
+  /// Pushes trainer rank `r`'s state of `step` with the fence closed (the weights stay that
+  /// step's), then serves late receivers, as a Worker does.
+  Result<PushReport> publish(int r, int world, std::int64_t step) {
+    state = rank_state(world, r, true, step);
+    fence.close();
+    auto report = publisher->push(step, state);
+    serve(step);
+    return report;
+  }
+
   void serve(std::int64_t step) {
     stop = false;
     serving = std::async(std::launch::async, [this, step] {
@@ -82,13 +92,9 @@ void late_receivers_get_the_newest_version(const std::string& channel) {
   }
   // Step 3 is pushed while no receiver is there; the fence stays closed (the weights are step 3's).
   for (int r = 0; r < kWorld; ++r) {
-    Rank& k = *ranks[static_cast<std::size_t>(r)];
-    k.state = rank_state(kWorld, r, true, 3);
-    k.fence.close();
-    auto report = k.publisher->push(3, k.state);
+    auto report = ranks[static_cast<std::size_t>(r)]->publish(r, kWorld, 3);
     BOOST_REQUIRE(report.is_ok());
     BOOST_TEST(report->delivered.empty());
-    k.serve(3);
   }
   // A receiver waiting for the next step is not late: no serving push of step 3 takes it in.
   StateDict next_state = rank_state(1, 0, false);
@@ -139,13 +145,9 @@ void late_receivers_get_the_newest_version(const std::string& channel) {
   }
   // Step 4: the waiting receiver gets it; serving step 4 ends when it is stopped (the next export).
   for (int r = 0; r < kWorld; ++r) {
-    Rank& k = *ranks[static_cast<std::size_t>(r)];
-    k.state = rank_state(kWorld, r, true, 4);
-    k.fence.close();
-    auto report = k.publisher->push(4, k.state);
+    auto report = ranks[static_cast<std::size_t>(r)]->publish(r, kWorld, 4);
     BOOST_REQUIRE(report.is_ok());
     BOOST_TEST(report->delivered == std::vector<std::string>{"next"});
-    k.serve(4);
   }
   auto step = next_got.get();
   BOOST_REQUIRE_MESSAGE(step.is_ok(), step.status().message());

@@ -308,24 +308,14 @@ def test_a_sync_training_run_pushes_every_step_to_a_receiver_outside_it_bit_exac
     """stagehand-train (sync RL, tensor 2 x data 2) with weight_sync.channel and receivers 1: each
     push waits for this receiver, so it gets every step's weights, and the last equal the last
     checkpoint's."""
-    import ml_dtypes
     name = channel("train")
     steps, D, K, H = 12, 16, 8, 128
     sets = {"trainer.ckpt_path": tmp_path / "ckpt", "trainer.total_steps": steps, "model.context_dim": D,
             "model.num_arms": K, "model.hidden": H, "weight_sync.channel": name, "weight_sync.receivers": 1,
             "weight_sync.receiver_timeout_s": 60}
-    cmd = [BIN / "stagehand-train", "--quiet", "--config", CONFIGS / "sync_rl.yaml"]
-    for key, value in sets.items():
-        cmd += ["--set", f"{key}={value}"]
-    bf16 = ml_dtypes.bfloat16
-
-    def policy():
-        return {"model": {"fc1": {"weight": np.zeros((H, D), bf16), "bias": np.zeros(H, bf16)},
-                          "fc2": {"weight": np.zeros((K, H), bf16), "bias": np.zeros(K, bf16)}}}
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(_train_cmd(sets), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        state = policy()
+        state = _policy(D, K, H)
         got = []
         with stagehand.WeightReceiver(name, state, name="rollout", connect_timeout=60) as rx:
             while not got or got[-1] < steps:
@@ -337,11 +327,8 @@ def test_a_sync_training_run_pushes_every_step_to_a_receiver_outside_it_bit_exac
             proc.wait()
     assert proc.returncode == 0, out
     assert got == list(range(steps + 1))  # the weights before the first step, then after each
-    saved = policy()
+    saved = _policy(D, K, H)
     with stagehand.Checkpointer(str(tmp_path / "load-root"), rank=0, world_size=1) as ckpt:
         ckpt.load(saved, str(tmp_path / "ckpt" / f"global_step_{steps}"))
-    for layer in ("fc1", "fc2"):
-        for part in ("weight", "bias"):
-            a, b = state["model"][layer][part], saved["model"][layer][part]
-            assert a.view(np.uint16).tobytes() == b.view(np.uint16).tobytes(), (layer, part)
+    _same_bits(state, saved)
     assert np.any(state["model"]["fc1"]["weight"].view(np.uint16) != 0)
