@@ -59,18 +59,52 @@ inline std::optional<DType> dtype_of(nb::dlpack::dtype t) {
   return std::nullopt;
 }
 
-/// One tensor of a rank's state: the array's memory (not copied) and where it lies in its global
-/// tensor. The entry owns the array's DLPack capsule: a producer may export a copy of its data,
-/// which lives only as long as the capsule (the Python layer keeps the entries, and the objects
-/// they came from, alive as long as a save or load may use them).
-struct Entry {
-  ShardedTensor tensor;
-  nb::ndarray<> owner;
+/// One call's tensors, built in place as the Python layer walks its state: a StateDict of views
+/// of the arrays' memory (nothing is copied) and the arrays whose DLPack capsules own that
+/// memory (a producer may export a copy of its data, which lives only as long as the capsule).
+/// Torch CPU tensors come by pointer (add_host): the Python layer keeps them referenced, and no
+/// DLPack capsule, detached tensor or wrapper object is made per tensor, which at 100,000 tensors
+/// held ~80 MB. The Python layer keeps this object, and the arrays it came from, alive as long
+/// as a save or load may use them.
+struct BoundTensors {
+  StateDict state;
+  std::vector<nb::ndarray<>> owners;
+  /// take() handed `state` to a call.
+  bool taken = false;
 };
 
+/// Appends the tensor `name` (the memory at `data`) to `bound`. Empty `global_shape` and
+/// `offsets`: a whole tensor (its own shape, at offset 0).
+inline void add_tensor(BoundTensors& bound, const std::string& name, void* data, DType dtype,
+                       std::vector<std::int64_t> dims, Device device, std::vector<std::int64_t> global_shape,
+                       std::vector<std::int64_t> offsets, int replica_id) {
+  if (bound.taken) throw Error("these tensors were already handed to a call");
+  if (dims.size() > Shape::kMaxRank || global_shape.size() > Shape::kMaxRank || offsets.size() > Shape::kMaxRank) {
+    throw nb::value_error(("tensor '" + name + "' has more than " + std::to_string(Shape::kMaxRank) +
+                           " dimensions").c_str());
+  }
+  const Shape shape{std::span<const std::int64_t>(dims)};
+  auto wrapped = Tensor::from_blob(data, dtype, shape, device);
+  check(wrapped.status().with_context("tensor '" + name + "'"));
+  ShardedTensor& t = bound.state.tensors.emplace_back();
+  t.desc.name = name;
+  t.desc.dtype = dtype;
+  t.desc.local_shape = shape;
+  if (global_shape.empty() && offsets.empty()) {
+    global_shape = dims;
+    offsets.assign(dims.size(), 0);
+  }
+  t.desc.global_shape = Shape{std::span<const std::int64_t>(global_shape)};
+  t.desc.global_offset = Shape{std::span<const std::int64_t>(offsets)};
+  t.desc.replica_id = replica_id;
+  t.tensor = std::move(*wrapped);
+}
+
+/// Appends an array (DLPack or the buffer protocol): its dtype is `dtype_name`'s (an element of
+/// the same size, for dtypes DLPack lacks) or, empty, the array's own.
 template <class Array>
-Entry make_entry(const std::string& name, Array array, const std::string& dtype_name, std::vector<std::int64_t> global_shape,
-                 std::vector<std::int64_t> offsets, int replica_id) {
+void add_array(BoundTensors& bound, const std::string& name, Array array, const std::string& dtype_name,
+               std::vector<std::int64_t> global_shape, std::vector<std::int64_t> offsets, int replica_id) {
   DType dtype;
   if (dtype_name.empty()) {
     auto found = dtype_of(array.dtype());
@@ -106,31 +140,39 @@ Entry make_entry(const std::string& name, Array array, const std::string& dtype_
   } else if (array.device_type() != nb::device::cpu::value) {
     throw nb::type_error(("tensor '" + name + "': only host and CUDA memory can be saved").c_str());
   }
-  const Shape shape{std::span<const std::int64_t>(dims)};
   // A save only reads through the pointer (ReadArray); a load writes through a WriteArray's.
-  auto wrapped = Tensor::from_blob(const_cast<void*>(static_cast<const void*>(array.data())), dtype, shape, device);
-  check(wrapped.status().with_context("tensor '" + name + "'"));
-  Entry entry;
-  entry.tensor.desc.name = name;
-  entry.tensor.desc.dtype = dtype;
-  entry.tensor.desc.local_shape = shape;
-  // A whole tensor: its own shape, at offset 0.
-  if (global_shape.empty() && offsets.empty()) {
-    global_shape = dims;
-    offsets.assign(dims.size(), 0);
-  }
-  entry.tensor.desc.global_shape = Shape{std::span<const std::int64_t>(global_shape)};
-  entry.tensor.desc.global_offset = Shape{std::span<const std::int64_t>(offsets)};
-  entry.tensor.desc.replica_id = replica_id;
-  entry.tensor.tensor = std::move(*wrapped);
-  entry.owner = nb::ndarray<>(array);
-  return entry;
+  add_tensor(bound, name, const_cast<void*>(static_cast<const void*>(array.data())), dtype, std::move(dims), device,
+             std::move(global_shape), std::move(offsets), replica_id);
+  bound.owners.push_back(nb::ndarray<>(array));
 }
 
-inline StateDict state_of(const std::vector<const Entry*>& entries, const std::map<std::string, std::string>& objects) {
+/// Appends `shape` elements of `dtype_name` at host address `data`, which the caller keeps
+/// valid (the Python layer holds the torch tensor it took the pointer from).
+inline void add_host(BoundTensors& bound, const std::string& name, std::uintptr_t data, std::vector<std::int64_t> dims,
+                     const std::string& dtype_name, std::vector<std::int64_t> global_shape,
+                     std::vector<std::int64_t> offsets, int replica_id) {
+  auto dtype = dtype_from_name(dtype_name);
+  if (!dtype) throw nb::type_error(("tensor '" + name + "': unknown dtype '" + dtype_name + "'").c_str());
+  add_tensor(bound, name, reinterpret_cast<void*>(data), *dtype, std::move(dims), Device::host(),
+             std::move(global_shape), std::move(offsets), replica_id);
+}
+
+/// A copy of `bound`'s tensors (views: their memory is shared) with `objects`.
+inline StateDict state_of(const BoundTensors& bound, const std::map<std::string, std::string>& objects) {
+  if (bound.taken) throw Error("these tensors were already handed to a call");
   StateDict state;
-  state.tensors.reserve(entries.size());
-  for (const Entry* e : entries) state.tensors.push_back(e->tensor);
+  state.tensors = bound.state.tensors;
+  state.objects = objects;
+  return state;
+}
+
+/// `bound`'s tensors with `objects`, moved out (no copy of the descriptors): for a call that
+/// keeps the state, such as the Checkpointer's first. `bound` keeps its arrays.
+inline StateDict take_state(BoundTensors& bound, const std::map<std::string, std::string>& objects) {
+  if (bound.taken) throw Error("these tensors were already handed to a call");
+  bound.taken = true;
+  StateDict state;
+  state.tensors = std::move(bound.state.tensors);
   state.objects = objects;
   return state;
 }

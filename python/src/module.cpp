@@ -8,6 +8,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -175,11 +177,27 @@ NB_MODULE(_stagehand, m) {
   m.doc() = "Stagehand's Checkpointer (C++), for the stagehand package";
   nb::exception<Error>(m, "Error", PyExc_RuntimeError);
 
-  nb::class_<Entry>(m, "Entry")
-      .def_prop_ro("name", [](const Entry& e) { return e.tensor.desc.name; })
-      .def_prop_ro("dtype", [](const Entry& e) { return std::string(dtype_name(e.tensor.desc.dtype)); })
-      // Where the saved bytes are read from: the array's own memory (no copy was made).
-      .def_prop_ro("data_ptr", [](const Entry& e) { return reinterpret_cast<std::uintptr_t>(e.tensor.tensor.data()); });
+  // A call's tensors, added one by one as the Python layer walks its state (_Bound).
+  nb::class_<BoundTensors>(m, "_Tensors")
+      .def(nb::init<>())
+      // noconvert: never a converted copy (a load would fill the copy).
+      .def("add", &add_array<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
+           nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"))
+      .def("add_writable", &add_array<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
+           nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"))
+      .def("add_host", &add_host, nb::arg("name"), nb::arg("data_ptr"), nb::arg("shape"), nb::arg("dtype"),
+           nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"))
+      .def("__len__", [](const BoundTensors& b) { return b.state.tensors.size(); })
+      // (name, dtype, data pointer) of each: where the saved bytes are read from, the array's own
+      // memory (no copy was made).
+      .def("describe", [](const BoundTensors& b) {
+        std::vector<std::tuple<std::string, std::string, std::uintptr_t>> out;
+        for (const ShardedTensor& t : b.state.tensors) {
+          out.emplace_back(t.desc.name, std::string(dtype_name(t.desc.dtype)),
+                           reinterpret_cast<std::uintptr_t>(t.tensor.data()));
+        }
+        return out;
+      });
   // noconvert: never a converted copy (a load would fill the copy).
   // stagehand-ckpt verify: a root (the step its tracker names) or one step folder.
   m.def("verify", [](const std::string& path, const std::string& progress) {
@@ -295,11 +313,6 @@ NB_MODULE(_stagehand, m) {
     return result;
   }, nb::arg("checkpoint"), nb::arg("out"), nb::arg("what"), nb::arg("dtype"), nb::arg("max_shard_size"),
      nb::arg("threads"), nb::arg("progress") = "never");
-  m.def("make_entry", &make_entry<ReadArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
-        nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
-  m.def("make_load_entry", &make_entry<WriteArray>, nb::arg("name"), nb::arg("array").noconvert(), nb::arg("dtype"),
-        nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"));
-
   // Device arrays for tests and device checks (tests/python, scripts/device-check.sh).
   m.def("_device_empty", &device_empty, nb::arg("shape"), nb::arg("dtype"), nb::arg("index") = 0);
   m.def("_device_copy", &device_copy, nb::arg("dst").noconvert(), nb::arg("src").noconvert());
@@ -395,37 +408,37 @@ NB_MODULE(_stagehand, m) {
           nb::arg("uncached_writes") = true)
       .def(
           "prepare",
-          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+          [](PyCheckpointer& self, BoundTensors& entries,
              const std::map<std::string, std::string>& objects,
-             bool async) { check(self.get().prepare(state_of(entries, objects), async)); },
+             bool async) { check(self.get().prepare(take_state(entries, objects), async)); },
           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "prepare_in_background",
-          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+          [](PyCheckpointer& self, BoundTensors& entries,
              const std::map<std::string, std::string>& objects) {
-            check(self.get().prepare_in_background(state_of(entries, objects)));
+            check(self.get().prepare_in_background(take_state(entries, objects)));
           },
           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "save",
-          [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
-             const std::map<std::string, std::string>& objects) { check(self.get().save(step, state_of(entries, objects))); },
+          [](PyCheckpointer& self, std::int64_t step, BoundTensors& entries,
+             const std::map<std::string, std::string>& objects) { check(self.get().save(step, take_state(entries, objects))); },
           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "async_save",
-          [](PyCheckpointer& self, std::int64_t step, const std::vector<const Entry*>& entries,
+          [](PyCheckpointer& self, std::int64_t step, BoundTensors& entries,
              const std::map<std::string, std::string>& objects) {
-            auto pending = self.get().async_save(step, state_of(entries, objects));
+            auto pending = self.get().async_save(step, take_state(entries, objects));
             check(pending.status());
             return std::move(*pending);
           },
           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "load",
-          [](PyCheckpointer& self, const std::vector<const Entry*>& entries,
+          [](PyCheckpointer& self, BoundTensors& entries,
              const std::map<std::string, std::string>& objects, const std::string& path) {
             // The objects named are the ones loaded (their values here are replaced).
-            StateDict state = state_of(entries, objects);
+            StateDict state = take_state(entries, objects);
             check(self.get().load(state, path));
             return state.objects;
           },

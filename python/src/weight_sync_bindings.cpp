@@ -22,16 +22,14 @@ void bind_weight_sync(nb::module_& m) {
     o.connect_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
     return o;
   };
-  auto descs_of = [](const std::vector<const Entry*>& entries) {
-    std::vector<ShardedTensorDesc> descs;
-    descs.reserve(entries.size());
-    for (const Entry* e : entries) descs.push_back(e->tensor.desc);
-    return descs;
+  auto descs_of = [](const BoundTensors& entries) {
+    if (entries.taken) throw Error("these tensors were already handed to a call");
+    return entries.state.descriptors();
   };
   nb::class_<WeightPublisher>(m, "_WeightPublisher")
       .def_static(
           "create",
-          [=](const std::string& channel, int rank, int world, const std::vector<const Entry*>& entries,
+          [=](const std::string& channel, int rank, int world, const BoundTensors& entries,
               std::uint64_t bucket_bytes, int buckets, double receiver_timeout_s, double connect_timeout_s) {
             std::vector<ShardedTensorDesc> descs = descs_of(entries);
             Result<std::unique_ptr<WeightPublisher>> made = Status{ErrorCode::internal, "not run"};
@@ -46,7 +44,7 @@ void bind_weight_sync(nb::module_& m) {
           })
       .def(
           "push",
-          [](WeightPublisher& self, std::int64_t step, const std::vector<const Entry*>& entries, int wait_for,
+          [](WeightPublisher& self, std::int64_t step, const BoundTensors& entries, int wait_for,
              bool late_only) {
             Result<PushReport> report = Status{ErrorCode::internal, "not run"};
             {
@@ -68,7 +66,7 @@ void bind_weight_sync(nb::module_& m) {
       .def_prop_ro("sent_bytes", &WeightPublisher::sent_bytes);
   nb::class_<WeightReceiver>(m, "_WeightReceiver")
       .def_static("connect",
-                  [descs_of](const std::string& channel, const std::string& name, const std::vector<const Entry*>& entries,
+                  [descs_of](const std::string& channel, const std::string& name, const BoundTensors& entries,
                       double connect_timeout_s) {
                     std::vector<ShardedTensorDesc> descs = descs_of(entries);
                     Result<std::unique_ptr<WeightReceiver>> made = Status{ErrorCode::internal, "not run"};
@@ -84,7 +82,7 @@ void bind_weight_sync(nb::module_& m) {
                   })
       .def(
           "receive",
-          [](WeightReceiver& self, const std::vector<const Entry*>& entries, std::int64_t min_step,
+          [](WeightReceiver& self, const BoundTensors& entries, std::int64_t min_step,
              double timeout_s) {
             StateDict state = state_of(entries, {});
             Result<std::int64_t> got = Status{ErrorCode::internal, "not run"};

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ._stagehand import Error, PendingSave, make_entry, make_load_entry
+from ._stagehand import Error, PendingSave, _Tensors
 from ._stagehand import export as _export
 from ._stagehand import inspect as _inspect
 from ._stagehand import verify as _verify
@@ -126,8 +126,6 @@ _VIEWED = {"bfloat16": ("uint16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3")
 # ... and those that cross as they are.
 _DIRECT = {"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint64", "uint32",
            "uint16", "uint8"}
-_TORCH_DIRECT = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-                 "uint64", "uint32", "uint16", "uint8"}
 
 
 def _is_tensor(value: Any) -> bool:
@@ -137,20 +135,31 @@ def _is_tensor(value: Any) -> bool:
     return isinstance(value, (Shard, np.ndarray)) or hasattr(value, "__dlpack__")
 
 
+# Torch dtypes by the name Stagehand stores them under (torch CPU tensors are taken by pointer).
+_TORCH_STORED = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                 "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32", "uint16": "U16",
+                 "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
 def _to_array(name: str, value: Any, writable: bool):
-    """The array handed to C++ (the value itself or a view of it) and the dtype name to store."""
+    """The array handed to C++ (the value itself or a view of it), the dtype name to store, and
+    whether it goes by pointer (a torch CPU tensor: no DLPack capsule or detached tensor is made
+    for it, which with many tensors is most of a save's own memory)."""
     module = type(value).__module__
     if module.startswith("torch"):
         import torch
 
         if not value.is_contiguous():
             raise ValueError(f"tensor '{name}' is not contiguous: pass .contiguous()")
+        stored = _TORCH_STORED.get(str(value.dtype).removeprefix("torch."))
+        if stored is None:
+            raise TypeError(f"tensor '{name}': dtype {value.dtype} is not one Stagehand saves")
+        if value.device.type == "cpu":
+            return value, stored, True
         viewed = {torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
         if value.dtype in viewed:
-            return value.detach().view(torch.uint8), viewed[value.dtype]
-        if str(value.dtype).removeprefix("torch.") not in _TORCH_DIRECT:
-            raise TypeError(f"tensor '{name}': dtype {value.dtype} is not one Stagehand saves")
-        return value.detach(), ""
+            return value.detach().view(torch.uint8), viewed[value.dtype], False
+        return value.detach(), "", False
     if isinstance(value, np.ndarray):
         array = value
         if not array.flags.c_contiguous:
@@ -162,11 +171,11 @@ def _to_array(name: str, value: Any, writable: bool):
                             "array.astype(array.dtype.newbyteorder('='))")
         if array.dtype.name in _VIEWED:
             view, stored = _VIEWED[array.dtype.name]
-            return array.view(view), stored
+            return array.view(view), stored, False
         if array.dtype.name not in _DIRECT:
             raise TypeError(f"tensor '{name}': dtype {array.dtype.name} is not one Stagehand saves")
-        return array, ""
-    return value, ""  # another __dlpack__ producer: its own dtype
+        return array, "", False
+    return value, "", False  # another __dlpack__ producer: its own dtype
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -227,27 +236,29 @@ class _Bound:
     """What one call hands to C++: the entries and the arrays they point into (kept alive)."""
 
     def __init__(self, state: dict, writable: bool):
-        self.entries = []
+        self.entries = _Tensors()
         self.arrays = []
         self.objects: dict[str, str] = {}
         self.object_paths: dict[str, list[str]] = {}
         self.names: set[str] = set()
         self.cuda_devices: set = set()
-        entry = make_load_entry if writable else make_entry
+        add = self.entries.add_writable if writable else self.entries.add
         for name, value, is_tensor, keys in _flatten(state):
             if name in self.names:
                 raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
             self.names.add(name)
             if is_tensor:
                 shard = value if isinstance(value, Shard) else _dtensor_shard(name, value) if _is_dtensor(value) else None
-                array, dtype = _to_array(name, shard.tensor if shard else value, writable)
+                array, dtype, by_pointer = _to_array(name, shard.tensor if shard else value, writable)
                 self.arrays.append(array)
                 if getattr(array, "is_cuda", False):
                     self.cuda_devices.add(array.device)
+                placed = (shard.global_shape, shard.offsets, shard.replica_id) if shard else ([], [], 0)
                 try:
-                    self.entries.append(entry(
-                        name, array, dtype, shard.global_shape if shard else [],
-                        shard.offsets if shard else [], shard.replica_id if shard else 0))
+                    if by_pointer:
+                        self.entries.add_host(name, array.data_ptr(), array.shape, dtype, *placed)
+                    else:
+                        add(name, array, dtype, *placed)
                 except TypeError as e:
                     raise TypeError(f"tensor '{name}' cannot be {'loaded' if writable else 'saved'}: {e}") from None
             else:

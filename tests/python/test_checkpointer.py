@@ -69,9 +69,9 @@ def test_tensors_are_wrapped_where_they_are_not_copied():
     base = np.zeros((8, 16), np.float32)
     bf = np.zeros(8, ml_dtypes.bfloat16)
     bound = stagehand._Bound({"w": base, "b": bf, "s": stagehand.Shard(base[2:4], [8, 16], [2, 0])}, writable=True)
-    ptrs = {e.name: e.data_ptr for e in bound.entries}
+    ptrs = {name: ptr for name, _, ptr in bound.entries.describe()}
     assert ptrs == {"w": base.ctypes.data, "b": bf.ctypes.data, "s": base[2:4].ctypes.data}
-    dtypes = {e.name: e.dtype for e in bound.entries}
+    dtypes = {name: dtype for name, dtype, _ in bound.entries.describe()}
     assert dtypes == {"w": "F32", "b": "BF16", "s": "F32"}
 
 
@@ -484,7 +484,8 @@ def test_torch_cpu_tensors_round_trip_without_copies(tmp_path):
     state = {"w": torch.randn(128, 64, dtype=torch.bfloat16), "m": torch.randn(64), "b": torch.ones(3, dtype=torch.bool),
              "f8": torch.randn(16).to(torch.float8_e4m3fn)}
     bound = stagehand._Bound(state, writable=False)
-    assert [e.data_ptr for e in bound.entries] == [t.data_ptr() for t in state.values()]
+    assert [ptr for _, _, ptr in bound.entries.describe()] == [t.data_ptr() for t in state.values()]
+    assert [dtype for _, dtype, _ in bound.entries.describe()] == ["BF16", "F32", "BOOL", "F8_E4M3"]
     save_in(tmp_path, 1, state)
     target = {k: torch.zeros_like(v) for k, v in state.items()}
     load_from(tmp_path, target)
