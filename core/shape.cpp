@@ -8,20 +8,20 @@ namespace stagehand {
 Shape::Shape(std::initializer_list<std::int64_t> dims)
     : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
 
-Shape::Shape(std::span<const std::int64_t> dims) : rank_(dims.size()) {
+Shape::Shape(std::span<const std::int64_t> dims) : rank_(static_cast<std::uint32_t>(dims.size())) {
   assert(dims.size() <= kMaxRank);
-  std::copy(dims.begin(), dims.end(), dims_.begin());
+  if (on_heap()) heap_ = new std::int64_t[rank_];
+  std::copy(dims.begin(), dims.end(), data());
 }
 
 Shape Shape::zeros(std::size_t rank) {
-  Shape s;
-  s.rank_ = rank;
-  return s;
+  const std::array<std::int64_t, kMaxRank> origin{};
+  return Shape(std::span<const std::int64_t>(origin.data(), rank));
 }
 
 std::int64_t Shape::numel() const {
   std::int64_t n = 1;
-  for (std::size_t i = 0; i < rank_; ++i) n *= dims_[i];
+  for (std::int64_t d : dims()) n *= d;
   return n;
 }
 
@@ -29,7 +29,7 @@ std::string Shape::to_string() const {
   std::string out = "[";
   for (std::size_t i = 0; i < rank_; ++i) {
     if (i > 0) out += ", ";
-    out += std::to_string(dims_[i]);
+    out += std::to_string((*this)[i]);
   }
   return out + "]";
 }

@@ -66,6 +66,32 @@ struct Rank0 {
 
 }  // namespace
 
+BOOST_AUTO_TEST_CASE(descriptors_of_every_rank_cross_the_wire_unchanged) {
+  // Shapes of up to kInlineRank dimensions are held in place and longer ones on the heap; both
+  // travel as kMaxRank dimensions and a rank.
+  caf::actor_system_config cfg;
+  caf::actor_system system{wire_config(cfg)};
+  std::vector<ShardedTensorDesc> sent;
+  for (std::size_t rank : {0u, 1u, 4u, 5u, 8u}) {
+    ShardedTensorDesc d;
+    d.name = "t" + std::to_string(rank);
+    std::vector<std::int64_t> dims(rank, 3), offsets(rank, 1), local(rank, 2);
+    d.global_shape = Shape(std::span<const std::int64_t>(dims));
+    d.global_offset = Shape(std::span<const std::int64_t>(offsets));
+    d.local_shape = Shape(std::span<const std::int64_t>(local));
+    d.replica_id = static_cast<std::int32_t>(rank);
+    sent.push_back(d);
+  }
+  std::vector<char> bytes;
+  caf::binary_serializer out{system, bytes};
+  BOOST_REQUIRE(!out(sent));
+  std::vector<ShardedTensorDesc> got;
+  caf::binary_deserializer in{system, bytes};
+  BOOST_REQUIRE(!in(got));
+  BOOST_TEST((got == sent));
+  BOOST_TEST(got.back().local_shape.to_string() == "[2, 2, 2, 2, 2, 2, 2, 2]");
+}
+
 BOOST_AUTO_TEST_CASE(launch_info_comes_from_the_launcher_variables_and_flags) {
   {
     auto none = read_launch_info({});

@@ -201,6 +201,43 @@ BOOST_AUTO_TEST_CASE(shape_is_a_value_type) {
   BOOST_TEST(!(Shape{2} == Shape{2, 1}));
 }
 
+BOOST_AUTO_TEST_CASE(shapes_past_the_inline_rank_copy_move_and_assign_as_values) {
+  // Up to kInlineRank dimensions are held in place, more on the heap: every mix of the two.
+  const Shape small{2, 3};
+  const Shape four{1, 2, 3, 4};
+  const Shape big{1, 2, 3, 4, 5, 6, 7, 8};
+  BOOST_TEST(big.rank() == Shape::kMaxRank);
+  BOOST_TEST(big.numel() == 40320);
+  BOOST_TEST(big.to_string() == "[1, 2, 3, 4, 5, 6, 7, 8]");
+  BOOST_TEST(four.to_string() == "[1, 2, 3, 4]");
+  Shape copy = big;
+  BOOST_TEST((copy == big));
+  copy[7] = 9;  // its own dimensions, not big's
+  BOOST_TEST(big[7] == 8);
+  BOOST_TEST(copy[7] == 9);
+  Shape moved = std::move(copy);
+  BOOST_TEST(moved.to_string() == "[1, 2, 3, 4, 5, 6, 7, 9]");
+  BOOST_TEST(copy.rank() == 0u);  // NOLINT(bugprone-use-after-move): a moved-from heap shape is empty
+  copy = small;  // a moved-from shape takes a value again
+  BOOST_TEST((copy == small));
+  Shape s = small;
+  s = big;  // inline <- heap
+  BOOST_TEST((s == big));
+  s = four;  // heap <- inline
+  BOOST_TEST((s == four));
+  s = Shape{5, 4, 3, 2, 1};  // moved in from a temporary on the heap
+  BOOST_TEST(s.to_string() == "[5, 4, 3, 2, 1]");
+  const Shape& same = s;
+  s = same;  // self-assignment keeps the value
+  BOOST_TEST(s.to_string() == "[5, 4, 3, 2, 1]");
+  BOOST_TEST((Shape::zeros(6) == Shape{0, 0, 0, 0, 0, 0}));
+  std::vector<Shape> shapes(100, big);
+  shapes.resize(300, small);  // reallocation moves every shape
+  BOOST_TEST((shapes[99] == big));
+  BOOST_TEST((shapes[299] == small));
+  BOOST_TEST(sizeof(Shape) <= 40u);
+}
+
 BOOST_AUTO_TEST_CASE(status_maps_errno_and_keeps_context) {
   Status s = Status::from_errno(ENOSPC, "write to 'x'");
   BOOST_TEST((s.code() == ErrorCode::no_space));
