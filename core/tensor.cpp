@@ -31,11 +31,12 @@ Result<Tensor> Tensor::from_blob(void* data, DType dtype, const Shape& shape, De
     return Status{ErrorCode::invalid_argument,
                   "Tensor::from_blob: null data for " + std::to_string(t.nbytes()) + " bytes of " + shape.to_string()};
   }
-  // Not owned: nothing to free when the last copy goes.
   if (deleter) {
     t.storage_ = std::shared_ptr<void>(data, std::move(deleter));
   } else {
-    t.storage_ = std::shared_ptr<void>(data, [](void*) {});
+    // Not owned: nothing to free when the last copy goes, so no control block either (an
+    // aliasing pointer with no owner): a state of 100,000 views allocates none.
+    t.storage_ = std::shared_ptr<void>(std::shared_ptr<void>(), data);
   }
   return t;
 }
