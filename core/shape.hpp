@@ -27,27 +27,15 @@ class Shape {
   /// @pre dims.size() <= kMaxRank
   explicit Shape(std::span<const std::int64_t> dims);
   Shape(const Shape& other) : Shape(other.dims()) {}
-  Shape(Shape&& other) noexcept : rank_(other.rank_) {
-    if (on_heap()) {
-      heap_ = other.heap_;
-      other.rank_ = 0;
-    } else {
-      inline_ = other.inline_;
-    }
-  }
+  Shape(Shape&& other) noexcept { take(other); }
   Shape& operator=(const Shape& other) {
     if (this != &other) *this = Shape(other);
     return *this;
   }
   Shape& operator=(Shape&& other) noexcept {
-    if (this == &other) return *this;
-    release();
-    rank_ = other.rank_;
-    if (on_heap()) {
-      heap_ = other.heap_;
-      other.rank_ = 0;
-    } else {
-      inline_ = other.inline_;
+    if (this != &other) {
+      release();
+      take(other);
     }
     return *this;
   }
@@ -101,6 +89,16 @@ class Shape {
   void release() {
     if (on_heap()) delete[] heap_;
     rank_ = 0;
+  }
+  /// Takes `other`'s dimensions (its heap block, which leaves it empty). @pre this holds none
+  void take(Shape& other) {
+    rank_ = other.rank_;
+    if (on_heap()) {
+      heap_ = other.heap_;
+      other.rank_ = 0;
+    } else {
+      inline_ = other.inline_;
+    }
   }
 
   union {

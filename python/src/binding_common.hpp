@@ -63,22 +63,26 @@ inline std::optional<DType> dtype_of(nb::dlpack::dtype t) {
 /// of the arrays' memory (nothing is copied) and the arrays whose DLPack capsules own that
 /// memory (a producer may export a copy of its data, which lives only as long as the capsule).
 /// Torch CPU tensors come by pointer (add_host): the Python layer keeps them referenced, and no
-/// DLPack capsule, detached tensor or wrapper object is made per tensor, which at 100,000 tensors
-/// held ~80 MB. The Python layer keeps this object, and the arrays it came from, alive as long
+/// DLPack capsule, detached tensor or wrapper object is made per tensor. The Python layer keeps this object, and the arrays it came from, alive as long
 /// as a save or load may use them.
 struct BoundTensors {
   StateDict state;
   std::vector<nb::ndarray<>> owners;
-  /// take() handed `state` to a call.
+  /// take_state() handed `state` to a call.
   bool taken = false;
 };
 
 /// Appends the tensor `name` (the memory at `data`) to `bound`. Empty `global_shape` and
 /// `offsets`: a whole tensor (its own shape, at offset 0).
+/// Refuses `bound` once take_state() handed its tensors to a call.
+inline void check_untaken(const BoundTensors& bound) {
+  if (bound.taken) throw Error("these tensors were already handed to a call");
+}
+
 inline void add_tensor(BoundTensors& bound, const std::string& name, void* data, DType dtype,
                        std::vector<std::int64_t> dims, Device device, std::vector<std::int64_t> global_shape,
                        std::vector<std::int64_t> offsets, int replica_id) {
-  if (bound.taken) throw Error("these tensors were already handed to a call");
+  check_untaken(bound);
   if (dims.size() > Shape::kMaxRank || global_shape.size() > Shape::kMaxRank || offsets.size() > Shape::kMaxRank) {
     throw nb::value_error(("tensor '" + name + "' has more than " + std::to_string(Shape::kMaxRank) +
                            " dimensions").c_str());
@@ -159,7 +163,7 @@ inline void add_host(BoundTensors& bound, const std::string& name, std::uintptr_
 
 /// A copy of `bound`'s tensors (views: their memory is shared) with `objects`.
 inline StateDict state_of(const BoundTensors& bound, const std::map<std::string, std::string>& objects) {
-  if (bound.taken) throw Error("these tensors were already handed to a call");
+  check_untaken(bound);
   StateDict state;
   state.tensors = bound.state.tensors;
   state.objects = objects;
@@ -169,7 +173,7 @@ inline StateDict state_of(const BoundTensors& bound, const std::map<std::string,
 /// `bound`'s tensors with `objects`, moved out (no copy of the descriptors): for a call that
 /// keeps the state, such as the Checkpointer's first. `bound` keeps its arrays.
 inline StateDict take_state(BoundTensors& bound, const std::map<std::string, std::string>& objects) {
-  if (bound.taken) throw Error("these tensors were already handed to a call");
+  check_untaken(bound);
   bound.taken = true;
   StateDict state;
   state.tensors = std::move(bound.state.tensors);

@@ -198,7 +198,6 @@ NB_MODULE(_stagehand, m) {
         }
         return out;
       });
-  // noconvert: never a converted copy (a load would fill the copy).
   // stagehand-ckpt verify: a root (the step its tracker names) or one step folder.
   m.def("verify", [](const std::string& path, const std::string& progress) {
     ProgressMeter meter(progress_mode(progress));

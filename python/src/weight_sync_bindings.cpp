@@ -23,7 +23,7 @@ void bind_weight_sync(nb::module_& m) {
     return o;
   };
   auto descs_of = [](const BoundTensors& entries) {
-    if (entries.taken) throw Error("these tensors were already handed to a call");
+    check_untaken(entries);
     return entries.state.descriptors();
   };
   nb::class_<WeightPublisher>(m, "_WeightPublisher")

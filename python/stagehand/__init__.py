@@ -156,10 +156,10 @@ def _to_array(name: str, value: Any, writable: bool):
             raise TypeError(f"tensor '{name}': dtype {value.dtype} is not one Stagehand saves")
         if value.device.type == "cpu":
             return value, stored, True
-        viewed = {torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-        if value.dtype in viewed:
-            return value.detach().view(torch.uint8), viewed[value.dtype], False
-        return value.detach(), "", False
+        # Through DLPack, which has no bool or float8: those cross as bytes, stored by name.
+        if value.dtype in (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2):
+            return value.detach().view(torch.uint8), stored, False
+        return value.detach(), stored, False
     if isinstance(value, np.ndarray):
         array = value
         if not array.flags.c_contiguous:
