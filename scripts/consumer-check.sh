@@ -22,7 +22,7 @@ cmake -S tests/consumer -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" 
 cmake --build "$work/installed" -j"$(nproc)" > "$work/installed-build.log"
 "$work/installed/consumer" "$work/ckpt-installed"
 echo "== the SPMD consumer in 4 processes"
-GRACE_S=10 scripts/launch-local.sh 4 "$work/installed/consumer_spmd" "$work/ckpt-spmd"
+GRACE_S=10 TIMEOUT_S=300 scripts/launch-local.sh 4 "$work/installed/consumer_spmd" "$work/ckpt-spmd"
 
 echo "== the engine alone (COMPONENTS checkpoint), with CAF, Gloo, curl, pugixml and CUDA unfindable"
 cmake -S tests/consumer/engine -B "$work/engine" -DCMAKE_PREFIX_PATH="$work/prefix" \
@@ -37,7 +37,7 @@ if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=c
 cmake -S tests/consumer -B "$work/subdir" -DSTAGEHAND_SOURCE="$src" "${launcher[@]}" > "$work/subdir.log"
 cmake --build "$work/subdir" -j"$(nproc)" > "$work/subdir-build.log"
 "$work/subdir/consumer" "$work/ckpt-subdir"
-GRACE_S=10 scripts/launch-local.sh 2 "$work/subdir/consumer_spmd" "$work/ckpt-subdir-spmd"
+GRACE_S=10 TIMEOUT_S=300 scripts/launch-local.sh 2 "$work/subdir/consumer_spmd" "$work/ckpt-subdir-spmd"
 
 built=$(find "$work/subdir" -type f \( -name '*_test' -o -name 'stagehand-*' -o -name 'libstagehand_models.a' \
   -o -name 'libstagehand_trainers.a' \) | wc -l)

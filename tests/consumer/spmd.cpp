@@ -48,5 +48,6 @@ int main(int argc, char** argv) {
                      state.objects["rng.rank" + std::to_string(rank)] == "{\"seed\":" + std::to_string(rank) + "}";
   std::printf("consumer_spmd rank %d: save %s, async save %s, load %s, values %s\n", rank, saved.to_string().c_str(),
               committed.to_string().c_str(), loaded.to_string().c_str(), equal ? "equal" : "DIFFER");
+  std::fflush(stdout);  // before the Checkpointer closes: a rank stuck closing has still said how it did
   return saved.is_ok() && committed.is_ok() && loaded.is_ok() && equal ? 0 : 1;
 }
