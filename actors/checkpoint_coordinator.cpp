@@ -194,16 +194,18 @@ class CheckpointCoordinator : public coordinator_actor::base {
     }
     auto& slot = forming_->plans[static_cast<std::size_t>(rank)];
     if (slot) return refuse({ErrorCode::invalid_argument, who + " sent two plans for step " + std::to_string(plan.step)});
+    auto& known = known_[static_cast<std::size_t>(rank)];
     if (plan.cached) {
-      const auto& known = known_[static_cast<std::size_t>(rank)];
       if (!known || known->signature != plan.signature) {
         const Status lost{ErrorCode::internal, who + "'s plan refers to a structure the coordinator does not know"};
         fail_forming(lost, {rank});
         return refuse(lost);
       }
-      plan.tensors = known->tensors;
     } else {
-      known_[static_cast<std::size_t>(rank)] = plan;
+      // The descriptors are held once, here (the global plan and the commit read them here);
+      // the forming slot keeps the rest of the plan.
+      known = LocalPlan{rank, plan.step, plan.signature, false, std::move(plan.tensors), {}};
+      plan.tensors.clear();
     }
     if (!trainer_state.empty() && forming_->trainer_state.empty()) forming_->trainer_state = std::move(trainer_state);
     slot = std::move(plan);
@@ -308,9 +310,13 @@ class CheckpointCoordinator : public coordinator_actor::base {
   Result<GlobalPlan> global_plan(const Forming& forming) {
     std::vector<const LocalPlan*> plans;
     std::vector<std::uint64_t> structure;
-    for (const auto& p : forming.plans) {
-      plans.push_back(&*p);
-      structure.push_back(p->signature);
+    for (std::size_t r = 0; r < forming.plans.size(); ++r) {
+      // The rank's descriptors (known_) with this save's step and objects.
+      LocalPlan& known = *known_[r];
+      known.step = forming.plans[r]->step;
+      known.objects = forming.plans[r]->objects;
+      plans.push_back(&known);
+      structure.push_back(known.signature);
     }
     if (last_plan_ && last_plan_->signatures == structure) return *last_plan_;
     SH_ASSIGN_OR_RETURN(GlobalPlan plan, make_global_plan(plans));
@@ -347,7 +353,11 @@ class CheckpointCoordinator : public coordinator_actor::base {
   }
 
   Result<CommitInfo> commit(std::int64_t step) {
-    SH_ASSIGN_OR_RETURN(auto metadata, gather_reports(step, reports_, options_.world_size));
+    // The reports name their chunks' tensors by index into the plans' descriptors, held here.
+    std::vector<const std::vector<ShardedTensorDesc>*> planned;
+    for (const auto& known : known_) planned.push_back(known ? &known->tensors : nullptr);
+    SH_ASSIGN_OR_RETURN(auto metadata,
+                        gather_reports(step, reports_, options_.world_size, descriptors_by_rank(std::move(planned))));
     // A failed commit removes what it must itself: after the rename the step stays in place.
     commit_ran_ = true;
     if (!trainer_state_.empty()) {
@@ -489,7 +499,8 @@ class CheckpointCoordinator : public coordinator_actor::base {
 
   CoordinatorOptions options_;
   CheckpointStore store_;
-  /// Each rank's last full local plan, for the plans that refer to it by signature.
+  /// Each rank's last full local plan, for the plans that refer to it by signature: the only
+  /// copy of its descriptors (the forming plans hold none), which the commit reads.
   std::vector<std::optional<LocalPlan>> known_;
   std::optional<GlobalPlan> last_plan_;
   std::optional<Forming> forming_;

@@ -27,6 +27,8 @@ struct CommitArgs {
 
 struct RankReports {
   std::vector<RankSaveReport> reports;
+  /// Each rank's plan (by rank): a descriptor for each chunk, which the reports name by index.
+  std::vector<std::vector<ShardedTensorDesc>> planned;
   /// The highest rank that wrote a file, plus one.
   int world_size = 0;
 };
@@ -61,22 +63,30 @@ Result<RankReports> reports_of(const CheckpointMetadata& m) {
       if (!per_rank || name.ends_with(suffix)) r.objects.emplace(name, value);
     }
   }
+  RankReports encoded;
+  if (!ranks.empty()) encoded.world_size = ranks.rbegin()->first + 1;
+  encoded.planned.resize(static_cast<std::size_t>(encoded.world_size));
   for (const auto& [name, t] : m.tensors) {
     for (const auto& c : t.chunks) {
+      BucketWriteResult* bucket = buckets.at(c.file);
+      ShardedTensorDesc desc;
+      desc.name = name;
+      desc.dtype = t.dtype;
+      desc.global_shape = t.global_shape;
+      desc.global_offset = c.offsets;
+      desc.local_shape = c.shape;
+      int rank = -1;
+      (void)std::sscanf(c.file.c_str(), "__%d_", &rank);
+      auto& planned = encoded.planned.at(static_cast<std::size_t>(rank));
+      planned.push_back(std::move(desc));
       ChunkRecord record;
-      record.desc.name = name;
-      record.desc.dtype = t.dtype;
-      record.desc.global_shape = t.global_shape;
-      record.desc.global_offset = c.offsets;
-      record.desc.local_shape = c.shape;
+      record.tensor = static_cast<std::uint32_t>(planned.size() - 1);
       record.begin = c.begin;
       record.end = c.end;
       record.xxh3 = c.xxh3;
-      buckets.at(c.file)->chunks.push_back(std::move(record));
+      bucket->chunks.push_back(std::move(record));
     }
   }
-  RankReports encoded;
-  if (!ranks.empty()) encoded.world_size = ranks.rbegin()->first + 1;
   for (auto& [rank, r] : ranks) {
     for (auto& b : r.buckets) {
       std::sort(b.chunks.begin(), b.chunks.end(),
@@ -130,7 +140,9 @@ int run_commit(const CommitArgs& args) {
     const std::vector<RankSaveReport>& reports = encoded->reports;
     const auto start = Clock::now();
     const double cpu_start = thread_cpu_seconds();
-    auto gathered = gather_reports(metadata->step, reports, world);
+    std::vector<const std::vector<ShardedTensorDesc>*> planned;
+    for (const auto& p : encoded->planned) planned.push_back(&p);
+    auto gathered = gather_reports(metadata->step, reports, world, descriptors_by_rank(std::move(planned)));
     Status st = gathered.is_ok() ? store.commit(metadata->step, *gathered).status() : gathered.status();
     const double commit_s = seconds_since(start);
     const double commit_cpu_s = thread_cpu_seconds() - cpu_start;

@@ -43,12 +43,14 @@ inline Result<std::string> prepare_checkpoint_dir(const std::string& root, std::
 
 /// Gathers `reports` and commits step `step` of `root`, recording the trainer_state.json that
 /// lies in its write folder (as the coordinator records the one it wrote).
+/// @param saved the state each rank's report is of (`saved[r]` rank r's), as its engine saved it
 /// @param fs what the commit writes through (the local file system by default).
 inline Status commit_checkpoint(const std::string& root, std::int64_t step,
                                 const std::vector<RankSaveReport>& reports, int world_size,
+                                const std::vector<const StateDict*>& saved,
                                 std::shared_ptr<FileSystem> fs = local_file_system()) {
   const CheckpointStore store(std::move(fs), root);
-  auto metadata = gather_reports(step, reports, world_size);
+  auto metadata = gather_reports(step, reports, world_size, descriptors_of_states(saved));
   if (!metadata.is_ok()) {
     (void)store.abort(step);
     return metadata.status();

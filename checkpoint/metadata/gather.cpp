@@ -7,9 +7,24 @@
 
 namespace stagehand {
 
-Result<GatheredMetadata> gather_reports(std::int64_t step,
-                                        const std::vector<RankSaveReport>& reports,
-                                        int world_size) {
+DescriptorOf descriptors_by_rank(std::vector<const std::vector<ShardedTensorDesc>*> by_rank) {
+  return [by_rank = std::move(by_rank)](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= by_rank.size() || by_rank[rank] == nullptr) return nullptr;
+    const auto& descs = *by_rank[static_cast<std::size_t>(rank)];
+    return tensor < descs.size() ? &descs[tensor] : nullptr;
+  };
+}
+
+DescriptorOf descriptors_of_states(std::vector<const StateDict*> by_rank) {
+  return [by_rank = std::move(by_rank)](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= by_rank.size() || by_rank[rank] == nullptr) return nullptr;
+    const auto& tensors = by_rank[static_cast<std::size_t>(rank)]->tensors;
+    return tensor < tensors.size() ? &tensors[tensor].desc : nullptr;
+  };
+}
+
+Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<RankSaveReport>& reports,
+                                        int world_size, const DescriptorOf& descriptor_of) {
   GatheredMetadata m;
   m.step = step;
   std::set<int> ranks;
@@ -70,30 +85,35 @@ Result<GatheredMetadata> gather_reports(std::int64_t step,
         return Status{ErrorCode::internal, "file '" + b.file + "' reported twice"};
       }
       for (const auto& c : b.chunks) {
-        auto [found, inserted] = by_name.try_emplace(c.desc.name);
+        const ShardedTensorDesc* d = descriptor_of(r.rank, c.tensor);
+        if (d == nullptr) {
+          return Status{ErrorCode::internal, "rank " + std::to_string(r.rank) + " reported a chunk of its tensor " +
+                                                 std::to_string(c.tensor) + ", which its plan does not hold"};
+        }
+        auto [found, inserted] = by_name.try_emplace(d->name);
         Gathering& t = found->second;
         if (inserted) {
-          if (!is_valid_utf8(c.desc.name)) {
+          if (!is_valid_utf8(d->name)) {
             return Status{
                 ErrorCode::invalid_argument,
-                "tensor '" + c.desc.name + "': its name must be UTF-8 text (JSON holds no other)"};
+                "tensor '" + d->name + "': its name must be UTF-8 text (JSON holds no other)"};
           }
-          t.gathered.name = c.desc.name;
-          t.gathered.dtype = c.desc.dtype;
-          t.gathered.global_shape = c.desc.global_shape;
-        } else if (t.gathered.dtype != c.desc.dtype ||
-                   !(t.gathered.global_shape == c.desc.global_shape)) {
+          t.gathered.name = d->name;
+          t.gathered.dtype = d->dtype;
+          t.gathered.global_shape = d->global_shape;
+        } else if (t.gathered.dtype != d->dtype ||
+                   !(t.gathered.global_shape == d->global_shape)) {
           return Status{ErrorCode::invalid_argument,
-                        "tensor '" + c.desc.name +
+                        "tensor '" + d->name +
                             "' has a different dtype or global shape on rank " +
                             std::to_string(r.rank)};
         }
         if (!t.gathered.chunks.empty() &&
-            !(t.gathered.chunks.back().record->desc.global_offset < c.desc.global_offset)) {
+            !(t.gathered.chunks.back().desc->global_offset < d->global_offset)) {
           t.sorted = false;
         }
-        t.gathered.chunks.push_back({&c, &b.file});
-        t.covered += c.desc.local_shape.numel();
+        t.gathered.chunks.push_back({&c, d, &b.file});
+        t.covered += d->local_shape.numel();
       }
     }
   }
@@ -110,7 +130,7 @@ Result<GatheredMetadata> gather_reports(std::int64_t step,
     GatheredTensor& g = t->gathered;
     const std::string name(g.name);
     auto offsets = [](const GatheredChunk& c) -> const Shape& {
-      return c.record->desc.global_offset;
+      return c.desc->global_offset;
     };
     if (!t->sorted) {
       std::sort(

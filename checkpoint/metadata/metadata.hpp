@@ -58,12 +58,14 @@ struct CheckpointMetadata {
 /// hold half a million chunks, and a copy of each cost more than writing it out).
 struct GatheredChunk {
   const ChunkRecord* record = nullptr;
+  /// The chunk's block: the descriptor its rank planned (DescriptorOf).
+  const ShardedTensorDesc* desc = nullptr;
   /// The name of the file the chunk is in (its bucket's).
   const std::string* file = nullptr;
 };
 
 struct GatheredTensor {
-  /// Points into a report, as the chunks do.
+  /// Points into a descriptor, as the chunks do.
   std::string_view name;
   DType dtype = DType::f32;
   Shape global_shape;

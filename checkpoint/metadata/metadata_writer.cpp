@@ -254,7 +254,7 @@ class MetadataWriter {
   }
   static ChunkFields fields(const GatheredChunk& c) {
     const ChunkRecord& r = *c.record;
-    return {r.desc.global_offset, r.desc.local_shape, *c.file, r.begin, r.end, r.xxh3};
+    return {c.desc->global_offset, c.desc->local_shape, *c.file, r.begin, r.end, r.xxh3};
   }
 
   /// Chunks read ahead of the one being written: the chunks of a tensor lie in as many reports
@@ -262,8 +262,8 @@ class MetadataWriter {
   static constexpr std::size_t kPrefetchAhead = 8;
   static void prefetch(const ChunkMeta&) {}
   static void prefetch(const GatheredChunk& c) {
-    __builtin_prefetch(&c.record->desc.global_offset);
-    __builtin_prefetch(&c.record->desc.local_shape);
+    __builtin_prefetch(&c.desc->global_offset);
+    __builtin_prefetch(&c.desc->local_shape);
     __builtin_prefetch(&c.record->begin);
   }
 

@@ -25,7 +25,9 @@ Result<std::vector<RankSaveReport>> save_checkpoint_in_process(const std::string
     ranks.emplace_back([&, i] { reports[i] = engines[i]->save(planned[i], policy, step); });
   }
   for (auto& t : ranks) t.join();
-  auto metadata = gather_reports(step, reports, static_cast<int>(engines.size()));
+  std::vector<const StateDict*> saved;
+  for (const StateDict& s : planned) saved.push_back(&s);
+  auto metadata = gather_reports(step, reports, static_cast<int>(engines.size()), descriptors_of_states(saved));
   Status committed = metadata.is_ok() ? store.commit(step, *metadata).status() : metadata.status();
   if (!committed.is_ok()) {
     (void)store.abort(step);

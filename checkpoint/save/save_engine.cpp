@@ -272,7 +272,7 @@ Status SaveEngine::begin_async(const StateDict& state, const std::string& policy
         const PlannedBucket& bucket = plan_->buckets[s.bucket];
         if (s.hashed) {
           InFileHash& h = hashed_[s.bucket];
-          BucketHasher hasher(bucket, state, h.chunks);
+          BucketHasher hasher(bucket, h.chunks);
           copy_and_hash(bucket, state, s.dest, hasher, h.hash_s);
           h.xxh3 = hasher.file_digest();
           h.taken = true;
@@ -436,7 +436,7 @@ BucketWriteResult SaveEngine::write_bucket(const PlannedBucket& bucket, const St
     const bool hashed = b < hashed_.size() && hashed_[b].taken;
     // Not when begin_async() hashed the bucket.
     std::optional<BucketHasher> hasher;
-    if (!hashed) hasher.emplace(bucket, state, result.chunks);
+    if (!hashed) hasher.emplace(bucket, result.chunks);
     if (hashed) {
       // Copied into the file and hashed by begin_async().
       result.staged_in_file = true;

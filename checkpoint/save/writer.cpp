@@ -13,13 +13,13 @@ Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std
   return file;
 }
 
-BucketHasher::BucketHasher(const PlannedBucket& bucket, const StateDict& state, std::vector<ChunkRecord>& chunks)
+BucketHasher::BucketHasher(const PlannedBucket& bucket, std::vector<ChunkRecord>& chunks)
     : bucket_(bucket), chunks_(chunks) {
   chunks_.assign(bucket.items.size(), ChunkRecord{});
   for (std::size_t i = 0; i < bucket.items.size(); ++i) {
     const PlannedItem& item = bucket.items[i];
     const std::uint64_t begin = bucket.header.size() + item.data_offset;
-    chunks_[i] = {state.tensors[item.tensor_index].desc, begin, begin + item.nbytes, 0};
+    chunks_[i] = {static_cast<std::uint32_t>(item.tensor_index), begin, begin + item.nbytes, 0};
   }
   file_.update(bucket.header.data(), bucket.header.size());
   close_finished_items();

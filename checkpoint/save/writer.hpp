@@ -29,9 +29,8 @@ Result<std::unique_ptr<WritableFile>> open_bucket_file(FileSystem& fs, const std
 /// Thread-safety: one thread at a time.
 class BucketHasher {
  public:
-  /// @param state what the plan was made from (the items' descriptors)
-  /// @post `chunks` has one record per item; each gets its XXH3 once its last byte is consumed.
-  BucketHasher(const PlannedBucket& bucket, const StateDict& state, std::vector<ChunkRecord>& chunks);
+  /// @post `chunks` has one record per item (naming its tensor by the item's index); each gets its XXH3 once its last byte is consumed.
+  BucketHasher(const PlannedBucket& bucket, std::vector<ChunkRecord>& chunks);
   /// The next `bytes` of the data section.
   void consume(const std::uint8_t* data, std::size_t bytes);
   /// @pre the whole data section was consumed

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <deque>
 #include <filesystem>
 #include <functional>
 
@@ -157,7 +158,7 @@ BOOST_AUTO_TEST_CASE(missing_or_extra_rank_reports_are_refused) {
   TempDir dir;
   auto tmp = *test::prepare_checkpoint_dir(dir.path(), 1);
   RankSaveReport report = engine->save(state, CheckpointLayout::policy_dir(tmp), 1);
-  Status st = test::commit_checkpoint(dir.path(), 1, {report}, 2);
+  Status st = test::commit_checkpoint(dir.path(), 1, {report}, 2, {&state});
   BOOST_TEST(st.message().find("rank 1 did not report") != std::string::npos, st.message());
   BOOST_TEST(!fs::exists(dir / "global_step_1"));
   BOOST_TEST(!test::read_tracker(dir.path())->has_value());
@@ -167,6 +168,22 @@ namespace {
 
 /// A rank's report of one bucket holding a chunk of a [rows, 4] f32 tensor `name` for each of
 /// `row_offsets` (one row each).
+/// The descriptors the chunks of rows_report name, by rank (deques: the ones before stay in
+/// place as more are added).
+std::map<int, std::deque<ShardedTensorDesc>>& planned_rows() {
+  static std::map<int, std::deque<ShardedTensorDesc>> planned;
+  return planned;
+}
+
+/// The plans' descriptors as the coordinator holds them, for rows_report's chunks.
+DescriptorOf planned_rows_of() {
+  return [](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
+    auto& planned = planned_rows();
+    auto found = planned.find(rank);
+    return found != planned.end() && tensor < found->second.size() ? &found->second[tensor] : nullptr;
+  };
+}
+
 RankSaveReport rows_report(int rank, const std::string& name, std::int64_t rows, std::vector<std::int64_t> row_offsets,
                            DType dtype = DType::f32) {
   RankSaveReport r;
@@ -176,12 +193,16 @@ RankSaveReport rows_report(int rank, const std::string& name, std::int64_t rows,
   b.file = CheckpointLayout::bucket_file_name(rank, 0);
   std::uint64_t at = kDataAlignment;
   for (std::int64_t row : row_offsets) {
+    ShardedTensorDesc desc;
+    desc.name = name;
+    desc.dtype = dtype;
+    desc.global_shape = Shape{rows, 4};
+    desc.global_offset = Shape{row, 0};
+    desc.local_shape = Shape{1, 4};
+    auto& planned = planned_rows()[rank];
+    planned.push_back(std::move(desc));
     ChunkRecord c;
-    c.desc.name = name;
-    c.desc.dtype = dtype;
-    c.desc.global_shape = Shape{rows, 4};
-    c.desc.global_offset = Shape{row, 0};
-    c.desc.local_shape = Shape{1, 4};
+    c.tensor = static_cast<std::uint32_t>(planned.size() - 1);
     c.begin = at;
     c.end = at + 4 * dtype_size(dtype);
     c.xxh3 = static_cast<std::uint64_t>(rank * 100 + row);
@@ -195,7 +216,7 @@ RankSaveReport rows_report(int rank, const std::string& name, std::int64_t rows,
 }
 
 std::string gathered_error(const std::vector<RankSaveReport>& reports, int world_size) {
-  auto gathered = gather_reports(1, reports, world_size);
+  auto gathered = gather_reports(1, reports, world_size, planned_rows_of());
   return gathered.is_ok() ? "" : gathered.status().message();
 }
 
@@ -210,17 +231,17 @@ BOOST_AUTO_TEST_CASE(gathered_reports_list_chunks_by_offset_whatever_order_they_
   reports[1].buckets.push_back(reports[3].buckets[0]);
   reports[1].buckets.back().file = CheckpointLayout::bucket_file_name(0, 1);
   reports.resize(2);
-  auto gathered = gather_reports(1, reports, 2);
+  auto gathered = gather_reports(1, reports, 2, planned_rows_of());
   BOOST_REQUIRE_MESSAGE(gathered.is_ok(), gathered.status().message());
   BOOST_REQUIRE(gathered->tensors.size() == 2u);
   BOOST_TEST(gathered->tensors[0].name == "b");
   BOOST_TEST(gathered->tensors[1].name == "w");
   std::vector<std::int64_t> rows;
-  for (const auto& c : gathered->tensors[1].chunks) rows.push_back(c.record->desc.global_offset[0]);
+  for (const auto& c : gathered->tensors[1].chunks) rows.push_back(c.desc->global_offset[0]);
   BOOST_TEST((rows == std::vector<std::int64_t>{0, 1, 2, 3}));
   BOOST_TEST(*gathered->tensors[1].chunks[3].file == "__0_0.safetensors");
   BOOST_REQUIRE(gathered->tensors[0].chunks.size() == 2u);
-  BOOST_TEST(gathered->tensors[0].chunks[0].record->desc.global_offset[0] == 0);
+  BOOST_TEST(gathered->tensors[0].chunks[0].desc->global_offset[0] == 0);
   BOOST_TEST(*gathered->tensors[0].chunks[0].file == "__1_1.safetensors");
   // It reads back, and the metadata read back writes the same text: one text either way.
   const std::string text = metadata_to_json(*gathered);
@@ -249,6 +270,13 @@ BOOST_AUTO_TEST_CASE(gathering_refuses_reports_that_do_not_make_a_checkpoint) {
   BOOST_TEST(gathered_error({rows_report(0, "w", 2, {0}), same_file}, 2).find(
                  "file '__0_0.safetensors' reported twice") != std::string::npos);
   BOOST_TEST(gathered_error({rows_report(0, "\xff", 1, {0})}, 1).find("must be UTF-8") != std::string::npos);
+  // A chunk of a tensor its rank did not plan (its index past the plan's descriptors).
+  auto unplanned = rows_report(0, "w", 1, {0});
+  unplanned.buckets[0].chunks[0].tensor = static_cast<std::uint32_t>(planned_rows()[0].size());
+  BOOST_TEST(gathered_error({unplanned}, 1).find("rank 0 reported a chunk of its tensor " +
+                                                 std::to_string(planned_rows()[0].size()) +
+                                                 ", which its plan does not hold") != std::string::npos,
+             gathered_error({unplanned}, 1));
   // Of several bad tensors, the first by name is named, whatever the order of the reports.
   for (const std::string& first : {std::string("a"), std::string("z")}) {
     RankSaveReport both = rows_report(0, "a", 2, {0});
@@ -291,7 +319,7 @@ BOOST_AUTO_TEST_CASE(metadata_streamed_to_its_file_in_pieces_is_the_text_with_it
     for (std::int64_t i = 0; i < 8000; ++i) rows.push_back(rank * 8000 + i);
     reports.push_back(rows_report(rank, "w", 64000, rows));
   }
-  auto gathered = gather_reports(1, reports, 8);
+  auto gathered = gather_reports(1, reports, 8, planned_rows_of());
   BOOST_REQUIRE(gathered.is_ok());
   const std::string text = metadata_to_json(*gathered);
   BOOST_REQUIRE(text.size() > (5u << 20));
@@ -401,7 +429,7 @@ BOOST_AUTO_TEST_CASE(a_failed_tracker_update_says_the_folder_is_in_place_and_lea
       auto engine = *SaveEngine::create(0, {2, 0, false, {}});
       auto tmp = *test::prepare_checkpoint_dir(dir.path(), 2);
       RankSaveReport report = engine->save(state, CheckpointLayout::policy_dir(tmp), 2);
-      const std::string message = test::commit_checkpoint(dir.path(), 2, {report}, 1, storage).message();
+      const std::string message = test::commit_checkpoint(dir.path(), 2, {report}, 1, {&state}, storage).message();
       BOOST_TEST(message.find(c.error) != std::string::npos, message);
       // The coordinator adds "checkpoint step 2 not committed" once; the commit itself says how far it got.
       BOOST_TEST(message.find("not committed") == std::string::npos, message);

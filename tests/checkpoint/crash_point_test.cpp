@@ -100,7 +100,9 @@ Status save_step(const std::shared_ptr<FileSystem>& fs, const std::string& root,
     }
     for (auto& t : ranks)
       t.join();
-    SH_ASSIGN_OR_RETURN(GatheredMetadata metadata, gather_reports(step, reports, c.ranks));
+    std::vector<const StateDict*> saved;
+    for (const StateDict& state : planned) saved.push_back(&state);
+    SH_ASSIGN_OR_RETURN(GatheredMetadata metadata, gather_reports(step, reports, c.ranks, descriptors_of_states(saved)));
     metadata.trainer_state = trainer_meta;
     return store.commit(step, metadata).status();
   }();

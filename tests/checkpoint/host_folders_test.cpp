@@ -599,7 +599,9 @@ BOOST_AUTO_TEST_CASE(an_async_save_into_a_local_tier_in_memory_snapshots_straigh
         }
       }
     }
-    BOOST_REQUIRE(test::commit_checkpoint(root, step, reports, kRanks, reusing).is_ok());
+    std::vector<const StateDict*> saved;
+    for (const StateDict& s : *planned) saved.push_back(&s);
+    BOOST_REQUIRE(test::commit_checkpoint(root, step, reports, kRanks, saved, reusing).is_ok());
   };
   // Nothing retired yet: the files are new, and the snapshot goes through staging.
   async_save(3, false, engines);

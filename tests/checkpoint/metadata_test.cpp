@@ -348,7 +348,7 @@ BOOST_AUTO_TEST_CASE(utf8_is_checked) {
   RankSaveReport report;
   report.objects["rng"] = "\xff";
   const std::vector<RankSaveReport> reports = {report};
-  auto m = gather_reports(0, reports, 1);
+  auto m = gather_reports(0, reports, 1, descriptors_by_rank({}));
   BOOST_REQUIRE(!m.is_ok());
   BOOST_TEST(m.status().message().find("UTF-8") != std::string::npos);
 }

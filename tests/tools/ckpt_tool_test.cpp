@@ -174,7 +174,7 @@ void save_two_ranks(const std::string& root, const std::vector<GlobalTensor>& te
     reports.push_back((*engine)->save(states[static_cast<std::size_t>(rank)],
                                       CheckpointLayout::policy_dir(*tmp), 1));
   }
-  BOOST_REQUIRE(test::commit_checkpoint(root, 1, reports, 2).is_ok());
+  BOOST_REQUIRE(test::commit_checkpoint(root, 1, reports, 2, {&states[0], &states[1]}).is_ok());
 }
 
 /// The tensors of an export folder, read through its safetensors headers: name -> (file, tensor).
