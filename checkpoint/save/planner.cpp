@@ -47,14 +47,20 @@ SavePlan plan_of(int rank, std::size_t count, Desc desc, int bucket_count) {
   plan.rank = rank;
   plan.signature = signature_of(count, desc);
 
-  std::vector<PlannedItem> items;
+  // With their keys while the plan is made (they order items of one size and go into the
+  // headers); the plan keeps only the headers.
+  struct Keyed {
+    PlannedItem item;
+    std::string key;
+  };
+  std::vector<Keyed> items;
   for (std::size_t i = 0; i < count; ++i) {
     const ShardedTensorDesc& d = desc(i);
     if (d.replica_id != 0) continue;
-    items.push_back({i, d.chunk_key(), d.nbytes(), 0});
+    items.push_back({{i, d.nbytes(), 0}, d.chunk_key()});
   }
-  std::sort(items.begin(), items.end(), [](const PlannedItem& a, const PlannedItem& b) {
-    return a.nbytes != b.nbytes ? a.nbytes > b.nbytes : a.key < b.key;
+  std::sort(items.begin(), items.end(), [](const Keyed& a, const Keyed& b) {
+    return a.item.nbytes != b.item.nbytes ? a.item.nbytes > b.item.nbytes : a.key < b.key;
   });
 
   plan.buckets.resize(static_cast<std::size_t>(bucket_count));
@@ -62,22 +68,23 @@ SavePlan plan_of(int rank, std::size_t count, Desc desc, int bucket_count) {
     plan.buckets[static_cast<std::size_t>(b)].index = b;
     plan.buckets[static_cast<std::size_t>(b)].file_name = CheckpointLayout::bucket_file_name(rank, b);
   }
-  for (auto& item : items) {
+  std::vector<std::vector<SafetensorsEntry>> entries(plan.buckets.size());
+  for (auto& [item, key] : items) {
     auto lightest = std::min_element(
         plan.buckets.begin(), plan.buckets.end(),
         [](const PlannedBucket& a, const PlannedBucket& b) { return a.data_bytes < b.data_bytes; });
     item.data_offset = lightest->data_bytes;
     lightest->data_bytes += item.nbytes;
-    lightest->items.push_back(std::move(item));
+    const ShardedTensorDesc& d = desc(item.tensor_index);
+    entries[static_cast<std::size_t>(lightest - plan.buckets.begin())].push_back(
+        {std::move(key), d.dtype, d.local_shape, item.data_offset, item.data_offset + item.nbytes});
+    lightest->items.push_back(item);
   }
-  for (auto& bucket : plan.buckets) {
-    std::vector<SafetensorsEntry> entries;
-    entries.reserve(bucket.items.size());
-    for (const auto& item : bucket.items) {
-      const ShardedTensorDesc& d = desc(item.tensor_index);
-      entries.push_back({item.key, d.dtype, d.local_shape, item.data_offset, item.data_offset + item.nbytes});
-    }
-    bucket.header = make_safetensors_header(entries);
+  items.clear();
+  items.shrink_to_fit();
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    plan.buckets[b].header = make_safetensors_header(entries[b]);
+    std::vector<SafetensorsEntry>().swap(entries[b]);
   }
   return plan;
 }

@@ -14,7 +14,8 @@ struct PlannedItem {
   /// Index of the tensor in the state dict the plan was made from (its descriptor is there: not
   /// copied here, which with 100,000 tensors would hold ~30 MB more).
   std::size_t tensor_index = 0;
-  std::string key;
+  /// Its key in the bucket's header (its descriptor's chunk_key()) is in the header alone: a
+  /// copy here held ~9 MB more with 100,000 tensors, for as long as the plan is kept.
   std::uint64_t nbytes = 0;
   /// Offset in the bucket's data section.
   std::uint64_t data_offset = 0;

@@ -262,7 +262,7 @@ Status stage_range(const PlannedBucket& bucket, std::uint64_t begin, std::uint64
     }
     on_device = true;
     Status copied = engine.copy_async(stream, CopyKind::device_to_host, dst + (from - begin), src, bytes);
-    if (!copied.is_ok()) return copied.with_context("staging '" + item.key + "'");
+    if (!copied.is_ok()) return copied.with_context("staging '" + state.tensors[item.tensor_index].desc.chunk_key() + "'");
   }
   if (!on_device) return Status::ok();
   auto event = engine.record(stream);

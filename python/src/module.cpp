@@ -12,12 +12,14 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -188,6 +190,21 @@ NB_MODULE(_stagehand, m) {
       .def("add_host", &add_host, nb::arg("name"), nb::arg("data_ptr"), nb::arg("shape"), nb::arg("dtype"),
            nb::arg("global_shape"), nb::arg("offsets"), nb::arg("replica_id"))
       .def("__len__", [](const BoundTensors& b) { return b.state.tensors.size(); })
+      // The first name (in name order) that two tensors, or a tensor and one of `objects`, share;
+      // None when there is none. Checked here, once, instead of in a Python set of every name
+      // (~13 MB with 100,000 tensors for as long as the call runs).
+      .def("first_duplicate",
+           [](const BoundTensors& b, const std::vector<std::string>& objects) -> std::optional<std::string> {
+             std::vector<std::string_view> names;
+             names.reserve(b.state.tensors.size() + objects.size());
+             for (const ShardedTensor& t : b.state.tensors) names.emplace_back(t.desc.name);
+             for (const std::string& o : objects) names.emplace_back(o);
+             std::sort(names.begin(), names.end());
+             auto twice = std::adjacent_find(names.begin(), names.end());
+             if (twice == names.end()) return std::nullopt;
+             return std::string(*twice);
+           },
+           nb::arg("objects"))
       // (name, dtype, data pointer) of each: where the saved bytes are read from, the array's own
       // memory (no copy was made).
       .def("describe", [](const BoundTensors& b) {

@@ -240,13 +240,9 @@ class _Bound:
         self.arrays = []
         self.objects: dict[str, str] = {}
         self.object_paths: dict[str, list[str]] = {}
-        self.names: set[str] = set()
         self.cuda_devices: set = set()
         add = self.entries.add_writable if writable else self.entries.add
         for name, value, is_tensor, keys in _flatten(state):
-            if name in self.names:
-                raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
-            self.names.add(name)
             if is_tensor:
                 shard = value if isinstance(value, Shard) else _dtensor_shard(name, value) if _is_dtensor(value) else None
                 array, dtype, by_pointer = _to_array(name, shard.tensor if shard else value, writable)
@@ -262,12 +258,17 @@ class _Bound:
                 except TypeError as e:
                     raise TypeError(f"tensor '{name}' cannot be {'loaded' if writable else 'saved'}: {e}") from None
             else:
+                if name in self.objects:
+                    _refuse_twice(name)
                 _check_object(name, value)
                 try:
                     self.objects[name] = json.dumps(value, default=_plain)
                 except TypeError as e:
                     raise TypeError(f"object '{name}' cannot be saved as JSON: {e}") from None
                 self.object_paths[name] = keys
+        twice = self.entries.first_duplicate(list(self.objects))
+        if twice is not None:
+            _refuse_twice(twice)
         # Stagehand copies device memory on streams of its own, which do not wait for torch's:
         # what torch has queued on each device the state uses, on any of its streams (the
         # optimizer step that wrote a tensor, for a save; a kernel still reading one, for a
@@ -277,6 +278,10 @@ class _Bound:
 
             for device in self.cuda_devices:
                 torch.cuda.synchronize(device)
+
+
+def _refuse_twice(name: str) -> None:
+    raise ValueError(f"two entries of the state are both named '{name}' (nested keys are joined with '.')")
 
 
 def _plain(value: Any):

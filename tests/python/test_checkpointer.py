@@ -135,6 +135,11 @@ def test_bad_input_is_refused_naming_the_tensor(tmp_path):
             ckpt.save(1, {"c": np.zeros(3, np.complex64)})
         with pytest.raises(ValueError, match="both named 'a.b'"):
             ckpt.save(1, {"a.b": np.zeros(3, np.float32), "a": {"b": np.zeros(3, np.float32)}})
+        # A tensor and an object, and two objects (under a dict that also holds a tensor).
+        with pytest.raises(ValueError, match="both named 'a.b'"):
+            ckpt.save(1, {"a.b": 1, "a": {"b": np.zeros(3, np.float32)}})
+        with pytest.raises(ValueError, match="both named 'a.b'"):
+            ckpt.save(1, {"a.b": 1, "a": {"b": 2, "t": np.zeros(3, np.float32)}})
         with pytest.raises(TypeError, match="object 'o' cannot be saved as JSON"):
             ckpt.save(1, {"o": object()})
         ckpt.save(1, {"w": np.zeros(3, np.float32)})
