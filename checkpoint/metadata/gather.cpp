@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 
@@ -56,15 +57,22 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
   std::sort(by_rank.begin(), by_rank.end(),
             [](const RankSaveReport* a, const RankSaveReport* b) { return a->rank < b->rank; });
   // One pass over the reports in the order they lie in memory: each chunk finds its tensor by
-  // hash and is checked against the one before it, so that the writer's later pass, tensor by
-  // tensor, is the only one that jumps between reports.
+  // hash and is checked against the one before it; a second places every chunk in one vector,
+  // tensor after tensor in name order (no vector per tensor: with 100,000 tensors those and a
+  // map of whole entries held ~25 MB for the commit).
   struct Gathering {
-    GatheredTensor gathered;
+    const ShardedTensorDesc* desc = nullptr;
+    /// The last chunk's offsets so far, to see whether they came sorted.
+    const Shape* last = nullptr;
+    std::uint32_t count = 0;
     /// Elements the chunks hold, to be compared with the global shape's.
     std::int64_t covered = 0;
     bool sorted = true;
   };
-  std::unordered_map<std::string_view, Gathering> by_name;
+  std::vector<Gathering> gathering;
+  std::unordered_map<std::string_view, std::uint32_t> by_name;
+  /// The tensor of every chunk, in the order of the pass.
+  std::vector<std::uint32_t> tensor_of;
   for (const RankSaveReport* report : by_rank) {
     const RankSaveReport& r = *report;
     for (const auto& [name, value] : r.objects) {
@@ -90,67 +98,79 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
           return Status{ErrorCode::internal, "rank " + std::to_string(r.rank) + " reported a chunk of its tensor " +
                                                  std::to_string(c.tensor) + ", which its plan does not hold"};
         }
-        auto [found, inserted] = by_name.try_emplace(d->name);
-        Gathering& t = found->second;
+        auto [found, inserted] = by_name.try_emplace(d->name, static_cast<std::uint32_t>(gathering.size()));
         if (inserted) {
           if (!is_valid_utf8(d->name)) {
-            return Status{
-                ErrorCode::invalid_argument,
-                "tensor '" + d->name + "': its name must be UTF-8 text (JSON holds no other)"};
+            return Status{ErrorCode::invalid_argument,
+                          "tensor '" + d->name + "': its name must be UTF-8 text (JSON holds no other)"};
           }
-          t.gathered.name = d->name;
-          t.gathered.dtype = d->dtype;
-          t.gathered.global_shape = d->global_shape;
-        } else if (t.gathered.dtype != d->dtype ||
-                   !(t.gathered.global_shape == d->global_shape)) {
-          return Status{ErrorCode::invalid_argument,
-                        "tensor '" + d->name +
-                            "' has a different dtype or global shape on rank " +
-                            std::to_string(r.rank)};
+          gathering.push_back({d, nullptr, 0, 0, true});
         }
-        if (!t.gathered.chunks.empty() &&
-            !(t.gathered.chunks.back().desc->global_offset < d->global_offset)) {
-          t.sorted = false;
+        Gathering& t = gathering[found->second];
+        if (t.desc->dtype != d->dtype || !(t.desc->global_shape == d->global_shape)) {
+          return Status{ErrorCode::invalid_argument, "tensor '" + d->name +
+                                                         "' has a different dtype or global shape on rank " +
+                                                         std::to_string(r.rank)};
         }
-        t.gathered.chunks.push_back({&c, d, &b.file});
+        if (t.last != nullptr && !(*t.last < d->global_offset)) t.sorted = false;
+        t.last = &d->global_offset;
+        ++t.count;
         t.covered += d->local_shape.numel();
+        tensor_of.push_back(found->second);
       }
     }
   }
+  by_name = {};
   // In name order, so that of several bad tensors the first by name is the one reported.
-  std::vector<Gathering*> by_order;
-  by_order.reserve(by_name.size());
-  for (auto& [name, t] : by_name)
-    by_order.push_back(&t);
-  std::sort(by_order.begin(), by_order.end(), [](const Gathering* a, const Gathering* b) {
-    return a->gathered.name < b->gathered.name;
+  std::vector<std::uint32_t> by_order(gathering.size());
+  for (std::uint32_t i = 0; i < by_order.size(); ++i) by_order[i] = i;
+  std::sort(by_order.begin(), by_order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return gathering[a].desc->name < gathering[b].desc->name;
   });
-  m.tensors.reserve(by_order.size());
-  for (Gathering* t : by_order) {
-    GatheredTensor& g = t->gathered;
-    const std::string name(g.name);
-    auto offsets = [](const GatheredChunk& c) -> const Shape& {
-      return c.desc->global_offset;
-    };
-    if (!t->sorted) {
-      std::sort(
-          g.chunks.begin(), g.chunks.end(),
-          [&](const GatheredChunk& a, const GatheredChunk& b) { return offsets(a) < offsets(b); });
-      for (std::size_t i = 1; i < g.chunks.size(); ++i) {
-        if (offsets(g.chunks[i]) == offsets(g.chunks[i - 1])) {
+  // Each tensor's first place in m.chunks; filled in the pass's order (chunks that came sorted
+  // stay so).
+  std::vector<std::size_t> next(gathering.size());
+  std::size_t at = 0;
+  for (std::uint32_t t : by_order) {
+    next[t] = at;
+    at += gathering[t].count;
+  }
+  m.chunks.resize(at);
+  std::size_t k = 0;
+  for (const RankSaveReport* report : by_rank) {
+    for (const auto& b : report->buckets) {
+      for (const auto& c : b.chunks) {
+        const std::uint32_t t = tensor_of[k++];
+        m.chunks[next[t]++] = {&c, descriptor_of(report->rank, c.tensor), &b.file};
+      }
+    }
+  }
+  tensor_of = {};
+  m.tensors.reserve(gathering.size());
+  at = 0;
+  for (std::uint32_t index : by_order) {
+    const Gathering& t = gathering[index];
+    const std::string name(t.desc->name);
+    const std::span<GatheredChunk> chunks(m.chunks.data() + at, t.count);
+    at += t.count;
+    auto offsets = [](const GatheredChunk& c) -> const Shape& { return c.desc->global_offset; };
+    if (!t.sorted) {
+      std::sort(chunks.begin(), chunks.end(),
+                [&](const GatheredChunk& a, const GatheredChunk& b) { return offsets(a) < offsets(b); });
+      for (std::size_t i = 1; i < chunks.size(); ++i) {
+        if (offsets(chunks[i]) == offsets(chunks[i - 1])) {
           return Status{ErrorCode::invalid_argument, "tensor '" + name + "' has two chunks at " +
-                                                         offsets(g.chunks[i]).to_string() +
-                                                         " with replica id 0"};
+                                                         offsets(chunks[i]).to_string() + " with replica id 0"};
         }
       }
     }
-    if (t->covered != g.global_shape.numel()) {
+    if (t.covered != t.desc->global_shape.numel()) {
       return Status{ErrorCode::invalid_argument, "tensor '" + name + "': the saved chunks hold " +
-                                                     std::to_string(t->covered) + " of its " +
-                                                     std::to_string(g.global_shape.numel()) +
+                                                     std::to_string(t.covered) + " of its " +
+                                                     std::to_string(t.desc->global_shape.numel()) +
                                                      " elements (a block with no replica 0?)"};
     }
-    m.tensors.push_back(std::move(g));
+    m.tensors.push_back({t.desc, chunks});
   }
   return m;
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,18 +66,30 @@ struct GatheredChunk {
 };
 
 struct GatheredTensor {
-  /// Points into a descriptor, as the chunks do.
-  std::string_view name;
-  DType dtype = DType::f32;
-  Shape global_shape;
-  /// By offsets.
-  std::vector<GatheredChunk> chunks;
+  /// Its first chunk's descriptor: the tensor's name, dtype and global shape (every chunk's).
+  const ShardedTensorDesc* desc = nullptr;
+  /// By offsets: a run of GatheredMetadata::chunks (one vector for every tensor's, not one
+  /// vector each).
+  std::span<const GatheredChunk> chunks;
+
+  std::string_view name() const { return desc->name; }
+  DType dtype() const { return desc->dtype; }
+  const Shape& global_shape() const { return desc->global_shape; }
 };
 
+/// Moves, never copies: its tensors point into its own chunks.
 struct GatheredMetadata {
+  GatheredMetadata() = default;
+  GatheredMetadata(GatheredMetadata&&) = default;
+  GatheredMetadata& operator=(GatheredMetadata&&) = default;
+  GatheredMetadata(const GatheredMetadata&) = delete;
+  GatheredMetadata& operator=(const GatheredMetadata&) = delete;
+
   std::int64_t step = 0;
   /// By name.
   std::vector<GatheredTensor> tensors;
+  /// Every tensor's chunks, tensor after tensor (each tensor's `chunks` points here).
+  std::vector<GatheredChunk> chunks;
   std::map<std::string, std::string> objects;
   std::map<std::string, FileMeta> files;
   std::optional<FileMeta> trainer_state;

@@ -239,6 +239,10 @@ class MetadataWriter {
     return entry.second;
   }
   static const GatheredTensor& tensor_of(const GatheredTensor& t) { return t; }
+  static DType dtype_of(const TensorMeta& t) { return t.dtype; }
+  static DType dtype_of(const GatheredTensor& t) { return t.dtype(); }
+  static const Shape& global_shape_of(const TensorMeta& t) { return t.global_shape; }
+  static const Shape& global_shape_of(const GatheredTensor& t) { return t.global_shape(); }
 
   /// The fields of a chunk that metadata.json lists, wherever it is held.
   struct ChunkFields {
@@ -277,7 +281,7 @@ class MetadataWriter {
     for (std::size_t i = 0; i < entries.size(); ++i) {
       if (i > 0) put(',');
       line(2);
-      key_(entries[i].name);
+      key_(entries[i].name());
       tensor(entries[i]);
     }
     if (!entries.empty()) line(1);
@@ -317,10 +321,10 @@ class MetadataWriter {
     if (!t.chunks.empty()) line(2);
     put("],\"dtype\":");
     pretty_only(" ");
-    string(dtype_name(t.dtype));
+    string(dtype_name(dtype_of(t)));
     put(",\"shape\":");
     pretty_only(" ");
-    shape(t.global_shape);
+    shape(global_shape_of(t));
     put('}');
   }
 

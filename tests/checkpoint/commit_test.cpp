@@ -234,8 +234,8 @@ BOOST_AUTO_TEST_CASE(gathered_reports_list_chunks_by_offset_whatever_order_they_
   auto gathered = gather_reports(1, reports, 2, planned_rows_of());
   BOOST_REQUIRE_MESSAGE(gathered.is_ok(), gathered.status().message());
   BOOST_REQUIRE(gathered->tensors.size() == 2u);
-  BOOST_TEST(gathered->tensors[0].name == "b");
-  BOOST_TEST(gathered->tensors[1].name == "w");
+  BOOST_TEST(gathered->tensors[0].name() == "b");
+  BOOST_TEST(gathered->tensors[1].name() == "w");
   std::vector<std::int64_t> rows;
   for (const auto& c : gathered->tensors[1].chunks) rows.push_back(c.desc->global_offset[0]);
   BOOST_TEST((rows == std::vector<std::int64_t>{0, 1, 2, 3}));
