@@ -112,10 +112,10 @@ class Worker : public worker_actor::base {
     plan.rank = rank_;
     plan.step = call.step;
     plan.objects = state->objects;
-    std::vector<ShardedTensorDesc> descs = state->descriptors();
-    plan.signature = structure_signature(descs);
+    // The descriptors are copied only for a structure the coordinator does not know yet.
+    plan.signature = structure_signature(*state);
     plan.cached = sent_signature_ == plan.signature;
-    if (!plan.cached) plan.tensors = std::move(descs);
+    if (!plan.cached) plan.tensors = state->descriptors();
     auto rp = make_response_promise<SaveAck>();
     const bool full = !plan.cached;
     const std::uint64_t signature = plan.signature;
