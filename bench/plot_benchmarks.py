@@ -22,6 +22,8 @@ Plots written:
   steps_per_second.png training steps per second with saves / without, async saves every 10
                        steps (interference.py) and local saves every step (tiers.py), target
   scale_curve.png      commit time and the load's metadata read against the number of ranks
+  many_tensors.png     save time and extra RSS against the tensor count (1 to 100k), Stagehand
+                       beside DCP, from bench/many_tensors.py --json (many_tensors_DATE.json)
 """
 
 import argparse
@@ -255,6 +257,33 @@ def plot_scale_curve(by_bench, out):
     save(fig, out, "scale_curve.png")
 
 
+def plot_many_tensors(by_bench, out):
+    """Save time and extra RSS against the tensor count, Stagehand beside DCP (its JSON is written
+    by bench/many_tensors.py --json, named many_tensors_DATE.json)."""
+    docs = [d for name, ds in by_bench.items() if name.startswith("many_tensors") for d in ds if "medians" in d]
+    if not docs:
+        print("plot_benchmarks: no many_tensors results; skipped", file=sys.stderr)
+        return
+    doc = max(docs, key=lambda d: d["date"])
+    counts = sorted(int(c) for c in doc["medians"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for system, style in (("stagehand", "o-"), ("dcp", "s--")):
+        have = [c for c in counts if system in doc["medians"][str(c)]]
+        ax1.loglog(have, [doc["medians"][str(c)][system]["save_s"] for c in have], style, label=system)
+        ax2.loglog(have, [max(doc["medians"][str(c)][system]["extra_mib"], 0.1) for c in have], style, label=system)
+    ax2.axhline(100, **TARGET_STYLE, label="target at 100k: 100 MiB")
+    ax1.set_title("one sync save of 1 GiB: seconds")
+    ax2.set_title("extra RSS during the save: MiB")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("tensors")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Many tensors, beside DCP (bench/many_tensors.py)")
+    fig.text(0.01, -0.08, f"{doc['date']}, medians of {doc['rounds']} interleaved rounds\n"
+             f"from {os.path.relpath(doc['_path'], ROOT)}: {doc['command']}", fontsize=8)
+    save(fig, out, "many_tensors.png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -262,7 +291,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     by_bench = load_results(args.results)
-    for plot in (plot_compare_python, plot_compare_peers, plot_physical_limits, plot_steps, plot_scale_curve):
+    for plot in (plot_compare_python, plot_compare_peers, plot_physical_limits, plot_steps, plot_scale_curve,
+                 plot_many_tensors):
         plot(by_bench, args.out)
 
 

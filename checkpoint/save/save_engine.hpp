@@ -42,7 +42,7 @@ struct SaveEngineOptions {
   /// megatron_config.ckpt_save_uncached): no page allocated, copied into or left dirty. Staged
   /// pieces are placed at the offset within a 4096-byte block that their file bytes have and go
   /// to the device from their slot; a sync save of host-resident tensors copies each
-  /// kDirectWriteBytes through a bounce block of the engine's (one per bucket being written).
+  /// kBounceBytes through a bounce block of the engine's (one per bucket being written).
   /// The partial blocks at a write's ends go through the cache. A retired step's file written
   /// over (reusing_file_system) goes around the cache too (reuse_file_uncached); a folder kept in
   /// memory, and a store without O_DIRECT, are written as usual.

@@ -104,8 +104,10 @@ inline constexpr std::size_t kHashBlockBytes = 2u << 20;
 /// and the thread waits for the device, so fewer, larger writes.
 inline constexpr std::size_t kDirectWriteBytes = 4 * kHashBlockBytes;
 /// A bounce block (hash_and_write). Its writes end at block boundaries: the first of a range
-/// is up to 4095 bytes shorter, the others kDirectWriteBytes.
-inline constexpr std::size_t kBounceBytes = kDirectWriteBytes;
+/// is up to 4095 bytes shorter, the others kBounceBytes. One block per bucket being written: at
+/// 8 threads 32 MiB. 8 MiB blocks held 64 MiB (a save of 100 tensors: 68 MiB extra, DCP's 2.4);
+/// 2 MiB blocks made that save ~1.1x slower, 4 MiB ones no slower (bench/many_tensors.py).
+inline constexpr std::size_t kBounceBytes = 2 * kHashBlockBytes;
 
 /// Adds the seconds `work` takes to `phase`; returns what it returns.
 template <class F>
