@@ -37,7 +37,8 @@ struct RankReports {
 /// bucket for each of the rank's files (`__<rank>_<bucket>.safetensors`), its chunks in file order.
 Result<RankReports> reports_of(const CheckpointMetadata& m) {
   std::map<int, RankSaveReport> ranks;
-  std::map<std::string, BucketWriteResult*> buckets;
+  /// Each file's bucket and the rank that wrote it.
+  std::map<std::string, std::pair<BucketWriteResult*, int>> buckets;
   for (const auto& [file, meta] : m.files) {
     int rank = -1;
     int bucket = -1;
@@ -55,7 +56,7 @@ Result<RankReports> reports_of(const CheckpointMetadata& m) {
     r.buckets.push_back(std::move(b));
   }
   for (auto& [rank, r] : ranks) {
-    for (auto& b : r.buckets) buckets[b.file] = &b;
+    for (auto& b : r.buckets) buckets[b.file] = {&b, rank};
     // An object named `<anything>.rank<r>` came from rank r alone; any other from every rank.
     const std::string suffix = ".rank" + std::to_string(rank);
     for (const auto& [name, value] : m.objects) {
@@ -68,15 +69,13 @@ Result<RankReports> reports_of(const CheckpointMetadata& m) {
   encoded.planned.resize(static_cast<std::size_t>(encoded.world_size));
   for (const auto& [name, t] : m.tensors) {
     for (const auto& c : t.chunks) {
-      BucketWriteResult* bucket = buckets.at(c.file);
+      auto [bucket, rank] = buckets.at(c.file);
       ShardedTensorDesc desc;
       desc.name = name;
       desc.dtype = t.dtype;
       desc.global_shape = t.global_shape;
       desc.global_offset = c.offsets;
       desc.local_shape = c.shape;
-      int rank = -1;
-      (void)std::sscanf(c.file.c_str(), "__%d_", &rank);
       auto& planned = encoded.planned.at(static_cast<std::size_t>(rank));
       planned.push_back(std::move(desc));
       ChunkRecord record;

@@ -81,6 +81,8 @@ while [ "$remaining" -gt 0 ]; do
         timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt" < /dev/null 2>&1 | grep -v '^\[New LWP\|^\[Thread debugging' | tail -n 400 >&2
       done
     fi
+    # As if a rank had failed GRACE_S seconds ago: the path below sends SIGTERM now, SIGKILL
+    # KILL_S seconds later.
     failed_at=$(($(date +%s) - grace))
   fi
   if [ -n "$failed_at" ]; then

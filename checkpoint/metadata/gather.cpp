@@ -8,20 +8,30 @@
 
 namespace stagehand {
 
-DescriptorOf descriptors_by_rank(std::vector<const std::vector<ShardedTensorDesc>*> by_rank) {
-  return [by_rank = std::move(by_rank)](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= by_rank.size() || by_rank[rank] == nullptr) return nullptr;
-    const auto& descs = *by_rank[static_cast<std::size_t>(rank)];
-    return tensor < descs.size() ? &descs[tensor] : nullptr;
+namespace {
+
+/// A DescriptorOf that finds rank r's descriptor in `by_rank[r]` with `find` (null: none).
+template <class Holder, class Find>
+DescriptorOf per_rank(std::vector<const Holder*> by_rank, Find find) {
+  return [by_rank = std::move(by_rank), find](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= by_rank.size()) return nullptr;
+    const Holder* holder = by_rank[static_cast<std::size_t>(rank)];
+    return holder != nullptr ? find(*holder, tensor) : nullptr;
   };
 }
 
+}  // namespace
+
+DescriptorOf descriptors_by_rank(std::vector<const std::vector<ShardedTensorDesc>*> by_rank) {
+  return per_rank(std::move(by_rank), [](const std::vector<ShardedTensorDesc>& descs, std::uint32_t i) {
+    return i < descs.size() ? &descs[i] : nullptr;
+  });
+}
+
 DescriptorOf descriptors_of_states(std::vector<const StateDict*> by_rank) {
-  return [by_rank = std::move(by_rank)](int rank, std::uint32_t tensor) -> const ShardedTensorDesc* {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= by_rank.size() || by_rank[rank] == nullptr) return nullptr;
-    const auto& tensors = by_rank[static_cast<std::size_t>(rank)]->tensors;
-    return tensor < tensors.size() ? &tensors[tensor].desc : nullptr;
-  };
+  return per_rank(std::move(by_rank), [](const StateDict& state, std::uint32_t i) {
+    return i < state.tensors.size() ? &state.tensors[i].desc : nullptr;
+  });
 }
 
 Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<RankSaveReport>& reports,
@@ -71,8 +81,12 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
   };
   std::vector<Gathering> gathering;
   std::unordered_map<std::string_view, std::uint32_t> by_name;
-  /// The tensor of every chunk, in the order of the pass.
-  std::vector<std::uint32_t> tensor_of;
+  /// Every chunk's tensor and descriptor, in the order of the pass (resolved once).
+  struct Placed {
+    std::uint32_t tensor;
+    const ShardedTensorDesc* desc;
+  };
+  std::vector<Placed> placed;
   for (const RankSaveReport* report : by_rank) {
     const RankSaveReport& r = *report;
     for (const auto& [name, value] : r.objects) {
@@ -116,7 +130,7 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
         t.last = &d->global_offset;
         ++t.count;
         t.covered += d->local_shape.numel();
-        tensor_of.push_back(found->second);
+        placed.push_back({found->second, d});
       }
     }
   }
@@ -140,12 +154,12 @@ Result<GatheredMetadata> gather_reports(std::int64_t step, const std::vector<Ran
   for (const RankSaveReport* report : by_rank) {
     for (const auto& b : report->buckets) {
       for (const auto& c : b.chunks) {
-        const std::uint32_t t = tensor_of[k++];
-        m.chunks[next[t]++] = {&c, descriptor_of(report->rank, c.tensor), &b.file};
+        const Placed& p = placed[k++];
+        m.chunks[next[p.tensor]++] = {&c, p.desc, &b.file};
       }
     }
   }
-  tensor_of = {};
+  placed = {};
   m.tensors.reserve(gathering.size());
   at = 0;
   for (std::uint32_t index : by_order) {

@@ -63,8 +63,8 @@ inline std::optional<DType> dtype_of(nb::dlpack::dtype t) {
 /// of the arrays' memory (nothing is copied) and the arrays whose DLPack capsules own that
 /// memory (a producer may export a copy of its data, which lives only as long as the capsule).
 /// Torch CPU tensors come by pointer (add_host): the Python layer keeps them referenced, and no
-/// DLPack capsule, detached tensor or wrapper object is made per tensor. The Python layer keeps this object, and the arrays it came from, alive as long
-/// as a save or load may use them.
+/// DLPack capsule, detached tensor or wrapper object is made per tensor. The Python layer keeps
+/// this object, and the arrays it came from, alive as long as a save or load may use them.
 struct BoundTensors {
   StateDict state;
   std::vector<nb::ndarray<>> owners;
@@ -72,13 +72,13 @@ struct BoundTensors {
   bool taken = false;
 };
 
-/// Appends the tensor `name` (the memory at `data`) to `bound`. Empty `global_shape` and
-/// `offsets`: a whole tensor (its own shape, at offset 0).
 /// Refuses `bound` once take_state() handed its tensors to a call.
 inline void check_untaken(const BoundTensors& bound) {
   if (bound.taken) throw Error("these tensors were already handed to a call");
 }
 
+/// Appends the tensor `name` (the memory at `data`) to `bound`. Empty `global_shape` and
+/// `offsets`: a whole tensor (its own shape, at offset 0).
 inline void add_tensor(BoundTensors& bound, const std::string& name, void* data, DType dtype,
                        std::vector<std::int64_t> dims, Device device, std::vector<std::int64_t> global_shape,
                        std::vector<std::int64_t> offsets, int replica_id) {

@@ -166,8 +166,6 @@ BOOST_AUTO_TEST_CASE(missing_or_extra_rank_reports_are_refused) {
 
 namespace {
 
-/// A rank's report of one bucket holding a chunk of a [rows, 4] f32 tensor `name` for each of
-/// `row_offsets` (one row each).
 /// The descriptors the chunks of rows_report name, by rank (deques: the ones before stay in
 /// place as more are added).
 std::map<int, std::deque<ShardedTensorDesc>>& planned_rows() {
@@ -184,6 +182,8 @@ DescriptorOf planned_rows_of() {
   };
 }
 
+/// A rank's report of one bucket holding a chunk of a [rows, 4] f32 tensor `name` for each of
+/// `row_offsets` (one row each); its descriptors go into planned_rows().
 RankSaveReport rows_report(int rank, const std::string& name, std::int64_t rows, std::vector<std::int64_t> row_offsets,
                            DType dtype = DType::f32) {
   RankSaveReport r;

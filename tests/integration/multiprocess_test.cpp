@@ -473,6 +473,19 @@ BOOST_AUTO_TEST_CASE(the_launcher_ends_a_stopped_rank_after_its_grace) {
   BOOST_TEST(seconds < 20.0);
 }
 
+BOOST_AUTO_TEST_CASE(the_launcher_names_and_ends_ranks_running_past_its_time_limit) {
+  // Rank 1 never ends (and ignores SIGTERM); rank 0 ends well. TIMEOUT_S names rank 1, ends it
+  // with SIGKILL KILL_S seconds after SIGTERM, and the launcher exits 124.
+  const auto start = Clock::now();
+  auto run = test::run_command("TIMEOUT_S=2 KILL_S=1 timeout 120 " + kSource +
+                               "/scripts/launch-local.sh 2 sh -c 'if [ \"$RANK\" = 1 ]; then trap \"\" TERM; "
+                               "while :; do sleep 1; done; fi; exit 0'");
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  BOOST_TEST(run.code == 124, run.output);
+  BOOST_TEST(run.output.find("ranks 1 still running after TIMEOUT_S=2 s") != std::string::npos, run.output);
+  BOOST_TEST(seconds < 100.0);  // ended by the launcher, not by the outer timeout (120 s, also 124)
+}
+
 BOOST_AUTO_TEST_CASE(rank_0_exits_after_any_other_rank_is_killed_repeatedly) {
   // An earlier main hung about 1 run in 13 here: rank 0 printed "rank 1 is dead" at teardown and
   // then waited forever in ~actor_system (the detached coordinator, kept alive by replies CAF
